@@ -1,0 +1,1 @@
+"""Command-line tools: fetch the real SmolLM2 model, build the tiny default model."""
