@@ -1,0 +1,205 @@
+"""Policy losses (actor.policy_loss.loss_mode), registered by name.
+
+Each loss is ``fn(*, old_log_prob, log_prob, advantages, response_mask,
+loss_agg_mode, clip_ratio_low, clip_ratio_high, clip_ratio_c, denominator,
+norm_constant, **options) -> (loss, metrics)``; metrics always hold
+pg_clipfrac, pg_clipfrac_lower and ppo_kl (masked means over this batch).
+``denominator`` is the mini-batch aggregation denominator (see aggregation.py)
+for the *effective* aggregation mode (``effective_loss_agg_mode``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from .aggregation import agg_loss, check_loss_agg_mode, masked_mean
+from .registry import POLICY_LOSSES, register_policy_loss
+
+Array = jnp.ndarray
+sg = jax.lax.stop_gradient
+
+
+def _metrics(clipfrac: Array, clipfrac_lower: Array, ppo_kl: Array) -> dict[str, Array]:
+    return {
+        "pg_clipfrac": jnp.asarray(clipfrac, jnp.float32),
+        "pg_clipfrac_lower": jnp.asarray(clipfrac_lower, jnp.float32),
+        "ppo_kl": jnp.asarray(ppo_kl, jnp.float32),
+    }
+
+
+def _agg(loss_mat: Array, kw: dict[str, Any]) -> Array:
+    return agg_loss(loss_mat, kw["response_mask"], kw["loss_agg_mode"],
+                    denominator=kw.get("denominator"), norm_constant=kw.get("norm_constant"))
+
+
+@register_policy_loss("vanilla")
+def vanilla(*, old_log_prob: Array, log_prob: Array, advantages: Array, response_mask: Array,
+            clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2, clip_ratio_c: float = 3.0,
+            **kw: Any) -> tuple[Array, dict[str, Array]]:
+    """PPO clip with asymmetric bounds and dual clip (-A c caps the loss where A < 0)."""
+    if not clip_ratio_c > 1.0:
+        raise ValueError(f"actor_rollout_ref.actor.clip_ratio_c must be > 1 for dual-clip PPO, got {clip_ratio_c}")
+    delta = jnp.clip(log_prob - old_log_prob, -20.0, 20.0)
+    ratio = jnp.exp(delta)
+    l1 = -advantages * ratio
+    l2 = -advantages * jnp.clip(ratio, 1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
+    lc = jnp.maximum(l1, l2)
+    l3 = -advantages * clip_ratio_c
+    neg = advantages < 0
+    losses = jnp.where(neg, jnp.minimum(l3, lc), lc)
+    metrics = _metrics(
+        masked_mean((l2 > l1).astype(jnp.float32), response_mask),
+        masked_mean(((lc > l3) & neg).astype(jnp.float32), response_mask),
+        masked_mean(-delta, response_mask),
+    )
+    return _agg(losses, {"response_mask": response_mask, **kw}), metrics
+
+
+@register_policy_loss("gspo", agg_mode="seq-mean-token-mean")
+def gspo(*, old_log_prob: Array, log_prob: Array, advantages: Array, response_mask: Array,
+         clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2, **kw: Any) -> tuple[Array, dict[str, Array]]:
+    """Sequence-level ratio s_i = exp(mean_t delta) with per-token gradient; always seq-mean-token-mean."""
+    delta = log_prob - old_log_prob
+    length = jnp.maximum(jnp.sum(response_mask, axis=-1), 1.0)
+    seq_delta = jnp.sum(jnp.where(response_mask > 0, delta * response_mask, 0.0), axis=-1) / length
+    log_s = jnp.minimum(log_prob - sg(log_prob) + sg(seq_delta)[:, None], 10.0)
+    s = jnp.exp(log_s)
+    l1 = -advantages * s
+    l2 = -advantages * jnp.clip(s, 1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
+    losses = jnp.maximum(l1, l2)
+    kw = {**kw, "loss_agg_mode": "seq-mean-token-mean"}
+    metrics = _metrics(masked_mean((l2 > l1).astype(jnp.float32), response_mask), 0.0,
+                       masked_mean(-delta, response_mask))
+    return _agg(losses, {"response_mask": response_mask, **kw}), metrics
+
+
+@register_policy_loss("gpg")
+def gpg(*, old_log_prob: Array, log_prob: Array, advantages: Array, response_mask: Array,
+        **kw: Any) -> tuple[Array, dict[str, Array]]:
+    """-log pi * A (no ratio, no clipping)."""
+    losses = -log_prob * advantages
+    metrics = _metrics(0.0, 0.0, masked_mean(old_log_prob - log_prob, response_mask))
+    return _agg(losses, {"response_mask": response_mask, **kw}), metrics
+
+
+@register_policy_loss("cispo")
+def cispo(*, old_log_prob: Array, log_prob: Array, advantages: Array, response_mask: Array,
+          clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2, **kw: Any) -> tuple[Array, dict[str, Array]]:
+    """-sg(clip(ratio, 1 - lo, 1 + hi)) * A * log pi."""
+    delta = jnp.clip(log_prob - old_log_prob, -20.0, 20.0)
+    ratio = jnp.exp(delta)
+    clipped = jnp.clip(ratio, 1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
+    losses = -sg(clipped) * advantages * log_prob
+    metrics = _metrics(masked_mean((ratio != clipped).astype(jnp.float32), response_mask), 0.0,
+                       masked_mean(-delta, response_mask))
+    return _agg(losses, {"response_mask": response_mask, **kw}), metrics
+
+
+def _rank_desc(priority: Array) -> Array:
+    """Rank (0 = largest) of every entry of a flat array; stable on ties."""
+    order = jnp.argsort(-priority, stable=True)
+    return jnp.zeros(priority.shape, jnp.int32).at[order].set(jnp.arange(priority.size, dtype=jnp.int32))
+
+
+@register_policy_loss("clip_cov")
+def clip_cov(*, old_log_prob: Array, log_prob: Array, advantages: Array, response_mask: Array,
+             clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2, rng: Array | None = None,
+             clip_cov_ratio: float = 2e-4, clip_cov_lb: float = 1.0, clip_cov_ub: float = 5.0,
+             **kw: Any) -> tuple[Array, dict[str, Array]]:
+    """PPO clip, plus: a random max(1, floor(ratio * #tokens)) of the unclipped tokens with
+    lb < cov < ub get their loss (and gradient) zeroed; cov = (A - mean A)(log pi - mean sg log pi).
+    Needs ``rng`` (a PRNG key) for the random choice."""
+    if rng is None:
+        raise ValueError("policy loss 'clip_cov' needs rng= (a jax PRNG key) to pick the clipped tokens")
+    if not clip_cov_ratio > 0:
+        raise ValueError(f"actor_rollout_ref.actor.policy_loss.clip_cov_ratio must be > 0, got {clip_cov_ratio}")
+    valid = response_mask > 0
+    delta = log_prob - old_log_prob
+    ratio = jnp.exp(delta)
+    l1 = -advantages * ratio
+    l2 = -advantages * jnp.clip(ratio, 1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
+    clipped = (l2 > l1) & valid
+    cov = (advantages - masked_mean(advantages, response_mask)) * sg(log_prob - masked_mean(sg(log_prob), response_mask))
+    eligible = valid & ~clipped & (cov > clip_cov_lb) & (cov < clip_cov_ub)
+    n_clip = jnp.maximum(jnp.floor(clip_cov_ratio * jnp.sum(response_mask)), 1.0).astype(jnp.int32)
+    u = jax.random.uniform(rng, advantages.shape)
+    rank = _rank_desc(jnp.where(eligible, u, -1.0).reshape(-1)).reshape(advantages.shape)
+    zeroed = eligible & (rank < n_clip)
+    corr = jnp.where(zeroed, 0.0, 1.0).astype(l1.dtype)
+    losses = jnp.maximum(l1, l2) * corr
+    metrics = _metrics(masked_mean(zeroed.astype(jnp.float32), response_mask), 0.0, masked_mean(-delta, response_mask))
+    return _agg(losses, {"response_mask": response_mask, **kw}), metrics
+
+
+@register_policy_loss("kl_cov")
+def kl_cov(*, old_log_prob: Array, log_prob: Array, advantages: Array, response_mask: Array,
+           kl_cov_ratio: float = 2e-4, ppo_kl_coef: float = 1.0, **kw: Any) -> tuple[Array, dict[str, Array]]:
+    """-A ratio (no clipping), plus ppo_kl_coef |delta| on the top max(1, floor(ratio * #tokens))
+    tokens by cov = (A - mean A)(log pi - mean log pi) over valid tokens. ppo_kl reports mean |delta|."""
+    if not kl_cov_ratio > 0:
+        raise ValueError(f"actor_rollout_ref.actor.policy_loss.kl_cov_ratio must be > 0, got {kl_cov_ratio}")
+    valid = response_mask > 0
+    delta = log_prob - old_log_prob
+    abs_kl = jnp.abs(delta)
+    ratio = jnp.exp(delta)
+    l1 = -advantages * ratio
+    vmask = valid.astype(jnp.float32)
+    cov = sg((advantages - masked_mean(advantages, vmask)) * (log_prob - masked_mean(log_prob, vmask)))
+    k = jnp.maximum(jnp.floor(jnp.sum(vmask) * kl_cov_ratio), 1.0).astype(jnp.int32)
+    rank = _rank_desc(jnp.where(valid, cov, -jnp.inf).reshape(-1)).reshape(cov.shape)
+    top = valid & (rank < k)
+    losses = jnp.where(top, l1 + ppo_kl_coef * abs_kl, l1)
+    metrics = _metrics(0.0, 0.0, masked_mean(abs_kl, response_mask))
+    return _agg(losses, {"response_mask": response_mask, **kw}), metrics
+
+
+# ----------------------------------------------------------------------------- dispatch
+def check_policy_loss(mode: str) -> None:
+    """Validate actor.policy_loss.loss_mode without computing (for config validation)."""
+    POLICY_LOSSES.check(mode)
+
+
+def effective_loss_agg_mode(mode: str, loss_agg_mode: str) -> str:
+    """The aggregation ``mode`` really uses (gspo forces seq-mean-token-mean); compute denominators for this one."""
+    forced = POLICY_LOSSES.meta(mode).get("agg_mode")
+    return forced if forced is not None else loss_agg_mode
+
+
+def policy_loss(
+    mode: str,
+    *,
+    old_log_prob: Array,
+    log_prob: Array,
+    advantages: Array,
+    response_mask: Array,
+    loss_agg_mode: str = "token-mean",
+    clip_ratio_low: float = 0.2,
+    clip_ratio_high: float = 0.2,
+    clip_ratio_c: float = 3.0,
+    denominator: Array | float | None = None,
+    norm_constant: float | None = None,
+    **options: Any,
+) -> tuple[Array, dict[str, Array]]:
+    """Policy loss ``mode`` aggregated with ``loss_agg_mode`` (and the mini-batch ``denominator``).
+
+    Options: rng, clip_cov_ratio, clip_cov_lb, clip_cov_ub (clip_cov); kl_cov_ratio, ppo_kl_coef (kl_cov).
+    """
+    check_loss_agg_mode(loss_agg_mode)
+    fn = POLICY_LOSSES.get(mode)
+    mask = jnp.asarray(response_mask).astype(jnp.asarray(log_prob).dtype)
+    return fn(
+        old_log_prob=old_log_prob,
+        log_prob=log_prob,
+        advantages=advantages,
+        response_mask=mask,
+        loss_agg_mode=loss_agg_mode,
+        clip_ratio_low=clip_ratio_low,
+        clip_ratio_high=clip_ratio_high,
+        clip_ratio_c=clip_ratio_c,
+        denominator=denominator,
+        norm_constant=norm_constant,
+        **options,
+    )
