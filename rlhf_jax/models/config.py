@@ -1,0 +1,166 @@
+"""Model configuration built from a Hugging Face ``config.json``.
+
+One decoder implementation serves the Llama family (Llama 2/3, SmolLM2, Mistral
+without sliding window), Qwen2/Qwen2.5 (q/k/v bias) and Qwen3 (q/k RMSNorm).
+``ModelConfig`` holds exactly what that decoder needs; the original HF dict is
+kept so that export writes back a config that ``transformers`` understands.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any
+
+import jax.numpy as jnp
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+
+# Which head a checkpoint carries, read from ``architectures``.
+TASK_CAUSAL_LM = "causal_lm"
+TASK_SEQ_CLS = "seq_cls"  # *ForSequenceClassification: one score per sequence (reward model)
+TASK_TOKEN_VALUE = "token_value"  # *ForTokenClassification with one label: one value per token (critic)
+TASKS = (TASK_CAUSAL_LM, TASK_SEQ_CLS, TASK_TOKEN_VALUE)
+_ARCH_SUFFIX_TO_TASK = {
+    "ForCausalLM": TASK_CAUSAL_LM,
+    "ForSequenceClassification": TASK_SEQ_CLS,
+    "ForTokenClassification": TASK_TOKEN_VALUE,
+}
+_ARCH_PREFIX = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3"}
+
+
+class UnsupportedModelError(ValueError):
+    """The checkpoint's architecture is not one this package implements."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeConfig:
+    theta: float = 10000.0
+    rope_type: str = "default"  # "default" or "llama3"
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    max_position_embeddings: int
+    rope: RopeConfig
+    tie_word_embeddings: bool
+    qkv_bias: bool  # q/k/v projections carry a bias (Qwen2; Llama with attention_bias)
+    o_bias: bool  # the output projection carries a bias (Llama with attention_bias)
+    mlp_bias: bool  # gate/up/down projections carry a bias (Llama with mlp_bias)
+    qk_norm: bool  # RMSNorm on q and k per head before RoPE (Qwen3)
+    num_labels: int = 1
+    pad_token_id: int | None = None
+    # Runtime settings, not part of the checkpoint.
+    dtype: Any = jnp.float32  # computation dtype
+    param_dtype: Any = jnp.float32
+    remat: bool = False  # gradient checkpointing per decoder layer
+    hf_config: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
+
+    def replace(self, **changes) -> "ModelConfig":
+        return dataclasses.replace(self, **changes)
+
+
+def _rope_from_hf(hf: dict) -> RopeConfig:
+    # transformers < 5 writes rope_theta + rope_scaling; >= 5 writes rope_parameters.
+    params = dict(hf.get("rope_parameters") or {})
+    scaling = dict(hf.get("rope_scaling") or {})
+    merged = {**scaling, **params}
+    theta = float(merged.get("rope_theta", hf.get("rope_theta", 10000.0)))
+    rope_type = merged.get("rope_type", merged.get("type", "default")) or "default"
+    if rope_type not in ("default", "llama3"):
+        raise UnsupportedModelError(
+            f"rope type {rope_type!r} is not supported (supported: 'default', 'llama3')"
+        )
+    if rope_type == "default":
+        return RopeConfig(theta=theta)
+    return RopeConfig(
+        theta=theta,
+        rope_type="llama3",
+        factor=float(merged["factor"]),
+        low_freq_factor=float(merged.get("low_freq_factor", 1.0)),
+        high_freq_factor=float(merged.get("high_freq_factor", 4.0)),
+        original_max_position_embeddings=int(merged.get("original_max_position_embeddings", 8192)),
+    )
+
+
+def task_from_hf(hf: dict) -> str:
+    """The head a checkpoint carries (causal LM, sequence score or token value)."""
+    for arch in hf.get("architectures") or []:
+        for suffix, task in _ARCH_SUFFIX_TO_TASK.items():
+            if arch.endswith(suffix):
+                return task
+    return TASK_CAUSAL_LM
+
+
+def architecture_name(model_type: str, task: str) -> str:
+    suffix = {v: k for k, v in _ARCH_SUFFIX_TO_TASK.items()}[task]
+    return _ARCH_PREFIX[model_type] + suffix
+
+
+def from_hf_dict(hf: dict, **runtime) -> ModelConfig:
+    """Build a ``ModelConfig`` from a parsed HF config.json; ``runtime`` sets dtype/param_dtype/remat."""
+    model_type = hf.get("model_type")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise UnsupportedModelError(
+            f"model_type {model_type!r} is not supported; supported model types: {', '.join(SUPPORTED_MODEL_TYPES)}"
+        )
+    max_pos = int(hf.get("max_position_embeddings", 2048))
+    if hf.get("use_sliding_window") or (model_type == "mistral" and hf.get("sliding_window")):
+        # Full attention equals windowed attention only up to the window length.
+        max_pos = min(max_pos, int(hf.get("sliding_window") or max_pos))
+    heads = int(hf["num_attention_heads"])
+    hidden = int(hf["hidden_size"])
+    head_dim = hf.get("head_dim") or hidden // heads
+    num_labels = hf.get("num_labels")
+    if num_labels is None:
+        num_labels = len(hf.get("id2label") or {}) or 1
+    pad = hf.get("pad_token_id")
+    if isinstance(pad, list):
+        pad = pad[0] if pad else None
+    return ModelConfig(
+        model_type=model_type,
+        vocab_size=int(hf["vocab_size"]),
+        hidden_size=hidden,
+        intermediate_size=int(hf["intermediate_size"]),
+        num_hidden_layers=int(hf["num_hidden_layers"]),
+        num_attention_heads=heads,
+        num_key_value_heads=int(hf.get("num_key_value_heads") or heads),
+        head_dim=int(head_dim),
+        rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+        max_position_embeddings=max_pos,
+        rope=_rope_from_hf(hf),
+        tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        qkv_bias=model_type == "qwen2" or (model_type in ("llama", "qwen3") and bool(hf.get("attention_bias"))),
+        o_bias=model_type in ("llama", "qwen3") and bool(hf.get("attention_bias")),
+        mlp_bias=model_type == "llama" and bool(hf.get("mlp_bias")),
+        qk_norm=model_type == "qwen3",
+        num_labels=int(num_labels),
+        pad_token_id=pad,
+        hf_config=dict(hf),
+        **runtime,
+    )
+
+
+def load_hf_config(path: str) -> dict:
+    """Read ``config.json`` from a local HF directory, with a clear error when it is missing."""
+    cfg_path = os.path.join(path, "config.json")
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"model directory {path!r} does not exist (hub names cannot be downloaded here; pass a local directory)")
+    if not os.path.exists(cfg_path):
+        raise FileNotFoundError(f"{path!r} has no config.json: not a Hugging Face model directory")
+    with open(cfg_path) as f:
+        return json.load(f)

@@ -1,0 +1,143 @@
+"""The decoder backbone and its three heads: causal LM, sequence score (reward model), token value (critic).
+
+Calling conventions (all int32 inputs of shape (B, T), left padding allowed):
+
+- ``CausalLM(input_ids, attention_mask=None) -> logits`` float32 (B, T, vocab).
+- ``SequenceClassifier(input_ids, attention_mask=None) -> scores`` float32 (B, num_labels),
+  read at the last non-pad token as transformers' ``*ForSequenceClassification`` does.
+- ``TokenValueModel(input_ids, attention_mask=None) -> values`` float32 (B, T), one scalar
+  per token (``*ForTokenClassification`` with one label, the critic layout verl uses).
+
+Position ids follow from the mask (``cumsum(mask) - 1``). For sampling, ``CausalLM``
+also runs incrementally over a preallocated KV cache (``init_cache`` / ``forward_cached``).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from rlhf_jax.models.config import TASK_CAUSAL_LM, TASK_SEQ_CLS, TASK_TOKEN_VALUE, ModelConfig
+from rlhf_jax.models.layers import DecoderLayer, RMSNorm, param
+
+KVCache = list  # one (k, v) pair per layer, each (B, S, K, D)
+
+
+def positions_from_mask(attention_mask_BT: jax.Array) -> jax.Array:
+    """Position ids for a left-padded batch: 0 at the first real token; pads get 0."""
+    return jnp.maximum(jnp.cumsum(attention_mask_BT.astype(jnp.int32), axis=-1) - 1, 0)
+
+
+class Decoder(nnx.Module):
+    """Token embedding, the stack of decoder layers and the final norm."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs | None):
+        self.cfg = cfg
+        self.embed_tokens = param(rngs, (cfg.vocab_size, cfg.hidden_size), ("vocab", "embed"), cfg.param_dtype)
+        self.layers = nnx.List([DecoderLayer(cfg, rngs=rngs) for _ in range(cfg.num_hidden_layers)])
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype=cfg.param_dtype, rngs=rngs)
+
+    def __call__(self, input_ids_BT, positions_BT, key_valid_BS, q_slots_BT, cache=None, cache_index=None):
+        x = jnp.take(self.embed_tokens.value, input_ids_BT, axis=0).astype(self.cfg.dtype)
+        new_cache = []
+        for i, layer in enumerate(self.layers):
+            layer_cache = None if cache is None else cache[i]
+            if self.cfg.remat and cache is None:
+                x, c = nnx.remat(lambda lyr, *a: lyr(*a))(layer, x, positions_BT, key_valid_BS, q_slots_BT)
+            else:
+                x, c = layer(x, positions_BT, key_valid_BS, q_slots_BT, layer_cache, cache_index)
+            new_cache.append(c)
+        return self.norm(x), (new_cache if cache is not None else None)
+
+    def full_sequence(self, input_ids_BT, attention_mask_BT=None, positions_BT=None) -> jax.Array:
+        """Hidden states (B, T, E) of a whole (left-padded) sequence, no cache."""
+        if attention_mask_BT is None:
+            attention_mask_BT = jnp.ones(input_ids_BT.shape, jnp.int32)
+        if positions_BT is None:
+            positions_BT = positions_from_mask(attention_mask_BT)
+        q_slots = jnp.broadcast_to(jnp.arange(input_ids_BT.shape[1]), input_ids_BT.shape)
+        hidden, _ = self(input_ids_BT, positions_BT, attention_mask_BT, q_slots)
+        return hidden
+
+
+class CausalLM(nnx.Module):
+    task = TASK_CAUSAL_LM
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs | None):
+        self.config = cfg
+        self.model = Decoder(cfg, rngs=rngs)
+        if not cfg.tie_word_embeddings:
+            self.lm_head = param(rngs, (cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), cfg.param_dtype)
+
+    def unembedding(self) -> jax.Array:
+        """The (E, vocab) output projection (the transposed embedding when tied)."""
+        if self.config.tie_word_embeddings:
+            return self.model.embed_tokens.value.T
+        return self.lm_head.value
+
+    def logits_from_hidden(self, hidden: jax.Array) -> jax.Array:
+        return (hidden @ self.unembedding().astype(self.config.dtype)).astype(jnp.float32)
+
+    def hidden_states(self, input_ids, attention_mask=None, positions=None) -> jax.Array:
+        return self.model.full_sequence(input_ids, attention_mask, positions)
+
+    def __call__(self, input_ids, attention_mask=None, positions=None) -> jax.Array:
+        return self.logits_from_hidden(self.hidden_states(input_ids, attention_mask, positions))
+
+    def init_cache(self, batch: int, max_len: int, dtype=None) -> KVCache:
+        cfg = self.config
+        shape = (batch, max_len, cfg.num_key_value_heads, cfg.head_dim)
+        dtype = dtype or cfg.dtype
+        return [(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)) for _ in range(cfg.num_hidden_layers)]
+
+    def forward_cached(self, input_ids_BT, positions_BT, key_valid_BS, cache: KVCache, cache_index):
+        """Run T new tokens written at cache slots [cache_index, cache_index + T).
+
+        ``key_valid_BS`` marks which of the S cache slots hold real tokens (after this
+        write). Returns (hidden (B, T, E), new cache); ``logits_from_hidden`` gives logits.
+        """
+        B, T = input_ids_BT.shape
+        q_slots = jnp.broadcast_to(cache_index + jnp.arange(T), (B, T))
+        return self.model(input_ids_BT, positions_BT, key_valid_BS, q_slots, cache, cache_index)
+
+
+def last_token_index(attention_mask_BT: jax.Array) -> jax.Array:
+    """Index of the rightmost real token of each row (the pooling position of a score head)."""
+    T = attention_mask_BT.shape[1]
+    return jnp.max(jnp.where(attention_mask_BT.astype(bool), jnp.arange(T)[None, :], 0), axis=1)
+
+
+class SequenceClassifier(nnx.Module):
+    task = TASK_SEQ_CLS
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs | None):
+        self.config = cfg
+        self.model = Decoder(cfg, rngs=rngs)
+        self.score = param(rngs, (cfg.hidden_size, cfg.num_labels), ("embed", "labels"), cfg.param_dtype)
+
+    def __call__(self, input_ids, attention_mask=None, positions=None) -> jax.Array:
+        if attention_mask is None:
+            attention_mask = jnp.ones(input_ids.shape, jnp.int32)
+        hidden = self.model.full_sequence(input_ids, attention_mask, positions)
+        pooled = jnp.take_along_axis(hidden, last_token_index(attention_mask)[:, None, None], axis=1)[:, 0]
+        return (pooled @ self.score.value.astype(self.config.dtype)).astype(jnp.float32)
+
+
+class TokenValueModel(nnx.Module):
+    task = TASK_TOKEN_VALUE
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs | None):
+        self.config = cfg
+        self.model = Decoder(cfg, rngs=rngs)
+        self.score = param(rngs, (cfg.hidden_size, 1), ("embed", "labels"), cfg.param_dtype)
+        self.score_bias = param(rngs, (1,), ("labels",), cfg.param_dtype, init="zeros")
+
+    def __call__(self, input_ids, attention_mask=None, positions=None) -> jax.Array:
+        hidden = self.model.full_sequence(input_ids, attention_mask, positions)
+        dt = self.config.dtype
+        values = hidden @ self.score.value.astype(dt) + self.score_bias.value.astype(dt)
+        return values[..., 0].astype(jnp.float32)
+
+
+MODEL_CLASSES = {TASK_CAUSAL_LM: CausalLM, TASK_SEQ_CLS: SequenceClassifier, TASK_TOKEN_VALUE: TokenValueModel}

@@ -1,0 +1,70 @@
+"""The correspondence between our parameter paths and Hugging Face tensor names and layouts.
+
+HF linear weights are (out_features, in_features); ours are (in dims..., out dims...)
+with heads split out, e.g. q_proj (E, H, D) and o_proj (H, D, E). So every linear is
+``ours = hf.T.reshape(our_shape)`` and ``hf = ours.reshape(in, out).T``; biases,
+norms and the embedding table are reshaped copies.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+# Our leaf names that are linear weights, with how many leading dims are input dims.
+_LINEAR_INPUT_DIMS = {
+    "q_proj": 1, "k_proj": 1, "v_proj": 1, "o_proj": 2,
+    "gate_proj": 1, "up_proj": 1, "down_proj": 1,
+    "lm_head": 1, "score": 1,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorMapping:
+    hf_name: str
+    linear_input_dims: int  # 0 = plain reshape copy
+
+    def to_ours(self, hf: np.ndarray, our_shape: tuple[int, ...]) -> np.ndarray:
+        if self.linear_input_dims:
+            return np.asarray(hf).T.reshape(our_shape)
+        return np.asarray(hf).reshape(our_shape)
+
+    def hf_shape(self, our_shape: tuple[int, ...]) -> tuple[int, ...]:
+        if self.linear_input_dims:
+            n = self.linear_input_dims
+            return (math.prod(our_shape[n:]), math.prod(our_shape[:n]))
+        if self.hf_name.endswith(".bias") and len(our_shape) == 2:
+            return (math.prod(our_shape),)
+        return tuple(our_shape)
+
+    def to_hf(self, ours: np.ndarray) -> np.ndarray:
+        shape = self.hf_shape(ours.shape)
+        if self.linear_input_dims:
+            n = self.linear_input_dims
+            return np.ascontiguousarray(ours.reshape(math.prod(ours.shape[:n]), -1).T)
+        return np.ascontiguousarray(ours.reshape(shape))
+
+
+def mapping_for(path: tuple) -> TensorMapping:
+    """The HF tensor for one of our parameter paths, e.g. ('model', 'layers', 0, 'self_attn', 'q_proj')."""
+    parts = [str(p) for p in path]
+    leaf = parts[-1]
+    prefix = ".".join(parts[:-1])
+    join = (lambda name: f"{prefix}.{name}" if prefix else name)
+    if leaf in _LINEAR_INPUT_DIMS:
+        return TensorMapping(join(f"{leaf}.weight"), _LINEAR_INPUT_DIMS[leaf])
+    if leaf == "score_bias":
+        return TensorMapping(join("score.bias"), 0)
+    if leaf.endswith("_bias"):  # q_bias -> q_proj.bias, gate_bias -> gate_proj.bias, o_bias -> o_proj.bias
+        return TensorMapping(join(f"{leaf[:-5]}_proj.bias"), 0)
+    if leaf == "embed_tokens":
+        return TensorMapping(join("embed_tokens.weight"), 0)
+    if leaf == "weight":  # norms
+        return TensorMapping(join("weight"), 0)
+    raise KeyError(f"no Hugging Face name for parameter {'.'.join(parts)}")
+
+
+# Tensors HF checkpoints may carry that hold no learned state we need.
+IGNORED_HF_SUFFIXES = ("rotary_emb.inv_freq",)

@@ -1,0 +1,183 @@
+"""Decoder building blocks: RMSNorm, rotary embeddings, attention with a KV cache, gated MLP.
+
+Every parameter is an ``nnx.Param`` carrying ``logical_axes`` metadata (one
+name per dimension); ``rlhf_jax.parallel`` maps those names to mesh axes.
+Shapes in comments: B batch, T query length, S key length, E embed, H query
+heads, K kv heads, G = H // K, D head_dim, F mlp width.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from rlhf_jax.models.config import ModelConfig, RopeConfig
+
+_INIT_STD = 0.02
+
+
+def param(rngs: nnx.Rngs | None, shape: tuple[int, ...], axes: tuple[str | None, ...], dtype, init: str = "normal") -> nnx.Param:
+    """A parameter with its logical axis names; ``init`` is normal(0.02), ones or zeros."""
+    assert len(shape) == len(axes), (shape, axes)
+    if init == "normal":
+        value = _INIT_STD * jax.random.normal(rngs.params(), shape, dtype)
+    elif init == "ones":
+        value = jnp.ones(shape, dtype)
+    else:
+        value = jnp.zeros(shape, dtype)
+    return nnx.Param(value, logical_axes=tuple(axes))
+
+
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
+    """RMSNorm computed in float32, scaled in the input dtype (as transformers does)."""
+    x32 = x.astype(jnp.float32)
+    normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return weight.astype(x.dtype) * normed.astype(x.dtype)
+
+
+class RMSNorm(nnx.Module):
+    def __init__(self, dim: int, eps: float, *, param_dtype, rngs: nnx.Rngs | None = None):
+        self.weight = param(rngs, (dim,), ("norm",), param_dtype, init="ones")
+        self.eps = eps
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return rms_norm(x, self.weight.value, self.eps)
+
+
+def rope_inv_freq(head_dim: int, rope: RopeConfig) -> np.ndarray:
+    """Inverse frequencies (head_dim // 2,) in float32, with llama3 frequency scaling when configured."""
+    exponents = np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim)
+    inv_freq = (np.float32(1.0) / (np.float32(rope.theta) ** exponents)).astype(np.float32)
+    if rope.rope_type == "llama3":
+        old_len = rope.original_max_position_embeddings
+        low_wavelen = old_len / rope.low_freq_factor
+        high_wavelen = old_len / rope.high_freq_factor
+        wavelen = 2 * math.pi / inv_freq
+        scaled = np.where(wavelen > low_wavelen, inv_freq / rope.factor, inv_freq)
+        smooth = (old_len / wavelen - rope.low_freq_factor) / (rope.high_freq_factor - rope.low_freq_factor)
+        smoothed = (1 - smooth) * scaled / rope.factor + smooth * scaled
+        medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+        inv_freq = np.where(medium, smoothed, scaled).astype(np.float32)
+    return inv_freq
+
+
+def apply_rope(x_BTHD: jax.Array, positions_BT: jax.Array, inv_freq: np.ndarray) -> jax.Array:
+    """Rotate-half rotary embedding (the transformers convention), angles in float32."""
+    angles = positions_BT.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)[None, None, :]
+    angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]  # B T 1 D
+    cos, sin = jnp.cos(angles), jnp.sin(angles)
+    half = x_BTHD.shape[-1] // 2
+    x32 = x_BTHD.astype(jnp.float32)
+    rotated = jnp.concatenate([-x32[..., half:], x32[..., :half]], axis=-1)
+    return (x32 * cos + rotated * sin).astype(x_BTHD.dtype)
+
+
+def attention_weights_mask(q_slots_BT: jax.Array, key_valid_BS: jax.Array) -> jax.Array:
+    """(B, T, S) boolean: a query at slot i sees key slot j when j <= i and the key is valid."""
+    key_slots = jnp.arange(key_valid_BS.shape[-1])
+    causal = key_slots[None, None, :] <= q_slots_BT[:, :, None]
+    return causal & key_valid_BS[:, None, :].astype(bool)
+
+
+class Attention(nnx.Module):
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs | None):
+        E, H, K, D, pd = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.param_dtype
+        if H % K:
+            raise ValueError(f"num_attention_heads ({H}) must be a multiple of num_key_value_heads ({K})")
+        self.cfg = cfg
+        self.q_proj = param(rngs, (E, H, D), ("embed", "heads", "head_dim"), pd)
+        self.k_proj = param(rngs, (E, K, D), ("embed", "kv_heads", "head_dim"), pd)
+        self.v_proj = param(rngs, (E, K, D), ("embed", "kv_heads", "head_dim"), pd)
+        self.o_proj = param(rngs, (H, D, E), ("heads", "head_dim", "embed"), pd)
+        if cfg.qkv_bias:
+            self.q_bias = param(rngs, (H, D), ("heads", "head_dim"), pd, init="zeros")
+            self.k_bias = param(rngs, (K, D), ("kv_heads", "head_dim"), pd, init="zeros")
+            self.v_bias = param(rngs, (K, D), ("kv_heads", "head_dim"), pd, init="zeros")
+        if cfg.o_bias:
+            self.o_bias = param(rngs, (E,), ("embed",), pd, init="zeros")
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(D, cfg.rms_norm_eps, param_dtype=pd, rngs=rngs)
+            self.k_norm = RMSNorm(D, cfg.rms_norm_eps, param_dtype=pd, rngs=rngs)
+
+    def _project(self, x: jax.Array, name: str) -> jax.Array:
+        dt = self.cfg.dtype
+        y = jnp.einsum("bte,ehd->bthd", x, getattr(self, f"{name}_proj").value.astype(dt))
+        if self.cfg.qkv_bias:
+            y = y + getattr(self, f"{name}_bias").value.astype(dt)
+        return y
+
+    def __call__(self, x_BTE, positions_BT, key_valid_BS, q_slots_BT, cache=None, cache_index=None):
+        """Attend from T new tokens; with ``cache`` (k, v of shape (B, S, K, D)) write them at ``cache_index``.
+
+        Returns (output (B, T, E), new cache or None).
+        """
+        cfg, dt = self.cfg, self.cfg.dtype
+        q, k, v = self._project(x_BTE, "q"), self._project(x_BTE, "k"), self._project(x_BTE, "v")
+        if cfg.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope)  # a trace-time constant
+        q = apply_rope(q, positions_BT, inv_freq)
+        k = apply_rope(k, positions_BT, inv_freq)
+        new_cache = None
+        if cache is not None:
+            k_cache, v_cache = cache
+            k = jax.lax.dynamic_update_slice_in_dim(k_cache, k.astype(k_cache.dtype), cache_index, axis=1)
+            v = jax.lax.dynamic_update_slice_in_dim(v_cache, v.astype(v_cache.dtype), cache_index, axis=1)
+            new_cache = (k, v)
+        B, T, H, D = q.shape
+        K = k.shape[2]
+        q = q.reshape(B, T, K, H // K, D)
+        scores = jnp.einsum("btkgd,bskd->bkgts", q, k.astype(dt)).astype(jnp.float32) / math.sqrt(D)
+        mask = attention_weights_mask(q_slots_BT, key_valid_BS)[:, None, None, :, :]
+        scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
+        probs = jax.nn.softmax(scores, axis=-1).astype(dt)
+        out = jnp.einsum("bkgts,bskd->btkgd", probs, v.astype(dt)).reshape(B, T, H, D)
+        out = jnp.einsum("bthd,hde->bte", out, self.o_proj.value.astype(dt))
+        if cfg.o_bias:
+            out = out + self.o_bias.value.astype(dt)
+        return out, new_cache
+
+
+class MLP(nnx.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs | None):
+        E, F, pd = cfg.hidden_size, cfg.intermediate_size, cfg.param_dtype
+        self.cfg = cfg
+        self.gate_proj = param(rngs, (E, F), ("embed", "mlp"), pd)
+        self.up_proj = param(rngs, (E, F), ("embed", "mlp"), pd)
+        self.down_proj = param(rngs, (F, E), ("mlp", "embed"), pd)
+        if cfg.mlp_bias:
+            self.gate_bias = param(rngs, (F,), ("mlp",), pd, init="zeros")
+            self.up_bias = param(rngs, (F,), ("mlp",), pd, init="zeros")
+            self.down_bias = param(rngs, (E,), ("embed",), pd, init="zeros")
+
+    def __call__(self, x_BTE: jax.Array) -> jax.Array:
+        dt, bias = self.cfg.dtype, self.cfg.mlp_bias
+        gate = x_BTE @ self.gate_proj.value.astype(dt)
+        up = x_BTE @ self.up_proj.value.astype(dt)
+        if bias:
+            gate, up = gate + self.gate_bias.value.astype(dt), up + self.up_bias.value.astype(dt)
+        out = (jax.nn.silu(gate) * up) @ self.down_proj.value.astype(dt)
+        return out + self.down_bias.value.astype(dt) if bias else out
+
+
+class DecoderLayer(nnx.Module):
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs | None):
+        pd = cfg.param_dtype
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype=pd, rngs=rngs)
+        self.self_attn = Attention(cfg, rngs=rngs)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype=pd, rngs=rngs)
+        self.mlp = MLP(cfg, rngs=rngs)
+
+    def __call__(self, x_BTE, positions_BT, key_valid_BS, q_slots_BT, cache=None, cache_index=None):
+        attn, new_cache = self.self_attn(
+            self.input_layernorm(x_BTE), positions_BT, key_valid_BS, q_slots_BT, cache, cache_index
+        )
+        x_BTE = x_BTE + attn
+        x_BTE = x_BTE + self.mlp(self.post_attention_layernorm(x_BTE))
+        return x_BTE, new_cache
