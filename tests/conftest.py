@@ -22,3 +22,81 @@ def smollm2_dir() -> str:
     from rlhf_jax.tools import smollm2
 
     return smollm2.ensure(verbose=False)
+
+
+# Tiny random Hugging Face checkpoints, written with transformers (torch) into a temp dir.
+TINY_DIMS = dict(
+    vocab_size=128,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+)
+
+ARCHS = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", dict(tie_word_embeddings=False, rope_theta=5000.0)),
+    "llama_tied": ("LlamaConfig", "LlamaForCausalLM", dict(tie_word_embeddings=True, num_key_value_heads=1)),
+    "llama3_rope": (
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        dict(
+            rope_theta=500000.0,
+            rope_scaling=dict(
+                rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=32
+            ),
+        ),
+    ),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(tie_word_embeddings=False)),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=16, tie_word_embeddings=True)),
+    "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=None)),
+    "llama_seq_cls": ("LlamaConfig", "LlamaForSequenceClassification", dict(num_labels=1, pad_token_id=0)),
+    "qwen2_seq_cls3": ("Qwen2Config", "Qwen2ForSequenceClassification", dict(num_labels=3, pad_token_id=0)),
+}
+
+
+def build_hf_checkpoint(kind: str, out_dir: str, seed: int = 0, **overrides):
+    """Save a tiny random transformers model of ``kind`` (see ARCHS) to ``out_dir``; returns the torch model.
+
+    Norm weights and biases are perturbed away from their ones/zeros init so that
+    a wrong mapping of them cannot go unnoticed.
+    """
+    import torch
+    import transformers
+
+    config_cls, model_cls, extra = ARCHS[kind]
+    torch.manual_seed(seed)
+    config = getattr(transformers, config_cls)(**{**TINY_DIMS, **extra, **overrides})
+    model = getattr(transformers, model_cls)(config)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name or "bias" in name:
+                p.add_(0.1 * torch.randn_like(p))
+    model.eval()
+    model.save_pretrained(out_dir)
+    return model
+
+
+@pytest.fixture
+def hf_checkpoint(tmp_path):
+    """Factory: ``hf_checkpoint(kind, **config_overrides) -> (dir, torch_model)``."""
+
+    def make(kind: str, seed: int = 0, **overrides):
+        out = str(tmp_path / f"{kind}-{seed}")
+        return out, build_hf_checkpoint(kind, out, seed=seed, **overrides)
+
+    return make
+
+
+def left_padded_batch(rng, vocab: int, lengths: list[int], pad_id: int = 0):
+    """(ids, mask) int64 arrays of a left-padded batch with the given real lengths."""
+    import numpy as np
+
+    T = max(lengths)
+    ids = np.full((len(lengths), T), pad_id, np.int64)
+    mask = np.zeros((len(lengths), T), np.int64)
+    for b, n in enumerate(lengths):
+        ids[b, T - n :] = rng.integers(1, vocab, n)
+        mask[b, T - n :] = 1
+    return ids, mask
