@@ -1,0 +1,231 @@
+"""The prompt loader: a grain pipeline over pre-tokenized prompts, checkpointable with Orbax.
+
+Pipeline (a ``grain.MapDataset``, so every batch is a pure function of its index):
+row indices -> per-epoch shuffle (seeded, reshuffled each epoch) -> global batches
+of ``data.train_batch_size`` (the last partial batch dropped for training) ->
+repeat for the epochs -> this process's contiguous slice of each global batch ->
+left-padded numpy batch. Every process walks the same global order and takes a
+disjoint share of each batch, so the union over processes is exactly what a
+single process would see. The iterator state is grain's ``{"next_index": k}``,
+saved by Orbax with ``grain.checkpoint.CheckpointSave(loader.grain_iterator)``;
+after a restore the next batch is batch k of the uninterrupted run, including
+when k falls on an epoch boundary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import grain
+import numpy as np
+
+from rlhf_jax.data.prompts import bucket_length, pad_left, pad_token_id_of, resolve_buckets, tokenize_examples
+from rlhf_jax.data.records import Example, Messages, to_examples
+from rlhf_jax.data.sources import DataError, read_files
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class PromptDataset:
+    """Validated, tokenized prompts held in memory (unpadded int32 ids, one array per row)."""
+
+    examples: list[Example]
+    input_ids: list[np.ndarray]
+    prompt_texts: list[str]
+
+    def __len__(self) -> int:
+        return len(self.examples)
+
+
+@dataclasses.dataclass
+class PromptBatch:
+    """One batch for the trainer: left-padded ids plus per-row metadata for rewards and logging."""
+
+    input_ids: np.ndarray  # int32 [B, L], L a bucket length, left padded
+    attention_mask: np.ndarray  # int32 [B, L], 1 on real prompt tokens
+    data_source: list[str]
+    ground_truth: list[Any]
+    extra_info: list[dict[str, Any]]
+    raw_prompt: list[str | Messages]  # the prompt as in the data (a string or chat messages)
+    prompt_text: list[str]  # the rendered prompt text that was tokenized
+    index: np.ndarray  # int64 [B], row numbers in the PromptDataset
+    epoch: int
+    step: int  # global batch number since the start of training (0-based)
+
+    def __len__(self) -> int:
+        return int(self.input_ids.shape[0])
+
+
+def build_dataset(
+    files: str | Sequence[str],
+    tokenizer: Any,
+    *,
+    split: str | None = None,
+    prompt_key: str = "prompt",
+    ground_truth_key: str | None = "reward_model.ground_truth",
+    default_data_source: str | None = None,
+    max_prompt_length: int = 512,
+    prompt_template: str = "native",
+    system_prompt: str | None = None,
+    truncation: str = "error",
+    filter_overlong_prompts: bool = False,
+) -> PromptDataset:
+    """Read, validate and tokenize every prompt of `files` (all errors surface here, before training)."""
+    rows = read_files(files, split)
+    examples = to_examples(rows, prompt_key, ground_truth_key, default_data_source)
+    kept, ids, texts = tokenize_examples(
+        examples, tokenizer, max_prompt_length=max_prompt_length, template=prompt_template,
+        system_prompt=system_prompt, truncation=truncation, filter_overlong_prompts=filter_overlong_prompts,
+    )
+    return PromptDataset(kept, ids, texts)
+
+
+def _process_index_and_count() -> tuple[int, int]:
+    import jax
+
+    return jax.process_index(), jax.process_count()
+
+
+class PromptLoader:
+    """Iterates PromptBatch objects; `get_state`/`set_state` (or Orbax via `grain_iterator`) resume exactly."""
+
+    def __init__(
+        self,
+        dataset: PromptDataset,
+        batch_size: int,
+        *,
+        pad_token_id: int,
+        max_prompt_length: int,
+        buckets: Sequence[int] | None = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        num_epochs: int | None = 1,
+        drop_remainder: bool = True,
+        process_index: int | None = None,
+        process_count: int | None = None,
+    ):
+        if process_index is None or process_count is None:
+            process_index, process_count = _process_index_and_count()
+        if batch_size <= 0:
+            raise DataError(f"batch size must be positive, got {batch_size}")
+        if drop_remainder and batch_size % process_count:
+            raise DataError(
+                f"data.train_batch_size={batch_size} must be divisible by the number of processes ({process_count})"
+            )
+        n = len(dataset)
+        self.batches_per_epoch = n // batch_size if drop_remainder else -(-n // batch_size)
+        if self.batches_per_epoch == 0:
+            raise DataError(f"dataset has {n} prompts, fewer than one batch of {batch_size}")
+        if drop_remainder and n % batch_size:
+            log.info("loader drops the last %d of %d prompts each epoch (partial batch)", n % batch_size, n)
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.pad_token_id = int(pad_token_id)
+        self.buckets = resolve_buckets(max_prompt_length, buckets)
+        self.num_epochs = num_epochs
+        self.process_index, self.process_count = process_index, process_count
+
+        ds = grain.MapDataset.range(n)
+        if shuffle:
+            ds = ds.shuffle(seed=int(seed))
+        ds = ds.batch(batch_size, drop_remainder=drop_remainder).repeat(num_epochs)
+        self._grain_dataset = ds.map_with_index(self._collate)
+        self._grain_iterator = self._grain_dataset.to_iter_dataset(
+            grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)
+        ).__iter__()
+
+    def _host_share(self, idx: np.ndarray) -> np.ndarray:
+        return np.array_split(idx, self.process_count)[self.process_index]
+
+    def _collate(self, step: int, global_idx: np.ndarray) -> PromptBatch:
+        idx = self._host_share(np.asarray(global_idx, dtype=np.int64))
+        ids = [self.dataset.input_ids[i] for i in idx]
+        length = bucket_length(max((len(r) for r in ids), default=1), self.buckets)
+        input_ids, mask = pad_left(ids, length, self.pad_token_id)
+        exs = [self.dataset.examples[i] for i in idx]
+        return PromptBatch(
+            input_ids=input_ids, attention_mask=mask,
+            data_source=[e.data_source for e in exs], ground_truth=[e.ground_truth for e in exs],
+            extra_info=[dict(e.extra_info) for e in exs], raw_prompt=[e.prompt for e in exs],
+            prompt_text=[self.dataset.prompt_texts[i] for i in idx], index=idx,
+            epoch=step // self.batches_per_epoch, step=step,
+        )
+
+    @property
+    def grain_iterator(self) -> grain.DatasetIterator:
+        """The underlying grain iterator, for ``grain.checkpoint.CheckpointSave/CheckpointRestore``."""
+        return self._grain_iterator
+
+    def __iter__(self) -> PromptLoader:
+        return self
+
+    def __next__(self) -> PromptBatch:
+        return next(self._grain_iterator)
+
+    def __len__(self) -> int:
+        """Batches in the whole run (all epochs)."""
+        if self.num_epochs is None:
+            raise TypeError("an infinite loader (num_epochs=None) has no length")
+        return self.batches_per_epoch * self.num_epochs
+
+    def get_state(self) -> dict[str, Any]:
+        return self._grain_iterator.get_state()
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        self._grain_iterator.set_state(state)
+
+
+def _cfg_get(section: Any, key: str, default: Any = None) -> Any:
+    value = section.get(key, default) if hasattr(section, "get") else getattr(section, key, default)
+    return default if value is None else value
+
+
+def dataset_from_config(data_cfg: Any, tokenizer: Any, which: str = "train") -> PromptDataset:
+    """Build the train or val PromptDataset from a `cfg.data` section (verl key names)."""
+    if which not in ("train", "val"):
+        raise ValueError(f"which must be 'train' or 'val', got {which!r}")
+    files = _cfg_get(data_cfg, f"{which}_files")
+    if not files:
+        raise DataError(f"data.{which}_files is not set")
+    gt_key = data_cfg.get("ground_truth_key", "reward_model.ground_truth")
+    return build_dataset(
+        list(files) if not isinstance(files, str) else files, tokenizer,
+        split=_cfg_get(data_cfg, f"{which}_split", "train" if which == "train" else "test"),
+        prompt_key=_cfg_get(data_cfg, "prompt_key", "prompt"),
+        ground_truth_key=gt_key if gt_key else None,
+        default_data_source=_cfg_get(data_cfg, "default_data_source"),
+        max_prompt_length=int(_cfg_get(data_cfg, "max_prompt_length", 512)),
+        prompt_template=_cfg_get(data_cfg, "prompt_template", "native"),
+        system_prompt=_cfg_get(data_cfg, "system_prompt") or None,
+        truncation=_cfg_get(data_cfg, "truncation", "error"),
+        filter_overlong_prompts=bool(_cfg_get(data_cfg, "filter_overlong_prompts", False)),
+    )
+
+
+def loader_from_config(
+    data_cfg: Any,
+    tokenizer: Any,
+    which: str = "train",
+    *,
+    num_epochs: int | None = 1,
+    dataset: PromptDataset | None = None,
+    process_index: int | None = None,
+    process_count: int | None = None,
+) -> PromptLoader:
+    """Train loader (shuffled per data.shuffle, full batches) or val loader (in order, one pass, all rows)."""
+    dataset = dataset if dataset is not None else dataset_from_config(data_cfg, tokenizer, which)
+    common = dict(
+        pad_token_id=pad_token_id_of(tokenizer), max_prompt_length=int(_cfg_get(data_cfg, "max_prompt_length", 512)),
+        buckets=_cfg_get(data_cfg, "prompt_length_buckets"), seed=int(_cfg_get(data_cfg, "seed", 0)),
+        process_index=process_index, process_count=process_count,
+    )
+    if which == "train":
+        batch_size = int(_cfg_get(data_cfg, "train_batch_size", 0))
+        return PromptLoader(dataset, batch_size, shuffle=bool(_cfg_get(data_cfg, "shuffle", True)),
+                            num_epochs=num_epochs, drop_remainder=True, **common)
+    batch_size = int(_cfg_get(data_cfg, "val_batch_size", 0)) or len(dataset)
+    return PromptLoader(dataset, batch_size, shuffle=False, num_epochs=1, drop_remainder=False, **common)

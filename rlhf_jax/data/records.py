@@ -1,0 +1,123 @@
+"""Turning raw rows into examples: prompt, ground truth, data source and the rest of the row.
+
+The prompt column (``data.prompt_key``) holds either a string or a list of chat
+messages (``[{"role": ..., "content": ...}, ...]``, verl's and ROLL's
+``messages`` layout). The ground truth is read with a dotted path
+(``data.ground_truth_key``, default ``reward_model.ground_truth`` as in verl's
+preprocessed parquet). All other columns travel to the reward function inside
+``extra_info`` (a row's own ``extra_info`` keys win on name clashes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from rlhf_jax.data.sources import DataError, Row, get_path
+
+Messages = list[dict[str, str]]
+
+
+@dataclasses.dataclass
+class Example:
+    """One prompt with everything the reward function needs."""
+
+    prompt: str | Messages
+    ground_truth: Any
+    data_source: str
+    extra_info: dict[str, Any]
+    where: str  # "file row N", for error messages
+
+
+def _as_messages(value: Any, where: str, key: str) -> Messages | None:
+    """Return `value` as a validated message list, or None when it is not list-shaped at all."""
+    if isinstance(value, tuple):
+        value = list(value)
+    if not isinstance(value, list):
+        return None
+    if not value:
+        raise DataError(f"{where}: prompt column {key!r} is an empty message list")
+    out = []
+    for j, msg in enumerate(value):
+        if not isinstance(msg, dict) or not isinstance(msg.get("role"), str) or not isinstance(msg.get("content"), str):
+            raise DataError(
+                f"{where}: prompt column {key!r} message {j} must be an object with string 'role' and "
+                f"'content', got {msg!r:.120}"
+            )
+        out.append({"role": msg["role"], "content": msg["content"]})
+    return out
+
+
+def parse_prompt(value: Any, where: str, key: str, from_csv: bool = False) -> str | Messages:
+    """Validate a prompt cell: a string or a list of chat messages (JSON-encoded lists are accepted from CSV)."""
+    if from_csv and isinstance(value, str) and value.lstrip().startswith("["):
+        try:
+            decoded = json.loads(value)
+        except json.JSONDecodeError:
+            decoded = None
+        if isinstance(decoded, list) and decoded and all(isinstance(m, dict) and "role" in m for m in decoded):
+            value = decoded
+    messages = _as_messages(value, where, key)
+    if messages is not None:
+        return messages
+    if isinstance(value, str):
+        return value
+    raise DataError(
+        f"{where}: prompt column {key!r} must be a string or a list of chat messages, got {type(value).__name__}"
+    )
+
+
+def to_example(
+    row: Row,
+    prompt_key: str = "prompt",
+    ground_truth_key: str | None = "reward_model.ground_truth",
+    default_data_source: str | None = None,
+) -> Example:
+    """Build an Example from a raw row, failing with the file, row and key on anything missing or malformed."""
+    data = row.data
+    try:
+        raw_prompt = get_path(data, prompt_key)
+    except KeyError:
+        raise DataError(
+            f"{row.where}: missing prompt column {prompt_key!r} (data.prompt_key); row has columns {sorted(data)}"
+        ) from None
+    prompt = parse_prompt(raw_prompt, row.where, prompt_key, from_csv=row.file.lower().endswith(".csv"))
+
+    ground_truth = None
+    if ground_truth_key:
+        try:
+            ground_truth = get_path(data, ground_truth_key)
+        except KeyError:
+            raise DataError(
+                f"{row.where}: missing ground-truth column {ground_truth_key!r} (data.ground_truth_key; set it to "
+                f"null for data without one); row has columns {sorted(data)}"
+            ) from None
+
+    data_source = data.get("data_source", default_data_source)
+    if data_source is None:
+        raise DataError(
+            f"{row.where}: no 'data_source' column and data.default_data_source is not set; the reward "
+            "function is chosen by data_source"
+        )
+    if not isinstance(data_source, str):
+        raise DataError(f"{row.where}: 'data_source' must be a string, got {type(data_source).__name__}")
+
+    own_extra = data.get("extra_info")
+    if own_extra is not None and not isinstance(own_extra, dict):
+        raise DataError(f"{row.where}: 'extra_info' must be an object, got {type(own_extra).__name__}")
+    prompt_root = prompt_key if prompt_key in data else prompt_key.split(".")[0]
+    extra = {k: v for k, v in data.items() if k not in (prompt_root, "extra_info", "data_source")}
+    extra.update(own_extra or {})
+    return Example(prompt=prompt, ground_truth=ground_truth, data_source=data_source, extra_info=extra, where=row.where)
+
+
+def to_examples(
+    rows: Sequence[Row],
+    prompt_key: str = "prompt",
+    ground_truth_key: str | None = "reward_model.ground_truth",
+    default_data_source: str | None = None,
+) -> list[Example]:
+    """Convert all rows (eagerly, so that bad data fails before training starts)."""
+    return [to_example(r, prompt_key, ground_truth_key, default_data_source) for r in rows]

@@ -1,0 +1,187 @@
+"""Synthetic tasks that need no download: arithmetic and countdown, as verl-schema parquet.
+
+Rows follow verl's preprocessed schema: ``data_source``, ``prompt`` (a list of chat
+messages), ``ability``, ``reward_model`` (``{"style": "rule", "ground_truth": ...}``)
+and ``extra_info`` (split, index, and the expression / a reference solution).
+Generation is deterministic from the seed.
+
+- arithmetic: ``num_terms`` integers in [min_value, max_value] joined by operators
+  drawn from ``ops`` (+ - *, usual precedence); ground truth is the integer value
+  as a string. ``style="bare"`` prompts are just ``"3+4="`` (for tiny models),
+  ``style="instruct"`` asks for the answer after ``####``.
+- countdown: ``num_numbers`` integers in [1, max_number] and a target in
+  [1, max_target] that is reachable using each number exactly once with ``ops``;
+  ground truth ``{"target": int, "numbers": [...]}``, answer in ``<answer>`` tags.
+
+CLI: ``python -m rlhf_jax.data.synthetic --task arithmetic --out DIR`` writes
+``DIR/train.parquet`` and ``DIR/test.parquet``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+from fractions import Fraction
+from typing import Any
+
+from rlhf_jax.rewards.expression import evaluate
+
+ARITHMETIC_OPS = ("+", "-", "*")
+COUNTDOWN_OPS = ("+", "-", "*", "/")
+
+
+def _check_ops(ops: str | tuple[str, ...], allowed: tuple[str, ...], task: str) -> tuple[str, ...]:
+    ops = tuple(ops)
+    bad = [o for o in ops if o not in allowed]
+    if not ops or bad:
+        raise ValueError(f"{task}: ops must be a non-empty subset of {allowed}, got {ops}")
+    return ops
+
+
+def _row(data_source: str, ability: str, content: str, ground_truth: Any, extra: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "data_source": data_source,
+        "prompt": [{"role": "user", "content": content}],
+        "ability": ability,
+        "reward_model": {"style": "rule", "ground_truth": ground_truth},
+        "extra_info": extra,
+    }
+
+
+def make_arithmetic(
+    n: int,
+    seed: int = 0,
+    *,
+    min_value: int = 0,
+    max_value: int = 9,
+    num_terms: int = 2,
+    ops: str | tuple[str, ...] = ("+",),
+    style: str = "bare",
+    split: str = "train",
+) -> list[dict[str, Any]]:
+    """`n` arithmetic rows; difficulty from the operand range, number of terms and operators."""
+    ops = _check_ops(ops, ARITHMETIC_OPS, "arithmetic")
+    if num_terms < 2 or min_value > max_value:
+        raise ValueError(f"arithmetic: need num_terms >= 2 and min_value <= max_value, got {num_terms}, "
+                         f"[{min_value}, {max_value}]")
+    if style not in ("bare", "instruct"):
+        raise ValueError(f"arithmetic: style must be 'bare' or 'instruct', got {style!r}")
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        terms = [rng.randint(min_value, max_value) for _ in range(num_terms)]
+        chosen = [rng.choice(ops) for _ in range(num_terms - 1)]
+        expr = str(terms[0]) + "".join(f"{op}{t}" for op, t in zip(chosen, terms[1:]))
+        if any(t < 0 for t in terms):  # parenthesise negative operands so the text parses unambiguously
+            expr = f"({terms[0]})" + "".join(f"{op}({t})" for op, t in zip(chosen, terms[1:]))
+        value, _ = evaluate(expr.replace("(-", "(0-"))
+        answer = str(int(value))
+        if style == "bare":
+            content = f"{expr}="
+        else:
+            content = f"Compute {expr}. Give the final answer as an integer after \"####\"."
+        rows.append(_row("arithmetic", "math", content, answer, {"split": split, "index": i, "expression": expr}))
+    return rows
+
+
+def _countdown_instance(rng: random.Random, numbers: list[int], ops: tuple[str, ...]) -> tuple[Fraction, str]:
+    items: list[tuple[Fraction, str]] = [(Fraction(x), str(x)) for x in numbers]
+    while len(items) > 1:
+        a, b = (items.pop(rng.randrange(len(items))) for _ in range(2))
+        op = rng.choice(ops)
+        if op == "-" and a[0] < b[0]:
+            a, b = b, a
+        if op == "/" and (b[0] == 0 or (a[0] / b[0]).denominator != 1):
+            op = "+"
+        value = {"+": a[0] + b[0], "-": a[0] - b[0], "*": a[0] * b[0], "/": a[0] / b[0] if b[0] else None}[op]
+        items.append((value, f"({a[1]} {op} {b[1]})"))
+    value, text = items[0]
+    return value, text[1:-1] if text.startswith("(") else text
+
+
+def make_countdown(
+    n: int,
+    seed: int = 0,
+    *,
+    num_numbers: int = 3,
+    max_number: int = 20,
+    max_target: int = 100,
+    ops: str | tuple[str, ...] = COUNTDOWN_OPS,
+    split: str = "train",
+) -> list[dict[str, Any]]:
+    """`n` countdown rows, each with a reachable target (a reference solution is kept in extra_info)."""
+    ops = _check_ops(ops, COUNTDOWN_OPS, "countdown")
+    if num_numbers < 2 or max_number < 1 or max_target < 1:
+        raise ValueError("countdown: need num_numbers >= 2, max_number >= 1, max_target >= 1")
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        for _ in range(1000):
+            numbers = [rng.randint(1, max_number) for _ in range(num_numbers)]
+            value, solution = _countdown_instance(rng, numbers, ops)
+            if value.denominator == 1 and 1 <= value <= max_target:
+                break
+        else:
+            raise ValueError(f"countdown: no target in [1, {max_target}] found for these settings; raise max_target")
+        target = int(value)
+        content = (
+            f"Using the numbers {numbers}, create an equation that equals {target}. You can use "
+            f"{' '.join(ops)} and parentheses, and each number exactly once. Show your work, then give the "
+            "equation in <answer> </answer> tags, for example <answer>(1 + 2) / 3</answer>."
+        )
+        gt = {"target": target, "numbers": numbers}
+        rows.append(_row("countdown", "math", content, gt, {"split": split, "index": i, "solution": solution}))
+    return rows
+
+
+def write_parquet(rows: list[dict[str, Any]], path: str) -> str:
+    """Write rows as parquet (nested columns become structs / lists)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return path
+
+
+def generate(task: str, out_dir: str, *, train_size: int, test_size: int, seed: int, **knobs: Any) -> list[str]:
+    """Write DIR/train.parquet and DIR/test.parquet for `task` (test uses seed + 1)."""
+    makers = {"arithmetic": make_arithmetic, "countdown": make_countdown}
+    if task not in makers:
+        raise ValueError(f"task must be one of {sorted(makers)}, got {task!r}")
+    paths = []
+    for split, size, s in (("train", train_size, seed), ("test", test_size, seed + 1)):
+        rows = makers[task](size, s, split=split, **knobs)
+        paths.append(write_parquet(rows, os.path.join(out_dir, f"{split}.parquet")))
+    return paths
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--task", required=True, choices=["arithmetic", "countdown"])
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--train-size", type=int, default=1000)
+    p.add_argument("--test-size", type=int, default=100)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--ops", default=None, help="operators, e.g. '+-*' (arithmetic default '+', countdown '+-*/')")
+    p.add_argument("--min-value", type=int, default=0, help="arithmetic: smallest operand")
+    p.add_argument("--max-value", type=int, default=9, help="arithmetic: largest operand")
+    p.add_argument("--num-terms", type=int, default=2, help="arithmetic: operands per expression")
+    p.add_argument("--style", default="bare", choices=["bare", "instruct"], help="arithmetic prompt style")
+    p.add_argument("--num-numbers", type=int, default=3, help="countdown: numbers given")
+    p.add_argument("--max-number", type=int, default=20, help="countdown: largest given number")
+    p.add_argument("--max-target", type=int, default=100, help="countdown: largest target")
+    a = p.parse_args(argv)
+    if a.task == "arithmetic":
+        knobs = dict(min_value=a.min_value, max_value=a.max_value, num_terms=a.num_terms,
+                     ops=tuple(a.ops or "+"), style=a.style)
+    else:
+        knobs = dict(num_numbers=a.num_numbers, max_number=a.max_number, max_target=a.max_target,
+                     ops=tuple(a.ops or "+-*/"))
+    for path in generate(a.task, a.out, train_size=a.train_size, test_size=a.test_size, seed=a.seed, **knobs):
+        print(path)
+
+
+if __name__ == "__main__":
+    main()

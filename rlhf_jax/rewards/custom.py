@@ -1,0 +1,102 @@
+"""Loading the scoring function: a user's file (``custom_reward_function.path/.name``) or the built-ins.
+
+A custom function is called as ``compute_score(data_source, solution_str,
+ground_truth, extra_info)`` and returns a number or a dict with a ``score`` key
+plus extra metrics (numbers; other values are ignored). ``ScoreSpec`` describes
+the function in a picklable way, so that worker processes can load it themselves.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import importlib.util
+import math
+import os
+import sys
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from rlhf_jax.rewards.registry import default_compute_score
+
+ComputeScore = Callable[[str, str, Any, dict], Any]
+
+
+def load_function_from_file(path: str, name: str = "compute_score") -> ComputeScore:
+    """Import `path` as a module (once per path) and return its attribute `name`."""
+    path = os.path.abspath(os.path.expanduser(path))
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"custom_reward_function.path: file not found: {path}")
+    module_name = "rlhf_jax_user_reward_" + hashlib.sha1(path.encode()).hexdigest()[:12]
+    module = sys.modules.get(module_name)
+    if module is None:
+        spec = importlib.util.spec_from_file_location(module_name, path)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"custom_reward_function.path: cannot import {path}")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[module_name]
+            raise
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        raise AttributeError(f"custom_reward_function.name: {path} has no function named {name!r}")
+    return fn
+
+
+@dataclasses.dataclass(frozen=True)
+class ScoreSpec:
+    """Which scoring function to use: a file + name, a picklable callable, or the built-in scorers."""
+
+    path: str | None = None
+    name: str = "compute_score"
+    fn: ComputeScore | None = None
+    scorer_kwargs: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
+
+    def load(self) -> ComputeScore:
+        if self.fn is not None:
+            return self.fn
+        if self.path:
+            return load_function_from_file(self.path, self.name)
+        kwargs = {k: dict(v) for k, v in self.scorer_kwargs.items()}
+        return functools.partial(_builtin, scorer_kwargs=kwargs)
+
+
+def _builtin(data_source: str, solution_str: str, ground_truth: Any, extra_info: Any, *, scorer_kwargs: Any) -> float:
+    return default_compute_score(data_source, solution_str, ground_truth, extra_info, scorer_kwargs)
+
+
+def normalize_result(result: Any) -> tuple[float, dict[str, float]]:
+    """(score, numeric extra metrics) from a float or {'score': ..., **metrics}; raises on anything else."""
+    extras: dict[str, float] = {}
+    if isinstance(result, Mapping):
+        if "score" not in result:
+            raise ValueError(f"reward function returned a dict without a 'score' key: keys {sorted(result)}")
+        for key, value in result.items():
+            if key == "score":
+                continue
+            try:
+                extras[str(key)] = float(value)
+            except (TypeError, ValueError):
+                continue
+        result = result["score"]
+    try:
+        score = float(result)
+    except (TypeError, ValueError):
+        raise TypeError(f"reward function must return a number or a dict with 'score', got {type(result).__name__}") \
+            from None
+    if not math.isfinite(score):
+        raise ValueError(f"reward function returned a non-finite score {score}")
+    return score, extras
+
+
+def spec_from_config(custom_cfg: Any = None, reward_cfg: Any = None) -> ScoreSpec:
+    """ScoreSpec from `cfg.custom_reward_function` (path, name) and `cfg.reward_model.scorer_kwargs`."""
+    path = custom_cfg.get("path") if custom_cfg is not None else None
+    name = (custom_cfg.get("name") if custom_cfg is not None else None) or "compute_score"
+    kwargs = reward_cfg.get("scorer_kwargs") if reward_cfg is not None else None
+    kwargs = {k: dict(v) for k, v in dict(kwargs or {}).items()}
+    return ScoreSpec(path=path or None, name=name, scorer_kwargs=kwargs)
