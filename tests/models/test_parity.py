@@ -1,0 +1,73 @@
+"""Logits parity with transformers (torch, float32) on tiny random checkpoints, left-padded batches."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+
+from rlhf_jax.models import from_pretrained
+from rlhf_jax.models.layers import rope_inv_freq
+from tests.conftest import left_padded_batch
+
+LENGTHS = [13, 9, 4, 13]
+
+
+def torch_logits(model, ids, mask):
+    with torch.no_grad():
+        return model(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask)).logits.float().numpy()
+
+
+@pytest.mark.parametrize("kind", ["llama", "llama_tied", "llama3_rope", "qwen2", "qwen3", "mistral"])
+def test_causal_lm_logits_match_transformers(hf_checkpoint, kind):
+    path, ref_model = hf_checkpoint(kind)
+    rng = np.random.default_rng(1)
+    ids, mask = left_padded_batch(rng, 128, LENGTHS)
+    expected = torch_logits(ref_model, ids, mask)
+
+    model = from_pretrained(path)
+    logits = jax.jit(lambda m, i, a: m(i, a))(model, jnp.asarray(ids, jnp.int32), jnp.asarray(mask, jnp.int32))
+    assert logits.dtype == jnp.float32 and logits.shape == (len(LENGTHS), max(LENGTHS), 128)
+    real = mask.astype(bool)
+    np.testing.assert_array_less(np.abs(np.asarray(logits) - expected)[real].max(), 1e-4)
+
+
+def test_llama3_rope_scaling_is_applied(hf_checkpoint):
+    path, _ = hf_checkpoint("llama3_rope")
+    cfg = from_pretrained(path).config
+    assert cfg.rope.rope_type == "llama3"
+    default = rope_inv_freq(cfg.head_dim, cfg.rope.__class__(theta=cfg.rope.theta))
+    scaled = rope_inv_freq(cfg.head_dim, cfg.rope)
+    # Low frequencies are divided by the factor, high ones untouched.
+    assert np.isclose(scaled[-1], default[-1] / 8.0) and np.isclose(scaled[0], default[0])
+
+
+def test_padding_does_not_change_real_positions(hf_checkpoint):
+    """A left-padded row gives the same logits as the same row alone without padding."""
+    path, _ = hf_checkpoint("qwen2")
+    model = from_pretrained(path)
+    rng = np.random.default_rng(2)
+    ids, mask = left_padded_batch(rng, 128, [12, 5])
+    batched = np.asarray(model(jnp.asarray(ids, jnp.int32), jnp.asarray(mask, jnp.int32)))
+    alone = np.asarray(model(jnp.asarray(ids[1:, -5:], jnp.int32)))
+    np.testing.assert_allclose(batched[1, -5:], alone[0], atol=1e-5)
+
+
+def test_gradient_checkpointing_gives_same_gradients(hf_checkpoint):
+    from flax import nnx
+
+    path, _ = hf_checkpoint("llama")
+    ids = jnp.asarray(np.random.default_rng(3).integers(0, 128, (2, 10)), jnp.int32)
+
+    def grads(remat):
+        model = from_pretrained(path, remat=remat)
+        graphdef, state = nnx.split(model)
+
+        def loss(s):
+            return jnp.mean(jax.nn.log_softmax(nnx.merge(graphdef, s)(ids))[..., 0])
+
+        return jax.jit(jax.grad(loss))(state)
+
+    plain, remat = grads(False), grads(True)
+    for a, b in zip(jax.tree.leaves(plain), jax.tree.leaves(remat)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
