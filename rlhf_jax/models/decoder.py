@@ -39,7 +39,7 @@ class Decoder(nnx.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype=cfg.param_dtype, rngs=rngs)
 
     def __call__(self, input_ids_BT, positions_BT, key_valid_BS, q_slots_BT, cache=None, cache_index=None):
-        x = jnp.take(self.embed_tokens.value, input_ids_BT, axis=0).astype(self.cfg.dtype)
+        x = jnp.take(self.embed_tokens[...], input_ids_BT, axis=0).astype(self.cfg.dtype)
         new_cache = []
         for i, layer in enumerate(self.layers):
             layer_cache = None if cache is None else cache[i]
@@ -73,8 +73,8 @@ class CausalLM(nnx.Module):
     def unembedding(self) -> jax.Array:
         """The (E, vocab) output projection (the transposed embedding when tied)."""
         if self.config.tie_word_embeddings:
-            return self.model.embed_tokens.value.T
-        return self.lm_head.value
+            return self.model.embed_tokens[...].T
+        return self.lm_head[...]
 
     def logits_from_hidden(self, hidden: jax.Array) -> jax.Array:
         return (hidden @ self.unembedding().astype(self.config.dtype)).astype(jnp.float32)
@@ -121,7 +121,7 @@ class SequenceClassifier(nnx.Module):
             attention_mask = jnp.ones(input_ids.shape, jnp.int32)
         hidden = self.model.full_sequence(input_ids, attention_mask, positions)
         pooled = jnp.take_along_axis(hidden, last_token_index(attention_mask)[:, None, None], axis=1)[:, 0]
-        return (pooled @ self.score.value.astype(self.config.dtype)).astype(jnp.float32)
+        return (pooled @ self.score[...].astype(self.config.dtype)).astype(jnp.float32)
 
 
 class TokenValueModel(nnx.Module):
@@ -136,7 +136,7 @@ class TokenValueModel(nnx.Module):
     def __call__(self, input_ids, attention_mask=None, positions=None) -> jax.Array:
         hidden = self.model.full_sequence(input_ids, attention_mask, positions)
         dt = self.config.dtype
-        values = hidden @ self.score.value.astype(dt) + self.score_bias.value.astype(dt)
+        values = hidden @ self.score[...].astype(dt) + self.score_bias[...].astype(dt)
         return values[..., 0].astype(jnp.float32)
 
 

@@ -50,7 +50,7 @@ def hf_config_dict(model: nnx.Module) -> dict:
 def _plan_shards(entries: list[tuple[tuple, nnx.Variable]], max_bytes: int) -> list[list[int]]:
     shards, current, size = [], [], 0
     for i, (_, var) in enumerate(entries):
-        nbytes = int(np.prod(var.value.shape)) * np.dtype(var.value.dtype).itemsize
+        nbytes = int(np.prod(var.get_value().shape)) * np.dtype(var.get_value().dtype).itemsize
         if current and size + nbytes > max_bytes:
             shards.append(current)
             current, size = [], 0
@@ -89,7 +89,7 @@ def save_pretrained(
         for i in shard:
             path, var = entries[i]
             mapping = mapping_for(path)
-            host = to_host(var.value)  # every process takes part in the gather
+            host = to_host(var.get_value())  # every process takes part in the gather
             tensors[mapping.hf_name] = mapping.to_hf(host)
             weight_map[mapping.hf_name] = fname
             total += host.nbytes

@@ -140,7 +140,7 @@ def from_pretrained(
     missing: list[str] = []
     for var_path, var in nnx.to_flat_state(state):
         mapping = mapping_for(var_path)
-        shape, target_dtype = tuple(var.value.shape), var.value.dtype
+        shape, target_dtype = tuple(var.get_value().shape), var.get_value().dtype
         if mapping.hf_name in available:
             hf_tensor = reader.get(mapping.hf_name)
             expected = mapping.hf_shape(shape)
@@ -157,7 +157,7 @@ def from_pretrained(
             missing.append(mapping.hf_name)
             continue
         sharding = variable_sharding(var, mesh, rules)
-        var.value = jax.make_array_from_callback(shape, sharding, lambda idx, h=host: h[idx])
+        var.set_value(jax.make_array_from_callback(shape, sharding, lambda idx, h=host: h[idx]))
     if missing:
         raise CheckpointError(f"{path}: checkpoint lacks tensors the model needs: {missing[:8]}{' ...' if len(missing) > 8 else ''}")
     leftover = sorted(

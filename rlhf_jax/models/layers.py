@@ -45,7 +45,7 @@ class RMSNorm(nnx.Module):
         self.eps = eps
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        return rms_norm(x, self.weight.value, self.eps)
+        return rms_norm(x, self.weight[...], self.eps)
 
 
 def rope_inv_freq(head_dim: int, rope: RopeConfig) -> np.ndarray:
@@ -105,9 +105,9 @@ class Attention(nnx.Module):
 
     def _project(self, x: jax.Array, name: str) -> jax.Array:
         dt = self.cfg.dtype
-        y = jnp.einsum("bte,ehd->bthd", x, getattr(self, f"{name}_proj").value.astype(dt))
+        y = jnp.einsum("bte,ehd->bthd", x, getattr(self, f"{name}_proj")[...].astype(dt))
         if self.cfg.qkv_bias:
-            y = y + getattr(self, f"{name}_bias").value.astype(dt)
+            y = y + getattr(self, f"{name}_bias")[...].astype(dt)
         return y
 
     def __call__(self, x_BTE, positions_BT, key_valid_BS, q_slots_BT, cache=None, cache_index=None):
@@ -136,9 +136,9 @@ class Attention(nnx.Module):
         scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
         probs = jax.nn.softmax(scores, axis=-1).astype(dt)
         out = jnp.einsum("bkgts,bskd->btkgd", probs, v.astype(dt)).reshape(B, T, H, D)
-        out = jnp.einsum("bthd,hde->bte", out, self.o_proj.value.astype(dt))
+        out = jnp.einsum("bthd,hde->bte", out, self.o_proj[...].astype(dt))
         if cfg.o_bias:
-            out = out + self.o_bias.value.astype(dt)
+            out = out + self.o_bias[...].astype(dt)
         return out, new_cache
 
 
@@ -158,12 +158,12 @@ class MLP(nnx.Module):
 
     def __call__(self, x_BTE: jax.Array) -> jax.Array:
         dt, bias = self.cfg.dtype, self.cfg.mlp_bias
-        gate = x_BTE @ self.gate_proj.value.astype(dt)
-        up = x_BTE @ self.up_proj.value.astype(dt)
+        gate = x_BTE @ self.gate_proj[...].astype(dt)
+        up = x_BTE @ self.up_proj[...].astype(dt)
         if bias:
-            gate, up = gate + self.gate_bias.value.astype(dt), up + self.up_bias.value.astype(dt)
-        out = (jax.nn.silu(gate) * up) @ self.down_proj.value.astype(dt)
-        return out + self.down_bias.value.astype(dt) if bias else out
+            gate, up = gate + self.gate_bias[...].astype(dt), up + self.up_bias[...].astype(dt)
+        out = (jax.nn.silu(gate) * up) @ self.down_proj[...].astype(dt)
+        return out + self.down_bias[...].astype(dt) if bias else out
 
 
 class DecoderLayer(nnx.Module):

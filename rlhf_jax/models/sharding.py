@@ -10,8 +10,8 @@ from rlhf_jax.parallel.mesh import DEFAULT_RULES, Rules, named_sharding
 
 
 def variable_sharding(var: nnx.Variable, mesh: Mesh, rules: Rules = DEFAULT_RULES) -> NamedSharding:
-    axes = var.get_metadata().get("logical_axes") or (None,) * len(var.value.shape)
-    return named_sharding(mesh, axes, var.value.shape, rules)
+    axes = var.get_metadata().get("logical_axes") or (None,) * len(var.get_value().shape)
+    return named_sharding(mesh, axes, var.get_value().shape, rules)
 
 
 def state_shardings(state: nnx.State, mesh: Mesh, rules: Rules = DEFAULT_RULES):
