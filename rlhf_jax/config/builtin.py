@@ -1,0 +1,83 @@
+"""``builtin:<name>`` paths: the tiny model and synthetic data sets that need no download.
+
+``actor_rollout_ref.model.path = "builtin:tiny"`` names the small random Llama
+of :mod:`rlhf_jax.tools.tiny`; ``data.train_files = ("builtin:arithmetic",)``
+names a synthetic data set generated on first use by :mod:`rlhf_jax.data`.
+Checking these names never builds anything; :func:`resolve_model_path`
+builds the tiny model (once, cached) and returns its directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+PREFIX = "builtin:"
+TINY_MODEL = "builtin:tiny"
+BUILTIN_MODELS = ("tiny",)
+# Used until rlhf_jax.data exports its own list of synthetic data sets.
+_FALLBACK_DATASETS = ("arithmetic",)
+
+
+def is_builtin(path: str) -> bool:
+    """True for a ``builtin:<name>`` path."""
+    return isinstance(path, str) and path.startswith(PREFIX)
+
+
+def builtin_name(path: str) -> str:
+    """The ``<name>`` of ``builtin:<name>``."""
+    return path[len(PREFIX):]
+
+
+def builtin_datasets() -> tuple[str, ...]:
+    """Names of the synthetic data sets, from rlhf_jax.data.synthetic when it is importable."""
+    try:
+        from rlhf_jax.data import synthetic
+    except ImportError:
+        return _FALLBACK_DATASETS
+    for attr in ("BUILTIN_DATASETS", "GENERATORS", "DATASETS"):
+        names = getattr(synthetic, attr, None)
+        if names:
+            return tuple(sorted(names))
+    return _FALLBACK_DATASETS
+
+
+def resolve_model_path(path: str) -> str:
+    """A local directory for ``path``: ``builtin:tiny`` is built on first use; other paths are expanded.
+
+    A path that is neither builtin nor an existing directory is returned unchanged
+    (the loader reports it), so hub-style names keep working where a cache has them.
+    """
+    if is_builtin(path):
+        name = builtin_name(path)
+        if name != "tiny":
+            raise ValueError(f"unknown builtin model {path!r}; available: {', '.join(PREFIX + n for n in BUILTIN_MODELS)}")
+        from rlhf_jax.tools import tiny
+
+        return tiny.ensure()
+    expanded = os.path.expanduser(path)
+    return os.path.abspath(expanded) if os.path.isdir(expanded) else path
+
+
+def model_hf_config(path: str) -> dict[str, Any] | None:
+    """The model's ``config.json`` as a dict, without building anything; None if it cannot be read.
+
+    ``builtin:tiny`` answers from the tiny model's constants.
+    """
+    if is_builtin(path):
+        if builtin_name(path) != "tiny":
+            return None
+        from rlhf_jax.tools import tiny
+
+        return dict(tiny.MODEL_CONFIG, model_type="llama")
+    config_path = os.path.join(os.path.expanduser(path), "config.json")
+    if not os.path.isfile(config_path):
+        return None
+    with open(config_path) as fh:
+        return json.load(fh)
+
+
+def looks_local(path: str) -> bool:
+    """True if ``path`` is meant as a filesystem path (absolute, ~, ./, ../ or more than one '/')."""
+    return path.startswith(("/", "~", "./", "../", ".")) or path.count("/") != 1

@@ -1,0 +1,101 @@
+"""Command-line loading: ``--config=configs/grpo.py --config.algorithm.adv_estimator=rloo ...``.
+
+Built on ``ml_collections.config_flags``: ``--config`` names a recipe file
+defining ``get_config()`` (or a verl-style ``.yaml``, loaded with
+:func:`rlhf_jax.config.yaml_import.load_yaml`), and ``--config.<key>=<value>``
+overrides any schema key, parsed by the key's type. Tuples take
+``--config.trainer.logger="('console','jsonl')"``, a bare
+``--config.data.train_files=/path/a.parquet`` (one element) or the flag
+repeated. An override of a key that is not in the schema fails with a
+ValueError naming it and the closest known key, before anything loads.
+
+Two entry points: :func:`load_config_from_argv` parses an argv list on its own
+(no absl app needed); :func:`define_config_flag` registers the flag on an absl
+``FlagValues`` (the global ``FLAGS`` by default) for programs run with
+``absl.app.run``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from absl import flags
+from ml_collections import ConfigDict, config_flags
+
+from rlhf_jax.config import schema
+from rlhf_jax.config.yaml_import import load_yaml
+
+_HELP = "Recipe file with get_config() (configs/grpo.py) or a verl-style YAML; override keys with --config.<key>=v"
+
+
+def define_config_flag(
+    name: str = "config", default: str | None = None, flag_values: flags.FlagValues = flags.FLAGS
+) -> flags.FlagHolder:
+    """Define ``--<name>`` (a recipe file) plus its ``--<name>.<key>`` overrides on ``flag_values``."""
+    return config_flags.DEFINE_config_file(name, default, _HELP, flag_values=flag_values, lock_config=True)
+
+
+def override_paths(argv: Sequence[str], name: str = "config") -> list[str]:
+    """The dotted keys overridden in ``argv`` (``--name.k=v``, ``--name.k v``, ``--noname.k``)."""
+    paths = []
+    for arg in argv:
+        for prefix in (f"--{name}.", f"-{name}.", f"--no{name}.", f"-no{name}."):
+            if arg.startswith(prefix):
+                paths.append(arg[len(prefix):].split("=", 1)[0])
+                break
+    return paths
+
+
+def check_override_paths(argv: Sequence[str], name: str = "config") -> None:
+    """Raise ValueError naming the first override that is not a schema key (with a close-match hint)."""
+    for path in override_paths(argv, name):
+        if path not in schema.DOCS:
+            if schema.is_section(path):
+                raise ValueError(f"--{name}.{path} names a section; override its keys one by one "
+                                 f"(e.g. --{name}.{next(p for p in schema.DOCS if p.startswith(path + '.'))}=...)")
+            raise ValueError(f"--{name}.{path}: {schema.unknown_key_message(path)}")
+
+
+def _config_file_arg(argv: list[str], name: str) -> tuple[int, int, str] | None:
+    """(index, number of argv items, value) of ``--name=v`` / ``--name v``, if present."""
+    for i, arg in enumerate(argv):
+        for prefix in (f"--{name}=", f"-{name}="):
+            if arg.startswith(prefix):
+                return i, 1, arg[len(prefix):]
+        if arg in (f"--{name}", f"-{name}") and i + 1 < len(argv):
+            return i, 2, argv[i + 1]
+    return None
+
+
+def load_config_from_argv(argv: Sequence[str], *, name: str = "config", default: str | None = None) -> ConfigDict:
+    """Parse ``argv`` (``argv[0]`` is the program) into a locked ConfigDict.
+
+    ``default`` is the recipe used when ``argv`` has no ``--config``. Anything in
+    ``argv`` that is not ``--config`` or an override is an error.
+    """
+    argv = list(argv)
+    check_override_paths(argv[1:], name)
+    fv = flags.FlagValues()
+    found = _config_file_arg(argv[1:], name)
+    source = found[2] if found else default
+    if source is None:
+        raise ValueError(f"no --{name}=<recipe.py|file.yaml> given")
+    if source.endswith((".yaml", ".yml")):
+        if found:
+            i, count, _ = found
+            del argv[1 + i : 1 + i + count]
+        config_flags.DEFINE_config_dict(name, load_yaml(source), _HELP, flag_values=fv, lock_config=True,
+                                        sys_argv=argv)
+    else:
+        config_flags.DEFINE_config_file(name, default, _HELP, flag_values=fv, lock_config=True, sys_argv=argv)
+    try:
+        rest = fv(argv)
+    except flags.Error as e:
+        raise ValueError(str(e)) from None
+    if len(rest) > 1:
+        raise ValueError(f"unexpected command-line arguments: {' '.join(rest[1:])}")
+    cfg = fv[name].value
+    if not isinstance(cfg, ConfigDict):
+        raise ValueError(f"--{name}={source}: get_config() must return an ml_collections.ConfigDict")
+    schema.check_known_keys(cfg)
+    return cfg

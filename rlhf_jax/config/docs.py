@@ -1,0 +1,59 @@
+"""The configuration reference, generated from the schema (``docs/CONFIG.md``).
+
+    python -m rlhf_jax.config docs > docs/CONFIG.md
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rlhf_jax.config import schema
+from rlhf_jax.config.derive import DERIVED_DOCS
+from rlhf_jax.config.verl_compat import IGNORED
+
+_INTRO = """# Configuration reference
+
+Generated from `rlhf_jax/config/keys_*.py` by `python -m rlhf_jax.config docs`; do not edit by hand.
+
+Keys follow verl's `ppo_trainer.yaml`. Set them in a recipe (`configs/*.py`, `get_config()`),
+on the command line (`--config.actor_rollout_ref.actor.optim.lr=1e-6`), or in a verl-style
+YAML file (`--config=run.yaml`). A default of `None` is derived when the config is finalized
+(the description says from what); `${a.b}` inside a string refers to another key.
+"""
+
+
+def _fmt(value: Any) -> str:
+    text = repr(value) if not isinstance(value, str) else f"'{value}'"
+    return "`" + text.replace("|", "\\|") + "`"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def render_markdown() -> str:
+    """The whole reference: one table per top-level section, derived values, ignored verl keys."""
+    lines = [_INTRO]
+    section = None
+    for key in schema.KEYS:
+        top = key.path.split(".", 1)[0]
+        if top != section:
+            section = top
+            lines += ["", f"## {top}", "", "| key | default | type | description |", "|---|---|---|---|"]
+        typ = key.value_type.__name__
+        doc = key.doc + (f" One of: {', '.join(map(str, key.choices))}." if key.choices else "")
+        lines.append(f"| `{key.path}` | {_fmt(key.default)} | {typ} | {_cell(doc)} |")
+    lines += ["", "## derived (filled by finalize, read-only)", "", "| key | description |", "|---|---|"]
+    lines += [f"| `{k}` | {_cell(v)} |" for k, v in DERIVED_DOCS.items()]
+    lines += ["", "## verl keys accepted with a warning and ignored", "",
+              "A verl YAML may contain these; the importer logs one warning per key. Where a condition is",
+              "given, other values are an error, because the feature is not implemented.", "",
+              "| key pattern | why |", "|---|---|"]
+    lines += [f"| `{i.pattern}` | {_cell(i.reason)}{' (only when off)' if i.accept else ''} |" for i in IGNORED]
+    return "\n".join(lines) + "\n"
+
+
+def describe(path: str) -> str:
+    """One line for ``path``: ``key = default  # doc`` (a ``--help``-like entry)."""
+    key = schema.get_key(path)
+    return f"{key.path} = {key.default!r}  # {key.doc}"

@@ -1,0 +1,108 @@
+"""Schema keys of ``actor_rollout_ref``: the policy model, its optimizer, the reference and the sampler.
+
+Names and meanings follow verl's ``ppo_trainer.yaml``; batch sizes in prompts
+(``ppo_mini_batch_size``) are multiplied by ``rollout.n`` like verl, and
+``*_per_gpu`` sizes are per data-parallel shard (one shard = one position on
+the ``data`` x ``fsdp`` mesh axes).
+"""
+
+from __future__ import annotations
+
+from rlhf_jax.config.key import Key
+
+DTYPES = ("float32", "bfloat16", "float16")
+WARMUP_STYLES = ("constant", "cosine", "linear")
+CKPT_CONTENTS = ("model", "optimizer", "extra", "hf_model")
+A = "actor_rollout_ref."
+
+
+def optim_keys(prefix: str, lr: float) -> tuple[Key, ...]:
+    """AdamW + schedule keys shared by actor and critic (``<prefix>optim.*``)."""
+    p = prefix + "optim."
+    return (
+        Key(p + "lr", lr, "Peak learning rate (AdamW)."),
+        Key(p + "lr_warmup_steps", -1, "Linear warmup steps; negative: use lr_warmup_steps_ratio."),
+        Key(p + "lr_warmup_steps_ratio", 0.0, "Warmup steps as a fraction of the total training steps."),
+        Key(p + "warmup_style", "constant", "Schedule after warmup.", choices=WARMUP_STYLES),
+        Key(p + "min_lr_ratio", 0.0, "Final lr as a fraction of lr (cosine and linear decay)."),
+        Key(p + "num_cycles", 0.5, "Cosine cycles over the decay phase (0.5 = half a cosine, verl's default)."),
+        Key(p + "weight_decay", 0.01, "AdamW decoupled weight decay."),
+        Key(p + "betas", (0.9, 0.999), "AdamW (beta1, beta2)."),
+        Key(p + "eps", 1e-8, "AdamW epsilon."),
+    )
+
+
+def checkpoint_keys(prefix: str) -> tuple[Key, ...]:
+    """What a checkpoint of this role holds (``<prefix>checkpoint.*``)."""
+    p = prefix + "checkpoint."
+    return (
+        Key(p + "save_contents", ("model", "optimizer", "extra"),
+            "What checkpoints hold: model, optimizer, extra (rng, data iterator, step), hf_model.",
+            choices=CKPT_CONTENTS),
+        Key(p + "load_contents", None, "What a resume restores; None = save_contents.", type=tuple,
+            choices=CKPT_CONTENTS),
+    )
+
+
+MODEL = (
+    Key(A + "model.path", "builtin:tiny",
+        "Policy checkpoint: a local Hugging Face directory, or builtin:tiny (a small random Llama built on first use)."),
+    Key(A + "model.dtype", "float32", "Parameter (and optimizer state) dtype.", choices=DTYPES),
+    Key(A + "model.compute_dtype", "float32", "Activation / matmul dtype of forward passes.", choices=DTYPES),
+    Key(A + "model.enable_gradient_checkpointing", False, "Rematerialize each decoder layer in the backward pass."),
+)
+
+ACTOR = (
+    Key(A + "actor.ppo_mini_batch_size", 8,
+        "Prompts per PPO mini-batch (one optimizer step); multiplied by rollout.n like verl."),
+    Key(A + "actor.ppo_micro_batch_size_per_gpu", 1,
+        "Sequences per forward/backward pass on each data-parallel shard (gradient accumulation)."),
+    Key(A + "actor.ppo_epochs", 1, "Passes over each rollout batch."),
+    Key(A + "actor.shuffle", False, "Shuffle the rollout batch between PPO epochs."),
+    Key(A + "actor.grad_clip", 1.0, "Clip the global gradient norm to this value (<= 0: no clipping)."),
+    Key(A + "actor.clip_ratio", 0.2, "PPO clip epsilon; default for clip_ratio_low and clip_ratio_high."),
+    Key(A + "actor.clip_ratio_low", None, "Lower clip epsilon (ratio >= 1 - low); None = clip_ratio.", type=float),
+    Key(A + "actor.clip_ratio_high", None, "Upper clip epsilon (ratio <= 1 + high); None = clip_ratio.", type=float),
+    Key(A + "actor.clip_ratio_c", 3.0, "Dual-clip constant c > 1 bounding the loss for negative advantages."),
+    Key(A + "actor.entropy_coeff", 0.0, "Weight of the entropy bonus subtracted from the policy loss."),
+    Key(A + "actor.use_kl_loss", False, "Add a KL(actor || ref) loss term (GRPO style); loads the reference."),
+    Key(A + "actor.kl_loss_coef", 0.001, "Weight of the KL loss."),
+    Key(A + "actor.kl_loss_type", "low_var_kl", "KL estimator of the KL loss: kl|k1, abs, mse|k2, low_var_kl|k3, full."),
+    Key(A + "actor.loss_agg_mode", "token-mean",
+        "Loss aggregation: token-mean, seq-mean-token-sum, seq-mean-token-mean, seq-mean-token-sum-norm."),
+    Key(A + "actor.loss_scale_factor", None,
+        "Constant divisor of seq-mean-token-sum-norm; None = rollout.response_length.", type=float),
+    Key(A + "actor.policy_loss.loss_mode", "vanilla",
+        "Policy loss: vanilla (PPO dual-clip), gspo, gpg, cispo, clip_cov, kl_cov, or a registered name."),
+    Key(A + "actor.policy_loss.clip_cov_ratio", 0.0002, "clip_cov: fraction of tokens whose gradient is dropped."),
+    Key(A + "actor.policy_loss.clip_cov_lb", 1.0, "clip_cov: lower covariance bound of eligible tokens."),
+    Key(A + "actor.policy_loss.clip_cov_ub", 5.0, "clip_cov: upper covariance bound of eligible tokens."),
+    Key(A + "actor.policy_loss.kl_cov_ratio", 0.0002, "kl_cov: fraction of tokens (top covariance) given a KL penalty."),
+    Key(A + "actor.policy_loss.ppo_kl_coef", 1.0, "kl_cov: weight of the |log-ratio| penalty."),
+) + optim_keys(A + "actor.", 1e-6) + checkpoint_keys(A + "actor.")
+
+REF = (
+    Key(A + "ref.log_prob_micro_batch_size_per_gpu", 2,
+        "Sequences per reference-model forward pass on each data-parallel shard."),
+)
+
+ROLLOUT = (
+    Key(A + "rollout.n", 1, "Responses sampled per prompt (> 1 for grpo, rloo and other group estimators)."),
+    Key(A + "rollout.temperature", 1.0, "Sampling temperature (also used to scale logits for training log-probs)."),
+    Key(A + "rollout.top_k", -1, "Keep the k most likely tokens; -1 or 0 = off."),
+    Key(A + "rollout.top_p", 1.0, "Nucleus sampling mass; 1.0 = off."),
+    Key(A + "rollout.do_sample", True, "Sample; False = greedy decoding."),
+    Key(A + "rollout.response_length", None, "Tokens generated per response; None = data.max_response_length.",
+        type=int),
+    Key(A + "rollout.ignore_eos", False, "Keep generating after EOS (benchmarking)."),
+    Key(A + "rollout.seed", None, "Base PRNG seed of sampling; None = trainer.seed.", type=int),
+    Key(A + "rollout.log_prob_micro_batch_size_per_gpu", 2,
+        "Sequences per old-log-prob forward pass on each data-parallel shard."),
+    Key(A + "rollout.val_kwargs.temperature", 0.0, "Validation sampling temperature."),
+    Key(A + "rollout.val_kwargs.top_k", -1, "Validation top-k; -1 or 0 = off."),
+    Key(A + "rollout.val_kwargs.top_p", 1.0, "Validation nucleus mass."),
+    Key(A + "rollout.val_kwargs.n", 1, "Responses per validation prompt."),
+    Key(A + "rollout.val_kwargs.do_sample", False, "Sample during validation; False = greedy."),
+)
+
+KEYS: tuple[Key, ...] = MODEL + ACTOR + REF + ROLLOUT

@@ -1,0 +1,135 @@
+"""Schema keys of ``data``, ``critic``, ``reward_model``, ``custom_reward_function``, ``algorithm``,
+``trainer`` and the JAX-specific ``mesh`` section (verl names wherever verl has the concept)."""
+
+from __future__ import annotations
+
+from rlhf_jax.config.key import Key
+from rlhf_jax.config.keys_policy import checkpoint_keys, optim_keys
+
+DATA = (
+    Key("data.train_files", ("builtin:arithmetic",),
+        "Training prompts: parquet/json/jsonl/csv files or directories, or builtin:<name> (generated on first use)."),
+    Key("data.val_files", ("builtin:arithmetic",), "Validation prompts, same forms as train_files."),
+    Key("data.train_split", "train", "Split read from split-keyed JSON, split-named files in a directory, or builtin sets."),
+    Key("data.val_split", "test", "Split read for validation (see train_split)."),
+    Key("data.tokenizer", None, "Tokenizer directory; None = the one in actor_rollout_ref.model.path.", type=str),
+    Key("data.prompt_key", "prompt", "Column holding the prompt: a string or a list of chat messages."),
+    Key("data.ground_truth_key", "reward_model.ground_truth",
+        "Dotted path of the ground truth inside a row (verl's parquet layout); empty = none."),
+    Key("data.default_data_source", None,
+        "data_source for rows without one (selects the rule-based scorer); None = required per row.", type=str),
+    Key("data.prompt_template", "native",
+        "native (the tokenizer's chat template), raw (text as is) or a str.format template with {prompt}."),
+    Key("data.system_prompt", None, "System message added to every prompt; None = none.", type=str),
+    Key("data.max_prompt_length", 128, "Prompt tokens; prompts are left-padded to this (or a bucket)."),
+    Key("data.max_response_length", 16, "Response tokens; default for actor_rollout_ref.rollout.response_length."),
+    Key("data.prompt_length_buckets", None,
+        "Padded prompt lengths to compile for (ascending, up to max_prompt_length); None = one bucket.", type=tuple),
+    Key("data.truncation", "error", "Overlong prompts: error, or keep the left end / right end / both ends.",
+        choices=("error", "left", "right", "middle")),
+    Key("data.filter_overlong_prompts", False, "Drop prompts longer than max_prompt_length instead of truncating."),
+    Key("data.train_batch_size", 16, "Prompts per training step (each sampled rollout.n times)."),
+    Key("data.val_batch_size", None, "Prompts per validation batch; None = the whole validation set.", type=int),
+    Key("data.shuffle", True, "Shuffle training prompts (reshuffled every epoch)."),
+    Key("data.seed", 1, "Seed of the data shuffle."),
+)
+
+_C = "critic."
+CRITIC = (
+    Key(_C + "enable", None, "Train a value model; None = only when algorithm.adv_estimator is gae.", type=bool),
+    Key(_C + "model.path", None, "Critic initialisation checkpoint; None = actor_rollout_ref.model.path.", type=str),
+    Key(_C + "model.enable_gradient_checkpointing", False, "Rematerialize each critic decoder layer."),
+    Key(_C + "ppo_mini_batch_size", None, "Prompts per critic mini-batch (x rollout.n); None = the actor's.", type=int),
+    Key(_C + "ppo_micro_batch_size_per_gpu", None,
+        "Sequences per critic forward/backward on each data-parallel shard; None = the actor's.", type=int),
+    Key(_C + "forward_micro_batch_size_per_gpu", None,
+        "Sequences per value forward pass on each data-parallel shard; None = ppo_micro_batch_size_per_gpu.",
+        type=int),
+    Key(_C + "ppo_epochs", None, "Critic passes over each rollout batch; None = the actor's.", type=int),
+    Key(_C + "shuffle", None, "Shuffle between critic epochs; None = the actor's.", type=bool),
+    Key(_C + "grad_clip", 1.0, "Clip the critic's global gradient norm (<= 0: no clipping)."),
+    Key(_C + "cliprange_value", 0.5, "Value clipping range around the old values."),
+    Key(_C + "loss_agg_mode", None, "Aggregation of the value loss; None = the actor's loss_agg_mode.", type=str),
+) + optim_keys(_C, 1e-5) + checkpoint_keys(_C)
+
+_R = "reward_model."
+REWARD = (
+    Key(_R + "enable", False, "Score responses with a reward model instead of rule-based functions."),
+    Key(_R + "model.path", None, "Reward model checkpoint (a *ForSequenceClassification HF directory).", type=str),
+    Key(_R + "model.input_tokenizer", None,
+        "Policy tokenizer to decode responses with when the RM's chat template differs; None = same.", type=str),
+    Key(_R + "micro_batch_size_per_gpu", 2, "Sequences per reward-model forward pass on each data-parallel shard."),
+    Key(_R + "max_length", None, "Reward-model input length; None = prompt + response length.", type=int),
+    Key(_R + "reward_manager", "naive",
+        "Rule-based scoring: naive (in-process, sequential) or prime (parallel worker processes).",
+        choices=("naive", "prime")),
+    Key(_R + "num_workers", 2, "Worker processes of the prime reward manager."),
+    Key(_R + "timeout_s", 10.0, "Seconds one scoring call may take before it scores 0 (or fails, see fail_on_error)."),
+    Key(_R + "fail_on_error", False, "Stop training when a scorer raises or times out; False = score 0 and count it."),
+    Key(_R + "overlong_buffer.enable", False, "DAPO overlong penalty on responses near the length limit."),
+    Key(_R + "overlong_buffer.len", 4, "Buffer length L_buf before the limit where the penalty ramps up."),
+    Key(_R + "overlong_buffer.penalty_factor", 1.0, "Penalty at the limit (linear ramp over the buffer)."),
+)
+
+CUSTOM_REWARD = (
+    Key("custom_reward_function.path", None, "Python file with a custom scoring function; None = built-in scorers.",
+        type=str),
+    Key("custom_reward_function.name", "compute_score", "Function name in that file."),
+)
+
+_G = "algorithm."
+ALGORITHM = (
+    Key(_G + "adv_estimator", "gae",
+        "Advantage estimator: gae, grpo, rloo, reinforce_plus_plus, reinforce_plus_plus_baseline, remax, opo, gpg, "
+        "grpo_passk, or a registered name."),
+    Key(_G + "gamma", 1.0, "Discount factor."),
+    Key(_G + "lam", 1.0, "GAE lambda (bias/variance trade-off)."),
+    Key(_G + "norm_adv_by_std_in_grpo", True, "GRPO: divide by the group std; False = Dr.GRPO (mean-centred only)."),
+    Key(_G + "use_kl_in_reward", False, "Subtract kl_coef * KL(actor || ref) from token rewards; loads the reference."),
+    Key(_G + "kl_penalty", "kl", "KL estimator of the in-reward penalty: kl|k1, abs, mse|k2, low_var_kl|k3, full."),
+    Key(_G + "kl_ctrl.type", "fixed", "In-reward KL coefficient controller.", choices=("fixed", "adaptive")),
+    Key(_G + "kl_ctrl.kl_coef", 0.001, "(Initial) in-reward KL coefficient beta."),
+    Key(_G + "kl_ctrl.horizon", 10000, "Adaptive controller horizon."),
+    Key(_G + "kl_ctrl.target_kl", 0.1, "Adaptive controller target KL."),
+)
+
+_T = "trainer."
+TRAINER = (
+    Key(_T + "total_epochs", 1, "Passes over the training prompts."),
+    Key(_T + "total_training_steps", None, "Stop after this many steps; None = epochs x batches per epoch.", type=int),
+    Key(_T + "project_name", "rlhf_jax", "Project name (log and checkpoint directories)."),
+    Key(_T + "experiment_name", "default", "Experiment name (log and checkpoint directories)."),
+    Key(_T + "logger", ("console", "tensorboard", "jsonl"), "Metric sinks.", choices=("console", "tensorboard", "jsonl")),
+    Key(_T + "log_dir", "runs/${trainer.project_name}/${trainer.experiment_name}",
+        "Directory of tensorboard events and metrics.jsonl (${...} refers to other keys)."),
+    Key(_T + "log_val_generations", 0, "Validation samples (prompt, response, score) logged per validation."),
+    Key(_T + "default_local_dir", "checkpoints/${trainer.project_name}/${trainer.experiment_name}",
+        "Checkpoint directory (${...} refers to other keys)."),
+    Key(_T + "save_freq", -1, "Save a checkpoint every N steps (and at the end); -1 = only at the end."),
+    Key(_T + "test_freq", -1, "Validate every N steps (and at the end); -1 = only at the end."),
+    Key(_T + "val_before_train", True, "Validate once before the first step."),
+    Key(_T + "critic_warmup", 0, "Steps at the start that update only the critic."),
+    Key(_T + "resume_mode", "auto",
+        "auto (latest checkpoint in default_local_dir, if any), disable, or resume_path (resume_from_path).",
+        choices=("auto", "disable", "resume_path")),
+    Key(_T + "resume_from_path", None, "Checkpoint step directory to resume from when resume_mode=resume_path.",
+        type=str),
+    Key(_T + "max_actor_ckpt_to_keep", None, "Keep at most this many checkpoints; None = all.", type=int),
+    Key(_T + "max_critic_ckpt_to_keep", None, "Critic checkpoints kept; None = max_actor_ckpt_to_keep.", type=int),
+    Key(_T + "save_hf_checkpoint", "last",
+        "Export a Hugging Face directory of the actor: at the last step, at every save, or never.",
+        choices=("last", "always", "never")),
+    Key(_T + "seed", 42, "Seed of new parameters (value head), sampling and every other random choice."),
+)
+
+MESH = (
+    Key("mesh.data", -1, "Devices on the pure data-parallel axis; -1 = the devices left over."),
+    Key("mesh.fsdp", 1, "Devices on the fully-sharded data-parallel axis (parameters sharded); -1 = the rest."),
+    Key("mesh.tensor", 1, "Devices on the tensor-parallel axis (heads, mlp, vocab sharded); -1 = the rest."),
+    Key("mesh.logical_axis_rules",
+        (("batch", ("data", "fsdp")), ("embed", "fsdp"), ("mlp", "tensor"), ("heads", "tensor"),
+         ("kv_heads", "tensor"), ("vocab", "tensor")),
+        "(logical axis name, mesh axis or axes or None) pairs; names not listed are replicated."),
+)
+
+KEYS: tuple[Key, ...] = CRITIC + REWARD + CUSTOM_REWARD + ALGORITHM + TRAINER + MESH

@@ -1,0 +1,289 @@
+"""Finalize a config: fill derived values, then reject settings that cannot work, before anything compiles.
+
+:func:`finalize` is a pure function of the config, the device and process
+counts and (optionally) the training-set size; it reads nothing but the
+model's ``config.json`` and the existence of the files the config names. It
+returns a locked copy in which every ``None`` that means "derived" is filled,
+``${...}`` references are resolved, and a ``derived`` section holds the batch
+arithmetic the trainer needs (documented in :data:`DERIVED_DOCS`).
+
+Every error is a ValueError whose message names the key and the fix.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import os
+from typing import Any
+
+from ml_collections import ConfigDict
+
+from rlhf_jax.config import builtin, schema
+from rlhf_jax.config.derive import derive_batches
+from rlhf_jax.config.interpolation import has_reference, resolve
+from rlhf_jax.config.names import GROUP_ESTIMATORS, check_name
+
+log = logging.getLogger("rlhf_jax.config")
+
+MESH_AXES = ("data", "fsdp", "tensor")
+
+
+def _resolve_references(cfg: ConfigDict) -> None:
+    def lookup(path: str) -> Any:
+        if path not in schema.DOCS:
+            raise KeyError(path)
+        return schema.get_path(cfg, path)
+
+    for path, value in list(schema.iter_leaves(cfg)):
+        if has_reference(value):
+            schema.set_path(cfg, path, resolve(value, lookup, path))
+
+
+def _check_choices(cfg: ConfigDict) -> None:
+    for key in schema.KEYS:
+        if key.choices is None:
+            continue
+        value = schema.get_path(cfg, key.path)
+        if value is None:
+            continue
+        values = value if isinstance(value, tuple) else (value,)
+        for v in values:
+            if v not in key.choices:
+                raise ValueError(f"{key.path}={v!r} is not valid; choose from {', '.join(map(str, key.choices))}")
+
+
+def _fill_defaults(cfg: ConfigDict) -> None:
+    """The ``None`` = "same as ..." keys."""
+    arr, critic = cfg.actor_rollout_ref, cfg.critic
+    actor, rollout = arr.actor, arr.rollout
+    if rollout.response_length is None:
+        rollout.response_length = cfg.data.max_response_length
+    if rollout.seed is None:
+        rollout.seed = cfg.trainer.seed
+    if actor.clip_ratio_low is None:
+        actor.clip_ratio_low = actor.clip_ratio
+    if actor.clip_ratio_high is None:
+        actor.clip_ratio_high = actor.clip_ratio
+    if actor.loss_scale_factor is None:
+        actor.loss_scale_factor = float(rollout.response_length)
+    if critic.enable is None:
+        critic.enable = cfg.algorithm.adv_estimator == "gae"
+    if critic.model.path is None:
+        critic.model.path = arr.model.path
+    for name in ("ppo_mini_batch_size", "ppo_micro_batch_size_per_gpu", "ppo_epochs", "shuffle", "loss_agg_mode"):
+        if critic[name] is None:
+            critic[name] = actor[name]
+    if critic.forward_micro_batch_size_per_gpu is None:
+        critic.forward_micro_batch_size_per_gpu = critic.ppo_micro_batch_size_per_gpu
+    for role in (actor, critic):
+        if role.checkpoint.load_contents is None:
+            role.checkpoint.load_contents = role.checkpoint.save_contents
+    if cfg.trainer.max_critic_ckpt_to_keep is None:
+        cfg.trainer.max_critic_ckpt_to_keep = cfg.trainer.max_actor_ckpt_to_keep
+    if cfg.reward_model.max_length is None:
+        cfg.reward_model.max_length = cfg.data.max_prompt_length + rollout.response_length
+
+
+def _positive(cfg: ConfigDict, paths: tuple[str, ...], minimum: float = 1) -> None:
+    for path in paths:
+        value = schema.get_path(cfg, path)
+        if value is None or value < minimum:
+            raise ValueError(f"{path}={value!r} must be >= {minimum}")
+
+
+def _check_ranges(cfg: ConfigDict) -> None:
+    a = "actor_rollout_ref."
+    _positive(cfg, ("data.train_batch_size", "data.max_prompt_length", "data.max_response_length",
+                    a + "rollout.n", a + "rollout.response_length", a + "rollout.val_kwargs.n",
+                    a + "actor.ppo_mini_batch_size", a + "actor.ppo_micro_batch_size_per_gpu", a + "actor.ppo_epochs",
+                    a + "rollout.log_prob_micro_batch_size_per_gpu", a + "ref.log_prob_micro_batch_size_per_gpu",
+                    "trainer.total_epochs", "reward_model.num_workers", "reward_model.micro_batch_size_per_gpu"))
+    if cfg.data.val_batch_size is not None:
+        _positive(cfg, ("data.val_batch_size",))
+    if cfg.critic.enable:
+        _positive(cfg, ("critic.ppo_mini_batch_size", "critic.ppo_micro_batch_size_per_gpu", "critic.ppo_epochs",
+                        "critic.forward_micro_batch_size_per_gpu"))
+    actor, rollout = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout
+    for path in ("clip_ratio", "clip_ratio_low", "clip_ratio_high"):
+        if not getattr(actor, path) > 0:
+            raise ValueError(f"{a}actor.{path}={getattr(actor, path)} must be > 0")
+    if not actor.clip_ratio_c > 1:
+        raise ValueError(f"{a}actor.clip_ratio_c={actor.clip_ratio_c} must be > 1 (dual-clip bound)")
+    for prefix, sampling in (("rollout", rollout), ("rollout.val_kwargs", rollout.val_kwargs)):
+        if sampling.do_sample and not sampling.temperature > 0:
+            raise ValueError(f"{a}{prefix}.temperature={sampling.temperature} must be > 0 when "
+                             f"{a}{prefix}.do_sample=True (set do_sample=False for greedy decoding)")
+        if not 0 < sampling.top_p <= 1:
+            raise ValueError(f"{a}{prefix}.top_p={sampling.top_p} must be in (0, 1]")
+    if not rollout.temperature > 0:
+        raise ValueError(f"{a}rollout.temperature={rollout.temperature} must be > 0 (it scales training log-probs)")
+    for path in ("algorithm.gamma", "algorithm.lam"):
+        if not 0 <= schema.get_path(cfg, path) <= 1:
+            raise ValueError(f"{path}={schema.get_path(cfg, path)} must be in [0, 1]")
+    for path in ("algorithm.kl_ctrl.kl_coef", a + "actor.kl_loss_coef", a + "actor.entropy_coeff"):
+        if schema.get_path(cfg, path) < 0:
+            raise ValueError(f"{path}={schema.get_path(cfg, path)} must be >= 0")
+    if cfg.trainer.total_training_steps is not None and cfg.trainer.total_training_steps < 1:
+        raise ValueError(f"trainer.total_training_steps={cfg.trainer.total_training_steps} must be >= 1 (or None)")
+    buckets = cfg.data.prompt_length_buckets
+    if buckets:
+        if list(buckets) != sorted(set(buckets)) or buckets[0] < 1 or buckets[-1] > cfg.data.max_prompt_length:
+            raise ValueError(f"data.prompt_length_buckets={buckets} must be strictly ascending positive lengths "
+                             f"<= data.max_prompt_length ({cfg.data.max_prompt_length})")
+
+
+def _check_algorithm(cfg: ConfigDict) -> None:
+    a = "actor_rollout_ref.actor."
+    actor, alg = cfg.actor_rollout_ref.actor, cfg.algorithm
+    check_name("adv_estimator", alg.adv_estimator, "algorithm.adv_estimator")
+    check_name("policy_loss", actor.policy_loss.loss_mode, a + "policy_loss.loss_mode")
+    check_name("kl", alg.kl_penalty, "algorithm.kl_penalty")
+    check_name("kl", actor.kl_loss_type, a + "kl_loss_type")
+    check_name("loss_agg_mode", actor.loss_agg_mode, a + "loss_agg_mode")
+    check_name("loss_agg_mode", cfg.critic.loss_agg_mode, "critic.loss_agg_mode")
+    n = cfg.actor_rollout_ref.rollout.n
+    if alg.adv_estimator in GROUP_ESTIMATORS and n < 2:
+        raise ValueError(f"algorithm.adv_estimator={alg.adv_estimator} compares the samples of one prompt: set "
+                         f"actor_rollout_ref.rollout.n >= 2 (got {n})")
+    if alg.adv_estimator == "gae" and not cfg.critic.enable:
+        raise ValueError("algorithm.adv_estimator=gae needs a value model but critic.enable=False: set "
+                         "critic.enable=True (or None), or pick a critic-free estimator such as grpo")
+    if cfg.trainer.critic_warmup > 0 and not cfg.critic.enable:
+        raise ValueError(f"trainer.critic_warmup={cfg.trainer.critic_warmup} needs a critic: set critic.enable=True "
+                         "or trainer.critic_warmup=0")
+    ob = cfg.reward_model.overlong_buffer
+    if ob.enable and not 0 < ob.len < cfg.actor_rollout_ref.rollout.response_length:
+        raise ValueError(f"reward_model.overlong_buffer.len={ob.len} must be in (0, rollout.response_length="
+                         f"{cfg.actor_rollout_ref.rollout.response_length})")
+    if cfg.reward_model.timeout_s <= 0:
+        raise ValueError(f"reward_model.timeout_s={cfg.reward_model.timeout_s} must be > 0")
+    if cfg.trainer.resume_mode == "resume_path" and not cfg.trainer.resume_from_path:
+        raise ValueError("trainer.resume_mode=resume_path needs trainer.resume_from_path (a checkpoint step directory)")
+
+
+def resolve_mesh(data: int, fsdp: int, tensor: int, num_devices: int) -> tuple[int, int, int]:
+    """Mesh axis sizes with the one -1 (if any) filled so that they multiply to ``num_devices``."""
+    sizes = {"data": data, "fsdp": fsdp, "tensor": tensor}
+    for name, size in sizes.items():
+        if size == 0 or size < -1:
+            raise ValueError(f"mesh.{name}={size} must be a positive size or -1 (the rest)")
+    free = [name for name, size in sizes.items() if size == -1]
+    if len(free) > 1:
+        raise ValueError(f"only one mesh axis may be -1; got {', '.join('mesh.' + f for f in free)} = -1")
+    fixed = math.prod(size for size in sizes.values() if size != -1)
+    if free:
+        if num_devices % fixed:
+            raise ValueError(f"mesh.{free[0]}=-1: {num_devices} devices are not divisible by the other axes' "
+                             f"product {fixed}; change mesh.data/fsdp/tensor")
+        sizes[free[0]] = num_devices // fixed
+    elif fixed != num_devices:
+        raise ValueError(f"mesh.data x mesh.fsdp x mesh.tensor = {data} x {fsdp} x {tensor} = {fixed}, but there are "
+                         f"{num_devices} devices; make them multiply to {num_devices} or set one axis to -1")
+    return sizes["data"], sizes["fsdp"], sizes["tensor"]
+
+
+def _check_axis_rules(rules: tuple) -> None:
+    seen = set()
+    for rule in rules:
+        if not (isinstance(rule, tuple) and len(rule) == 2 and isinstance(rule[0], str)):
+            raise ValueError(f"mesh.logical_axis_rules: each rule is (logical_name, mesh_axes), got {rule!r}")
+        name, axes = rule
+        if name in seen:
+            raise ValueError(f"mesh.logical_axis_rules: logical axis {name!r} appears twice")
+        seen.add(name)
+        axes_t = () if axes is None else (axes,) if isinstance(axes, str) else axes
+        for ax in axes_t:
+            if ax not in MESH_AXES:
+                raise ValueError(f"mesh.logical_axis_rules: {name!r} -> {ax!r} is not a mesh axis "
+                                 f"({', '.join(MESH_AXES)})")
+
+
+def _check_paths(cfg: ConfigDict) -> None:
+    datasets = builtin.builtin_datasets()
+    for which in ("train_files", "val_files"):
+        files = cfg.data[which]
+        if not files:
+            raise ValueError(f"data.{which} is empty: give at least one file or builtin:<name>")
+        for f in files:
+            if builtin.is_builtin(f):
+                if builtin.builtin_name(f) not in datasets:
+                    raise ValueError(f"data.{which}: unknown builtin data set {f!r}; available: "
+                                     f"{', '.join(builtin.PREFIX + d for d in datasets)}")
+            elif not os.path.exists(os.path.expanduser(f)):
+                raise ValueError(f"data.{which}: file {f!r} does not exist; fix the path or use builtin:arithmetic")
+    models = [("actor_rollout_ref.model.path", cfg.actor_rollout_ref.model.path)]
+    if cfg.critic.enable:
+        models.append(("critic.model.path", cfg.critic.model.path))
+    if cfg.reward_model.enable:
+        if not cfg.reward_model.model.path:
+            raise ValueError("reward_model.enable=True needs reward_model.model.path (a reward-model directory)")
+        models.append(("reward_model.model.path", cfg.reward_model.model.path))
+    for key, path in models:
+        if builtin.is_builtin(path):
+            if builtin.builtin_name(path) not in builtin.BUILTIN_MODELS:
+                raise ValueError(f"{key}: unknown builtin model {path!r}; available: builtin:tiny")
+        elif builtin.looks_local(path) and not os.path.isfile(os.path.join(os.path.expanduser(path), "config.json")):
+            raise ValueError(f"{key}: {path!r} is not a Hugging Face model directory (no config.json)")
+    custom = cfg.custom_reward_function.path
+    if custom and not os.path.isfile(os.path.expanduser(custom)):
+        raise ValueError(f"custom_reward_function.path: file {custom!r} does not exist")
+
+
+def _check_model_limits(cfg: ConfigDict, derived: ConfigDict) -> None:
+    hf = builtin.model_hf_config(cfg.actor_rollout_ref.model.path) or {}
+    text = hf.get("text_config") if isinstance(hf.get("text_config"), dict) else {}
+    max_pos = hf.get("max_position_embeddings", text.get("max_position_embeddings"))
+    derived.model_max_position_embeddings = int(max_pos) if max_pos else -1
+    vocab = hf.get("vocab_size", text.get("vocab_size"))
+    derived.model_vocab_size = int(vocab) if vocab else -1
+    total = cfg.data.max_prompt_length + cfg.actor_rollout_ref.rollout.response_length
+    if max_pos and total > max_pos:
+        raise ValueError(
+            f"data.max_prompt_length ({cfg.data.max_prompt_length}) + actor_rollout_ref.rollout.response_length "
+            f"({cfg.actor_rollout_ref.rollout.response_length}) = {total} exceeds the model's "
+            f"max_position_embeddings ({max_pos}); shorten them so they sum to at most {max_pos}")
+
+
+def finalize(
+    cfg: ConfigDict,
+    *,
+    num_devices: int,
+    num_processes: int = 1,
+    train_dataset_size: int | None = None,
+    check_paths: bool = True,
+) -> ConfigDict:
+    """A locked, validated copy of ``cfg`` with derived values filled and a ``derived`` section added.
+
+    ``train_dataset_size`` (prompts, after filtering) lets the total step count
+    be derived from ``trainer.total_epochs``; without it, only an explicit
+    ``trainer.total_training_steps`` fixes it (``derived.total_training_steps``
+    is -1 otherwise). ``check_paths=False`` skips file-existence checks (to
+    check a recipe meant for another machine).
+    """
+    if num_devices < 1 or num_processes < 1 or num_devices % num_processes:
+        raise ValueError(f"num_devices={num_devices} must be a positive multiple of num_processes={num_processes}")
+    schema.check_known_keys(cfg)
+    out = copy.deepcopy(cfg)
+    out.unlock()
+    if "derived" in out:
+        del out["derived"]
+    _resolve_references(out)
+    _check_choices(out)
+    _fill_defaults(out)
+    _check_ranges(out)
+    _check_algorithm(out)
+    _check_axis_rules(out.mesh.logical_axis_rules)
+    mesh = resolve_mesh(out.mesh.data, out.mesh.fsdp, out.mesh.tensor, num_devices)
+    if check_paths:
+        _check_paths(out)
+    derived = derive_batches(out, mesh=mesh, num_devices=num_devices, num_processes=num_processes,
+                             train_dataset_size=train_dataset_size)
+    _check_model_limits(out, derived)
+    if out.actor_rollout_ref.actor.use_kl_loss and out.algorithm.use_kl_in_reward:
+        log.warning("both actor_rollout_ref.actor.use_kl_loss and algorithm.use_kl_in_reward are on: the KL "
+                    "to the reference is penalised twice")
+    out.derived = derived
+    out.lock()
+    return out
