@@ -1,0 +1,131 @@
+"""Custom reward files scored by the naive and prime managers: errors and hangs score 0, are counted, never crash."""
+
+import os
+import textwrap
+import time
+
+import ml_collections
+import numpy as np
+import pytest
+
+from rlhf_jax.rewards import RewardFunctionError, RewardManager, ScoreSpec, load_function_from_file
+
+CUSTOM = textwrap.dedent(
+    """
+    import os
+    import time
+
+    def compute_score(data_source, solution_str, ground_truth, extra_info):
+        if solution_str == "raise":
+            raise ValueError("bad input " + str(extra_info.get("i")))
+        if solution_str == "hang":
+            time.sleep(60)
+        if solution_str == "spin":
+            while True:
+                pass
+        if solution_str == "dict":
+            return {"score": 0.5, "acc": 1.0, "note": "text is ignored"}
+        if solution_str == "none":
+            return None
+        if solution_str == "pid":
+            return float(os.getpid())
+        return float(solution_str == ground_truth) + 0.25 * len(data_source)
+
+    def other(data_source, solution_str, ground_truth, extra_info):
+        return 7
+    """
+)
+
+
+@pytest.fixture
+def reward_file(tmp_path):
+    path = tmp_path / "my_reward.py"
+    path.write_text(CUSTOM)
+    return str(path)
+
+
+def _batch(solutions):
+    n = len(solutions)
+    return dict(data_sources=["ab"] * n, solutions=solutions, ground_truths=["ok"] * n,
+                extra_infos=[{"i": i} for i in range(n)])
+
+
+@pytest.mark.parametrize("kind", ["naive", "prime"])
+def test_errors_and_hangs_score_zero_and_are_counted(reward_file, kind):
+    solutions = ["ok", "raise", "hang", "no", "dict", "none", "ok", "hang", "raise"]
+    expected = [1.5, 0.0, 0.0, 0.5, 0.5, 0.0, 1.5, 0.0, 0.0]
+    with RewardManager(ScoreSpec(path=reward_file), reward_manager=kind, num_workers=3, timeout_s=1.5) as mgr:
+        start = time.monotonic()
+        result = mgr.score(**_batch(solutions))
+        elapsed = time.monotonic() - start
+        np.testing.assert_array_equal(result.scores, np.asarray(expected, dtype=np.float32))
+        assert result.scores.dtype == np.float32
+        assert (result.num_errors, result.num_timeouts) == (3, 2)  # 2 raise + 1 None; 2 hangs
+        assert elapsed < 20, elapsed  # hangs are cut at the timeout, not the 60 s sleep
+        assert result.extras["acc"][4] == 1.0 and np.isnan(result.extras["acc"][0])
+        m = result.metrics()
+        assert m["reward/num_errors"] == 3 and m["reward/num_timeouts"] == 2 and m["reward_extra/acc/mean"] == 1.0
+        # the manager keeps working after the failures, and totals accumulate
+        again = mgr.score(**_batch(["ok", "raise"]))
+        np.testing.assert_array_equal(again.scores, [1.5, 0.0])
+        assert mgr.metrics() == {"reward/num_errors_total": 4.0, "reward/num_timeouts_total": 2.0}
+
+
+def test_prime_replaces_a_spinning_worker(reward_file):
+    with RewardManager(ScoreSpec(path=reward_file), reward_manager="prime", num_workers=2, timeout_s=1.0) as mgr:
+        pids_before = set(mgr._pool.pids)
+        result = mgr.score(**_batch(["spin", "ok", "ok", "ok"]))
+        np.testing.assert_array_equal(result.scores, [0.0, 1.5, 1.5, 1.5])
+        assert result.num_timeouts == 1 and mgr._pool.num_replaced == 1
+        pids_after = set(mgr._pool.pids)
+        assert len(pids_after - pids_before) == 1
+        killed = (pids_before - pids_after).pop()
+        for _ in range(50):  # the killed worker is gone
+            try:
+                os.kill(killed, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.1)
+        else:
+            pytest.fail("spinning worker still alive")
+        worker_pids = mgr.score(**_batch(["pid"] * 4)).scores
+        assert set(int(p) for p in worker_pids) <= pids_after
+
+
+@pytest.mark.parametrize("kind", ["naive", "prime"])
+def test_fail_on_error(reward_file, kind):
+    with RewardManager(ScoreSpec(path=reward_file), reward_manager=kind, num_workers=2, timeout_s=5.0,
+                       fail_on_error=True) as mgr:
+        with pytest.raises(RewardFunctionError, match=r"(?s)error on response 1 \(data_source='ab'\).*bad input 1"):
+            mgr.score(**_batch(["ok", "raise"]))
+
+
+def test_builtin_scorers_through_prime_and_config(reward_file):
+    cfg = ml_collections.ConfigDict(dict(
+        reward_manager="prime", num_workers=2, timeout_s=5.0, fail_on_error=False,
+        scorer_kwargs={"arithmetic": {"format_score": 0.2}},
+        overlong_buffer=dict(enable=True, len=4, penalty_factor=1.0),
+    ))
+    with RewardManager.from_config(cfg, ml_collections.ConfigDict(dict(path=None, name="compute_score")),
+                                   max_response_length=16) as mgr:
+        result = mgr.score(["arithmetic", "openai/gsm8k", "arithmetic"], ["7", "#### 3", "8"], ["7", "3", "7"],
+                           None, response_lengths=[4, 14, 16])
+    # scores 1.0, 1.0, 0.2 plus DAPO penalty min(-(L - 12)/4, 0): 0, -0.5, -1
+    np.testing.assert_allclose(result.scores, [1.0, 0.5, -0.8], rtol=0, atol=1e-6)
+    np.testing.assert_allclose(result.overlong_penalty, [0.0, -0.5, -1.0], atol=1e-7)
+    other = RewardManager.from_config(ml_collections.ConfigDict(dict(reward_manager="naive")),
+                                      ml_collections.ConfigDict(dict(path=reward_file, name="other")))
+    assert other.score(["x"], ["y"], ["z"]).scores.tolist() == [7.0]
+
+
+def test_load_errors(tmp_path, reward_file):
+    with pytest.raises(FileNotFoundError, match="custom_reward_function.path"):
+        load_function_from_file(str(tmp_path / "missing.py"))
+    with pytest.raises(AttributeError, match="no function named 'nope'"):
+        load_function_from_file(reward_file, "nope")
+    broken = tmp_path / "broken.py"
+    broken.write_text("def compute_score(:\n")
+    with pytest.raises(RuntimeError, match="could not load the scoring function"):
+        RewardManager(ScoreSpec(path=str(broken)), reward_manager="prime", num_workers=1).score(["a"], ["b"], ["c"])
+    with pytest.raises(ValueError, match="reward_manager must be one of"):
+        RewardManager(reward_manager="dapo")
