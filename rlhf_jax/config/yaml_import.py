@@ -17,13 +17,14 @@ from __future__ import annotations
 import copy
 import logging
 import os
+from collections.abc import Callable
 from typing import Any
 
 import yaml
 from ml_collections import ConfigDict
 
 from rlhf_jax.config import schema
-from rlhf_jax.config.interpolation import has_reference, resolve
+from rlhf_jax.config.interpolation import InterpolationError, has_reference, resolve
 from rlhf_jax.config.key import Key
 from rlhf_jax.config.verl_compat import find_ignored
 
@@ -96,7 +97,9 @@ def _nested_get(mapping: dict, path: str) -> Any:
     return node
 
 
-def _collect(mapping: dict, prefix: str, source: str, out: list[tuple[str, Any]]) -> None:
+def _collect(
+    mapping: dict, prefix: str, source: str, out: list[tuple[str, Any]], lookup: Callable[[str], Any]
+) -> None:
     """Walk the YAML mapping: schema keys into ``out``, ignored keys warned about, unknown keys rejected."""
     for name, value in mapping.items():
         path = f"{prefix}{name}"
@@ -106,13 +109,18 @@ def _collect(mapping: dict, prefix: str, source: str, out: list[tuple[str, Any]]
             continue
         if schema.is_section(path):
             if isinstance(value, dict):
-                _collect(value, path + ".", source, out)
+                _collect(value, path + ".", source, out, lookup)
                 continue
             if value is None:
                 continue
             raise ValueError(f"{source}: {path} is a section and needs a mapping, got {value!r}")
         ignored = find_ignored(path)
         if ignored is not None:
+            if ignored.accept is not None and has_reference(value):
+                try:
+                    value = resolve(value, lookup, path)
+                except InterpolationError:
+                    value = None  # refers to a key set nowhere: verl's default, which is "off"
             if ignored.accept is not None and not ignored.accept(value):
                 raise ValueError(f"{source}: {path}={value!r} is not supported by rlhf_jax ({ignored.reason})")
             log.warning("%s: ignoring verl key %s (%s)", source, path, ignored.reason)
@@ -125,8 +133,6 @@ def apply_mapping(mapping: dict, base: ConfigDict | None = None, *, source: str 
     if not isinstance(mapping, dict):
         raise ValueError(f"{source}: expected a mapping at the top level, got {type(mapping).__name__}")
     cfg = schema.base_config() if base is None else copy.deepcopy(base)
-    entries: list[tuple[str, Any]] = []
-    _collect(mapping, "", source, entries)
 
     def lookup(path: str) -> Any:
         try:
@@ -135,6 +141,9 @@ def apply_mapping(mapping: dict, base: ConfigDict | None = None, *, source: str 
             if path in schema.DOCS:
                 return schema.get_path(cfg, path)
             raise
+
+    entries: list[tuple[str, Any]] = []
+    _collect(mapping, "", source, entries, lookup)
 
     for path, value in entries:
         key = schema.get_key(path)

@@ -1,0 +1,219 @@
+"""finalize(): derived values, batch arithmetic, and every rejection naming its key."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+
+from rlhf_jax.config import base_config, finalize, resolve_mesh
+
+
+def grpo_like():
+    cfg = base_config()
+    cfg.algorithm.adv_estimator = "grpo"
+    cfg.actor_rollout_ref.rollout.n = 8
+    cfg.actor_rollout_ref.actor.ppo_mini_batch_size = 8
+    cfg.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu = 4
+    return cfg
+
+
+def model_dir(tmp_path, max_pos=256, vocab=1000):
+    d = tmp_path / "model"
+    d.mkdir(exist_ok=True)
+    (d / "config.json").write_text(json.dumps({"model_type": "llama", "max_position_embeddings": max_pos,
+                                               "vocab_size": vocab}))
+    return str(d)
+
+
+def test_base_defaults_finalize_with_derived_values():
+    out = finalize(base_config(), num_devices=1)
+    arr = out.actor_rollout_ref
+    assert arr.rollout.response_length == 16  # from data.max_response_length
+    assert arr.rollout.seed == out.trainer.seed
+    assert (arr.actor.clip_ratio_low, arr.actor.clip_ratio_high) == (0.2, 0.2)
+    assert out.critic.enable is True  # base estimator is gae
+    assert out.critic.model.path == arr.model.path == "builtin:tiny"
+    assert out.critic.ppo_mini_batch_size == arr.actor.ppo_mini_batch_size
+    assert out.critic.forward_micro_batch_size_per_gpu == out.critic.ppo_micro_batch_size_per_gpu
+    assert arr.actor.checkpoint.load_contents == arr.actor.checkpoint.save_contents
+    assert out.trainer.default_local_dir == "checkpoints/rlhf_jax/default"
+    assert out.trainer.log_dir == "runs/rlhf_jax/default"
+    assert (out.mesh.data, out.mesh.fsdp, out.mesh.tensor) == (1, 1, 1)
+    assert out.derived.model_max_position_embeddings == 512 and out.derived.model_vocab_size == 264
+    with pytest.raises(AttributeError):
+        out.derived.new_key = 1  # locked
+
+
+def test_derived_batch_arithmetic_grpo_8_devices():
+    cfg = grpo_like()
+    cfg.mesh.data, cfg.mesh.fsdp = 2, -1
+    out = finalize(cfg, num_devices=8, train_dataset_size=100)
+    d = out.derived
+    assert tuple(d.mesh_shape) == (2, 4, 1) and d.dp_size == 8
+    assert d.rollout_batch_size == 16 * 8 and d.rollout_batch_size_per_shard == 16
+    assert d.actor_mini_batch_size == 64 and d.actor_num_mini_batches == 2
+    assert d.actor_mini_batch_size_per_shard == 8 and d.actor_grad_accum_steps == 2  # 64 / (4 x 8)
+    assert d.actor_updates_per_step == 2 and d.recompute_old_log_prob is True
+    assert d.log_prob_micro_batches == 8 and d.ref_micro_batches == 8  # 16 per shard / 2
+    assert d.critic_mini_batch_size == 0  # grpo: no critic
+    assert out.critic.enable is False
+    assert d.steps_per_epoch == 100 // 16 and d.total_training_steps == 6  # 1 epoch
+    assert d.need_ref is False
+
+
+def test_derived_steps_warmup_and_single_minibatch():
+    cfg = grpo_like()
+    cfg.actor_rollout_ref.actor.ppo_mini_batch_size = 16
+    cfg.actor_rollout_ref.actor.use_kl_loss = True
+    cfg.trainer.total_epochs = 3
+    cfg.actor_rollout_ref.actor.optim.lr_warmup_steps_ratio = 0.1
+    cfg.critic.optim.lr_warmup_steps = 5
+    d = finalize(cfg, num_devices=1, train_dataset_size=50).derived
+    assert d.steps_per_epoch == 3 and d.total_training_steps == 9
+    assert d.actor_lr_warmup_steps == 0 and d.critic_lr_warmup_steps == 5  # int(0.1 * 9) = 0
+    assert d.recompute_old_log_prob is False and d.need_ref is True
+    assert d.actor_grad_accum_steps == 128 // 4
+    cfg.trainer.total_training_steps = 40  # explicit steps win over epochs
+    d = finalize(cfg, num_devices=1, train_dataset_size=50).derived
+    assert d.total_training_steps == 40 and d.actor_lr_warmup_steps == 4
+    d = finalize(cfg, num_devices=1).derived
+    assert d.steps_per_epoch == -1 and d.total_training_steps == 40
+    cfg.trainer.total_training_steps = None
+    d = finalize(cfg, num_devices=1).derived
+    assert d.total_training_steps == -1 and d.actor_lr_warmup_steps == -1  # unknown until the data is read
+
+
+def test_ppo_critic_batches_and_idempotent():
+    cfg = base_config()
+    cfg.data.train_batch_size = 32
+    cfg.actor_rollout_ref.actor.ppo_mini_batch_size = 16
+    cfg.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu = 2
+    cfg.critic.ppo_micro_batch_size_per_gpu = 4
+    cfg.critic.ppo_epochs = 2
+    out = finalize(cfg, num_devices=4)
+    d = out.derived
+    assert d.actor_grad_accum_steps == 16 // (2 * 4)
+    assert d.critic_mini_batch_size == 16 and d.critic_grad_accum_steps == 1 and d.critic_updates_per_step == 4
+    assert d.critic_forward_micro_batches == 8 // 4
+    again = finalize(out, num_devices=4)
+    assert again.derived.to_dict() == d.to_dict()
+
+
+def test_model_config_read_and_length_limit(tmp_path):
+    cfg = grpo_like()
+    cfg.actor_rollout_ref.model.path = model_dir(tmp_path, max_pos=256, vocab=1000)
+    cfg.data.max_prompt_length, cfg.data.max_response_length = 200, 56
+    out = finalize(cfg, num_devices=1)
+    assert out.derived.model_max_position_embeddings == 256 and out.derived.model_vocab_size == 1000
+    cfg.data.max_response_length = 57
+    with pytest.raises(ValueError, match=r"data\.max_prompt_length \(200\) \+ actor_rollout_ref\.rollout\."
+                                         r"response_length \(57\) = 257 exceeds the model's max_position_embeddings"):
+        finalize(cfg, num_devices=1)
+
+
+@pytest.mark.parametrize(
+    "mutate, pattern",
+    [
+        (lambda c: setattr(c.actor_rollout_ref.actor, "ppo_mini_batch_size", 5),
+         r"data\.train_batch_size \(16\) vs actor_rollout_ref\.actor\.ppo_mini_batch_size.*divisor"),
+        (lambda c: setattr(c.actor_rollout_ref.actor, "ppo_micro_batch_size_per_gpu", 3),
+         r"actor_rollout_ref\.actor\.ppo_micro_batch_size_per_gpu \(3\) x data-parallel shards \(8\)"),
+        (lambda c: setattr(c.actor_rollout_ref.rollout, "log_prob_micro_batch_size_per_gpu", 5),
+         r"actor_rollout_ref\.rollout\.log_prob_micro_batch_size_per_gpu"),
+        (lambda c: setattr(c.actor_rollout_ref.ref, "log_prob_micro_batch_size_per_gpu", 7),
+         r"actor_rollout_ref\.ref\.log_prob_micro_batch_size_per_gpu"),
+        (lambda c: setattr(c.algorithm, "adv_estimator", "grpoo"), r"algorithm\.adv_estimator='grpoo' is not valid"),
+        (lambda c: setattr(c.actor_rollout_ref.actor.policy_loss, "loss_mode", "ppo"),
+         r"actor_rollout_ref\.actor\.policy_loss\.loss_mode='ppo' is not valid"),
+        (lambda c: setattr(c.algorithm, "kl_penalty", "k4"), r"algorithm\.kl_penalty='k4' is not valid"),
+        (lambda c: setattr(c.actor_rollout_ref.actor, "kl_loss_type", "kl2"),
+         r"actor_rollout_ref\.actor\.kl_loss_type='kl2' is not valid"),
+        (lambda c: setattr(c.actor_rollout_ref.actor, "loss_agg_mode", "token-sum"),
+         r"actor_rollout_ref\.actor\.loss_agg_mode='token-sum' is not valid"),
+        (lambda c: setattr(c.critic, "loss_agg_mode", "seq-sum"), r"critic\.loss_agg_mode='seq-sum' is not valid"),
+        (lambda c: setattr(c.actor_rollout_ref.actor.optim, "warmup_style", "wsd"),
+         r"actor_rollout_ref\.actor\.optim\.warmup_style='wsd' is not valid; choose from constant, cosine, linear"),
+        (lambda c: setattr(c.trainer, "logger", ("console", "wandb")), r"trainer\.logger='wandb' is not valid"),
+        (lambda c: setattr(c.data, "train_files", ("/nonexistent/train.parquet",)),
+         r"data\.train_files: file '/nonexistent/train\.parquet' does not exist"),
+        (lambda c: setattr(c.data, "val_files", ("builtin:nosuchset",)), r"data\.val_files: unknown builtin data set"),
+        (lambda c: setattr(c.actor_rollout_ref.model, "path", "/nonexistent/model"),
+         r"actor_rollout_ref\.model\.path: '/nonexistent/model' is not a Hugging Face model directory"),
+        (lambda c: setattr(c.actor_rollout_ref.rollout, "n", 1),
+         r"algorithm\.adv_estimator=grpo compares the samples.*actor_rollout_ref\.rollout\.n >= 2"),
+        (lambda c: (setattr(c.algorithm, "adv_estimator", "gae"), setattr(c.critic, "enable", False)),
+         r"algorithm\.adv_estimator=gae needs a value model but critic\.enable=False"),
+        (lambda c: setattr(c.trainer, "critic_warmup", 3), r"trainer\.critic_warmup=3 needs a critic"),
+        (lambda c: setattr(c.trainer, "resume_mode", "resume_path"), r"trainer\.resume_from_path"),
+        (lambda c: setattr(c.mesh, "tensor", 3), r"mesh\.data=-1: 8 devices are not divisible by .* 3"),
+        (lambda c: (setattr(c.mesh, "data", 2), setattr(c.mesh, "fsdp", 2)),
+         r"mesh\.data x mesh\.fsdp x mesh\.tensor = 2 x 2 x 1 = 4, but there are 8 devices"),
+        (lambda c: (setattr(c.mesh, "fsdp", -1)), r"only one mesh axis may be -1"),
+        (lambda c: setattr(c.mesh, "logical_axis_rules", (("batch", ("data", "model")),)),
+         r"mesh\.logical_axis_rules: 'batch' -> 'model' is not a mesh axis"),
+        (lambda c: (setattr(c.data, "train_batch_size", 12), setattr(c.actor_rollout_ref.rollout, "n", 3)),
+         r"data\.train_batch_size x rollout\.n = 12 x 3 sequences vs 8 data-parallel shards"),
+        (lambda c: setattr(c.actor_rollout_ref.actor, "clip_ratio_c", 1.0), r"actor_rollout_ref\.actor\.clip_ratio_c"),
+        (lambda c: setattr(c.actor_rollout_ref.rollout.val_kwargs, "do_sample", True),
+         r"actor_rollout_ref\.rollout\.val_kwargs\.temperature=0\.0 must be > 0 when .*do_sample=True"),
+        (lambda c: setattr(c.actor_rollout_ref.rollout, "top_p", 0.0), r"actor_rollout_ref\.rollout\.top_p=0\.0"),
+        (lambda c: setattr(c.algorithm, "lam", 1.5), r"algorithm\.lam=1\.5 must be in \[0, 1\]"),
+        (lambda c: setattr(c.data, "max_prompt_length", 0), r"data\.max_prompt_length=0 must be >= 1"),
+        (lambda c: setattr(c.data, "prompt_length_buckets", (64, 32)), r"data\.prompt_length_buckets=\(64, 32\)"),
+        (lambda c: (setattr(c.reward_model.overlong_buffer, "enable", True),
+                    setattr(c.reward_model.overlong_buffer, "len", 16)), r"reward_model\.overlong_buffer\.len=16"),
+        (lambda c: setattr(c.reward_model, "enable", True), r"reward_model\.enable=True needs reward_model\.model\.path"),
+        (lambda c: setattr(c.custom_reward_function, "path", "/nonexistent/score.py"),
+         r"custom_reward_function\.path: file '/nonexistent/score\.py' does not exist"),
+        (lambda c: setattr(c.trainer, "project_name", "${trainer.nope}"), r"trainer\.project_name: \$\{trainer\.nope\}"),
+    ],
+)
+def test_rejections_name_the_key(mutate, pattern):
+    cfg = grpo_like()
+    cfg.actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu = 4
+    cfg.actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu = 4
+    cfg.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu = 1
+    finalize(cfg, num_devices=8)  # valid before the change
+    mutate(cfg)
+    with pytest.raises(ValueError, match=pattern):
+        finalize(cfg, num_devices=8)
+
+
+def test_processes_and_dataset_size_checks():
+    cfg = grpo_like()
+    with pytest.raises(ValueError, match=r"data\.train_batch_size \(16\) vs 3 processes"):
+        finalize(cfg, num_devices=3, num_processes=3)
+    with pytest.raises(ValueError, match=r"10 prompts, fewer than data\.train_batch_size=16"):
+        finalize(cfg, num_devices=1, train_dataset_size=10)
+    assert finalize(cfg, num_devices=2, num_processes=2).derived.prompts_per_process == 8
+
+
+def test_check_paths_off_and_existing_files(tmp_path):
+    cfg = grpo_like()
+    cfg.data.train_files = ("/elsewhere/train.parquet",)
+    finalize(cfg, num_devices=1, check_paths=False)
+    f = tmp_path / "train.parquet"
+    f.write_bytes(b"x")
+    cfg.data.train_files = (str(f),)
+    cfg.actor_rollout_ref.model.path = model_dir(tmp_path)
+    out = finalize(cfg, num_devices=1)
+    assert out.critic.model.path == out.actor_rollout_ref.model.path
+
+
+def test_both_kl_terms_warn(caplog):
+    cfg = grpo_like()
+    cfg.actor_rollout_ref.actor.use_kl_loss = True
+    cfg.algorithm.use_kl_in_reward = True
+    with caplog.at_level(logging.WARNING, logger="rlhf_jax.config"):
+        finalize(cfg, num_devices=1)
+    assert any("penalised twice" in r.getMessage() for r in caplog.records)
+
+
+def test_resolve_mesh():
+    assert resolve_mesh(-1, 1, 1, 8) == (8, 1, 1)
+    assert resolve_mesh(2, -1, 2, 8) == (2, 2, 2)
+    assert resolve_mesh(1, 1, -1, 4) == (1, 1, 4)
+    with pytest.raises(ValueError, match=r"mesh\.fsdp=0"):
+        resolve_mesh(1, 0, 1, 1)
