@@ -1,0 +1,137 @@
+"""Orbax checkpoints that survive preemption: atomic, asynchronous, restorable onto any mesh.
+
+Each step's checkpoint holds separate items so a reader can take only what it
+needs (the export tool restores only ``actor_params``):
+
+- ``actor_params``, ``actor_opt``, ``critic_params``, ``critic_opt``: array trees,
+  stored as flat ``{path: array}`` dicts so that any pytree (NNX state, optax
+  states) round-trips;
+- ``extra`` (JSON): step, epoch, RNG, KL-controller value, the data iterator's
+  state, and the model/tokenizer description the export tool rebuilds from.
+
+Orbax writes each step under a temporary name and renames it once complete, and
+deletes old steps (``max_to_keep``) only after a new one is final, so a process
+killed at any moment leaves the last complete checkpoint intact.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+
+log = logging.getLogger(__name__)
+
+ARRAY_ITEMS = ("actor_params", "actor_opt", "critic_params", "critic_opt")
+
+
+def _key_name(path) -> str:
+    return re.sub(r"[^A-Za-z0-9_]+", ".", jax.tree_util.keystr(path)).strip(".") or "root"
+
+
+def to_flat_dict(tree: Any) -> dict[str, jax.Array]:
+    """``{readable.path: leaf}`` for every array leaf of ``tree``."""
+    flat = {}
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        name = _key_name(path)
+        if name in flat:
+            raise ValueError(f"two leaves share the checkpoint name {name}")
+        flat[name] = leaf
+    return flat
+
+
+def from_flat_dict(template: Any, flat: dict[str, Any]) -> Any:
+    """Rebuild a tree shaped like ``template`` from ``to_flat_dict`` output."""
+    paths, treedef = jax.tree_util.tree_flatten_with_path(template)
+    missing = [_key_name(p) for p, _ in paths if _key_name(p) not in flat]
+    if missing:
+        raise ValueError(f"checkpoint lacks {len(missing)} arrays, e.g. {missing[:3]}")
+    return jax.tree_util.tree_unflatten(treedef, [flat[_key_name(p)] for p, _ in paths])
+
+
+def abstract_like(tree: Any) -> Any:
+    """ShapeDtypeStructs (with shardings) of a tree of arrays: the restore target."""
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
+
+
+class Checkpointer:
+    """Saves and restores training state under ``directory`` with an Orbax CheckpointManager."""
+
+    def __init__(self, directory: str, *, max_to_keep: int | None = None, async_save: bool = True):
+        self.directory = os.path.abspath(os.path.expanduser(directory))
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=max_to_keep, create=True, enable_async_checkpointing=async_save, cleanup_tmp_directories=True
+        )
+        self.manager = ocp.CheckpointManager(self.directory, options=options)
+
+    def latest_step(self) -> int | None:
+        return self.manager.latest_step()
+
+    def all_steps(self) -> list[int]:
+        return list(self.manager.all_steps())
+
+    def save(self, step: int, arrays: dict[str, Any], extra: dict) -> None:
+        """Start saving ``arrays`` (item name -> tree) and ``extra`` for ``step``; returns before the write ends."""
+        items = {name: ocp.args.StandardSave(to_flat_dict(tree)) for name, tree in arrays.items() if tree is not None}
+        items["extra"] = ocp.args.JsonSave(extra)
+        self.manager.save(step, args=ocp.args.Composite(**items))
+
+    def wait(self) -> None:
+        self.manager.wait_until_finished()
+
+    def restore_extra(self, step: int) -> dict:
+        return self.manager.restore(step, args=ocp.args.Composite(extra=ocp.args.JsonRestore()))["extra"]
+
+    def restore_arrays(self, step: int, templates: dict[str, Any]) -> dict[str, Any]:
+        """Restore the named items into trees shaped (and sharded) like ``templates`` (trees of arrays or abstract)."""
+        args = {
+            name: ocp.args.StandardRestore(to_flat_dict(abstract_like(t) if _concrete(t) else t))
+            for name, t in templates.items()
+        }
+        restored = self.manager.restore(step, args=ocp.args.Composite(**args))
+        return {name: from_flat_dict(templates[name], restored[name]) for name in templates}
+
+    def close(self) -> None:
+        self.manager.wait_until_finished()
+        self.manager.close()
+
+
+def _concrete(tree: Any) -> bool:
+    leaves = jax.tree.leaves(tree)
+    return bool(leaves) and isinstance(leaves[0], jax.Array)
+
+
+def resolve_resume(root: str, mode: str, resume_from_path: str | None) -> tuple[str, int | None]:
+    """(checkpoint directory, step to restore or None) for trainer.resume_mode.
+
+    auto: the latest complete step under ``root`` if any; disable: none;
+    resume_path: ``resume_from_path``, either a step directory (``.../checkpoints/<step>``)
+    or a checkpoint root (its latest step).
+    """
+    if mode == "disable":
+        return root, None
+    if mode == "auto":
+        ckpt = Checkpointer(root, async_save=False)
+        step = ckpt.latest_step()
+        ckpt.close()
+        return root, step
+    if mode != "resume_path":
+        raise ValueError(f"trainer.resume_mode must be auto, disable or resume_path, got {mode!r}")
+    if not resume_from_path:
+        raise ValueError("trainer.resume_mode=resume_path needs trainer.resume_from_path")
+    path = os.path.abspath(os.path.expanduser(resume_from_path))
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"trainer.resume_from_path {path!r} does not exist")
+    base = os.path.basename(path.rstrip("/"))
+    if base.isdigit():
+        return os.path.dirname(path), int(base)
+    ckpt = Checkpointer(path, async_save=False)
+    step = ckpt.latest_step()
+    ckpt.close()
+    if step is None:
+        raise FileNotFoundError(f"trainer.resume_from_path {path!r} holds no complete checkpoint")
+    return path, step

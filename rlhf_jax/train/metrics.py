@@ -1,0 +1,88 @@
+"""Step metrics under the names verl users know (critic/score/mean, response_length/mean, perf/throughput, ...)."""
+
+from __future__ import annotations
+
+import contextlib
+import resource
+import time
+from collections import defaultdict
+
+import jax
+import numpy as np
+
+# Dense bf16 peak FLOP/s per device for MFU; devices not listed report no MFU.
+PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "TPU v4": 275e12, "TPU v5 lite": 197e12, "TPU v5p": 459e12, "TPU v6 lite": 918e12}
+
+
+class Timer:
+    """Accumulates wall time per named phase: ``with timer("gen"): ...``."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = defaultdict(float)
+
+    @contextlib.contextmanager
+    def __call__(self, name: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] += time.perf_counter() - start
+
+
+def _stats(prefix: str, values: np.ndarray) -> dict[str, float]:
+    if values.size == 0:
+        return {}
+    return {f"{prefix}/mean": float(values.mean()), f"{prefix}/max": float(values.max()), f"{prefix}/min": float(values.min())}
+
+
+def data_metrics(batch: dict[str, np.ndarray], *, max_prompt_length: int, max_response_length: int) -> dict[str, float]:
+    """Metrics of one rollout batch (host numpy arrays, (N, R) unless noted)."""
+    mask = batch["response_mask"].astype(bool)
+    out = {}
+    out.update(_stats("critic/score", batch["token_level_scores"].sum(-1)))
+    out.update(_stats("critic/rewards", batch["token_level_rewards"].sum(-1)))
+    out.update(_stats("critic/advantages", batch["advantages"][mask]))
+    out.update(_stats("critic/returns", batch["returns"][mask]))
+    if "values" in batch:
+        values, returns = batch["values"][mask], batch["returns"][mask]
+        out.update(_stats("critic/values", values))
+        var_returns = np.var(returns)
+        out["critic/vf_explained_var"] = float(1.0 - np.var(returns - values) / (var_returns + 1e-5))
+    resp_len = mask.sum(-1)
+    prompt_len = batch["prompt_mask"].sum(-1)
+    out.update(_stats("response_length", resp_len.astype(np.float64)))
+    out["response_length/clip_ratio"] = float(np.mean(resp_len >= max_response_length))
+    out.update(_stats("prompt_length", prompt_len.astype(np.float64)))
+    out["prompt_length/clip_ratio"] = float(np.mean(prompt_len >= max_prompt_length))
+    return out
+
+
+def timing_metrics(seconds: dict[str, float], *, response_tokens: int, total_tokens: int) -> dict[str, float]:
+    out = {f"timing_s/{k}": v for k, v in seconds.items()}
+    for k, v in seconds.items():
+        if k in ("gen",):
+            out[f"timing_per_token_ms/{k}"] = 1000.0 * v / max(response_tokens, 1)
+        elif k in ("ref", "values", "adv", "update_critic", "update_actor", "old_log_prob"):
+            out[f"timing_per_token_ms/{k}"] = 1000.0 * v / max(total_tokens, 1)
+    return out
+
+
+def perf_metrics(*, total_tokens: int, step_seconds: float, update_seconds: float, num_params: int, updates_per_step: int) -> dict[str, float]:
+    """Throughput per device, MFU of the actor update (where the device's peak is known), peak memory."""
+    n_dev = jax.device_count()
+    out = {
+        "perf/total_num_tokens": float(total_tokens),
+        "perf/time_per_step": step_seconds,
+        "perf/throughput": total_tokens / max(step_seconds, 1e-9) / n_dev,
+    }
+    kind = jax.devices()[0].device_kind
+    peak = next((v for k, v in PEAK_FLOPS.items() if k.lower() in kind.lower()), None)
+    if peak and update_seconds > 0:
+        flops = 6.0 * num_params * total_tokens * max(updates_per_step, 1) / max(updates_per_step, 1)
+        out["perf/mfu/actor"] = flops / update_seconds / (peak * n_dev)
+    stats = jax.local_devices()[0].memory_stats() or {}
+    if "peak_bytes_in_use" in stats:
+        out["perf/max_memory_allocated_gb"] = stats["peak_bytes_in_use"] / 1024**3
+    else:  # CPU: the host process's peak resident memory
+        out["perf/max_memory_allocated_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
+    return out

@@ -1,0 +1,221 @@
+"""Pure, jittable step functions: log-probs, values, and the actor and critic mini-batch updates.
+
+A training batch is a dict of global (N, ...) arrays sharded over the batch axes:
+
+- ``input_ids`` / ``attention_mask`` (N, P + R): left-padded prompt followed by the response;
+- ``responses`` / ``response_mask`` (N, R);
+- ``old_log_probs``, ``ref_log_probs``, ``advantages``, ``returns``, ``values`` (N, R) as needed.
+
+Micro-batches are taken with a stride (row ``j * n_micro + i`` belongs to micro-batch
+``i``) so that every micro-batch keeps rows on every data-parallel shard: splitting
+needs no communication. Loss denominators are computed once over the whole
+mini-batch and passed to every micro-batch, so gradient accumulation gives exactly
+the gradient of the mini-batch (the micro-batch normalisation bug of the PyTorch
+frameworks does not exist here).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from rlhf_jax import algos
+from rlhf_jax.algos.entropy import auto_chunk_size
+
+Batch = dict[str, jax.Array]
+
+
+def split_micro(tree: Any, n_micro: int) -> Any:
+    """(N, ...) -> (n_micro, N // n_micro, ...), micro-batch i = rows i, i + n_micro, ..."""
+    def split(x):
+        return jnp.swapaxes(x.reshape((x.shape[0] // n_micro, n_micro) + x.shape[1:]), 0, 1)
+
+    return jax.tree.map(split, tree)
+
+
+def merge_micro(tree: Any) -> Any:
+    """Inverse of ``split_micro``."""
+    def merge(x):
+        return jnp.swapaxes(x, 0, 1).reshape((x.shape[0] * x.shape[1],) + x.shape[2:])
+
+    return jax.tree.map(merge, tree)
+
+
+def response_log_probs(model, input_ids, attention_mask, responses, temperature: float, with_entropy: bool):
+    """Log-probs (and entropies) of ``responses`` under ``model`` at ``temperature``; (b, R) float32.
+
+    Logits are formed chunk by chunk over the response so a (b, R, vocab) float32
+    tensor never exists whole (and is rematerialised in the backward pass).
+    """
+    R = responses.shape[1]
+    hidden = model.hidden_states(input_ids, attention_mask)[:, -R - 1 : -1]  # states that predict each response token
+    vocab = model.config.vocab_size
+    chunk = auto_chunk_size(hidden.shape[0], R, vocab)
+
+    def per_chunk(h, ids):
+        z = model.logits_from_hidden(h)
+        if temperature != 1.0:
+            z = z / temperature
+        lse = jax.nn.logsumexp(z, axis=-1)
+        logp = jnp.take_along_axis(z, ids[..., None].astype(jnp.int32), axis=-1)[..., 0] - lse
+        if not with_entropy:
+            return logp
+        ent = lse - jnp.sum(jax.nn.softmax(z, axis=-1) * z, axis=-1)
+        return logp, ent
+
+    out = algos.map_sequence_chunks(per_chunk, hidden, responses, chunk_size=chunk)
+    return out if with_entropy else (out, None)
+
+
+def response_values(model, input_ids, attention_mask, response_length: int):
+    """Critic values of the states before each response token; (b, R) float32 (verl's slicing)."""
+    return model(input_ids, attention_mask)[:, -response_length - 1 : -1]
+
+
+def forward_log_probs(graphdef, params, batch: Batch, *, n_micro: int, temperature: float, with_entropy: bool):
+    """Log-probs (and entropy) of the whole batch, one micro-batch at a time (lax.map)."""
+    model = nnx.merge(graphdef, params)
+    keys = ("input_ids", "attention_mask", "responses")
+    micro = split_micro({k: batch[k] for k in keys}, n_micro)
+
+    def one(m):
+        logp, ent = response_log_probs(model, m["input_ids"], m["attention_mask"], m["responses"], temperature, with_entropy)
+        return (logp, ent) if with_entropy else logp
+
+    out = jax.lax.map(one, micro)
+    return merge_micro(out)
+
+
+def forward_values(graphdef, params, batch: Batch, *, n_micro: int):
+    model = nnx.merge(graphdef, params)
+    R = batch["responses"].shape[1]
+    micro = split_micro({k: batch[k] for k in ("input_ids", "attention_mask")}, n_micro)
+    return merge_micro(jax.lax.map(lambda m: response_values(model, m["input_ids"], m["attention_mask"], R), micro))
+
+
+@dataclasses.dataclass(frozen=True)
+class ActorLossSpec:
+    """Static settings of the actor loss (hashable: part of the jit cache key)."""
+
+    loss_mode: str = "vanilla"
+    loss_agg_mode: str = "token-mean"
+    clip_ratio_low: float = 0.2
+    clip_ratio_high: float = 0.2
+    clip_ratio_c: float = 3.0
+    entropy_coeff: float = 0.0
+    use_kl_loss: bool = False
+    kl_loss_coef: float = 0.001
+    kl_loss_type: str = "low_var_kl"
+    temperature: float = 1.0
+    use_old_log_probs: bool = True  # False: one mini-batch x one epoch, old = current (ratio 1)
+    norm_constant: float | None = None
+    options: tuple[tuple[str, Any], ...] = ()  # extra policy-loss options, e.g. (("clip_cov_ratio", 2e-4),)
+
+
+@dataclasses.dataclass(frozen=True)
+class CriticLossSpec:
+    cliprange_value: float = 0.5
+    loss_agg_mode: str = "token-mean"
+    norm_constant: float | None = None
+
+
+def _weighted_metrics(metrics_per_micro: dict, weights) -> dict:
+    """Combine per-micro-batch means into mini-batch means, weighting by each micro-batch's token share."""
+    return {k: jnp.sum(v * weights) for k, v in metrics_per_micro.items()}
+
+
+def _apply_update(tx, params, opt_state, grads):
+    grad_norm = optax.global_norm(grads)
+    finite = jnp.isfinite(grad_norm)
+    updates, new_opt_state = tx.update(grads, opt_state, params)
+    new_params = optax.apply_updates(params, updates)
+    # A non-finite gradient skips the update instead of poisoning the weights.
+    keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)  # noqa: E731
+    return keep(new_params, params), keep(new_opt_state, opt_state), grad_norm
+
+
+def actor_update(graphdef, tx, spec: ActorLossSpec, params, opt_state, mb: Batch, rng, *, n_micro: int):
+    """One optimizer step on one mini-batch, accumulating gradients over ``n_micro`` micro-batches."""
+    mask = mb["response_mask"].astype(jnp.float32)
+    agg_mode = algos.effective_loss_agg_mode(spec.loss_mode, spec.loss_agg_mode)
+    den = algos.loss_denominator(mask, agg_mode, norm_constant=spec.norm_constant)
+    den_plain = algos.loss_denominator(mask, spec.loss_agg_mode, norm_constant=spec.norm_constant)
+    micro = split_micro(mb, n_micro)
+    tokens = jnp.sum(split_micro(mask, n_micro), axis=(1, 2))
+    weights = tokens / jnp.maximum(jnp.sum(tokens), 1.0)
+    rngs = jax.random.split(rng, n_micro)
+
+    def micro_step(grad_acc, xs):
+        m, key = xs
+        m_mask = m["response_mask"].astype(jnp.float32)
+
+        def loss_fn(p):
+            model = nnx.merge(graphdef, p)
+            # Entropy is always computed: it is the actor/entropy metric even without a bonus.
+            logp, ent = response_log_probs(model, m["input_ids"], m["attention_mask"], m["responses"], spec.temperature, True)
+            old = m["old_log_probs"] if spec.use_old_log_probs else jax.lax.stop_gradient(logp)
+            options = dict(spec.options)
+            if spec.loss_mode == "clip_cov":
+                options["rng"] = key
+            pg_loss, pg_metrics = algos.policy_loss(
+                spec.loss_mode, old_log_prob=old, log_prob=logp, advantages=m["advantages"], response_mask=m_mask,
+                loss_agg_mode=spec.loss_agg_mode, clip_ratio_low=spec.clip_ratio_low, clip_ratio_high=spec.clip_ratio_high,
+                clip_ratio_c=spec.clip_ratio_c, denominator=den, norm_constant=spec.norm_constant, **options,
+            )
+            entropy = algos.agg_loss(ent, m_mask, spec.loss_agg_mode, denominator=den_plain, norm_constant=spec.norm_constant)
+            loss = pg_loss - spec.entropy_coeff * entropy
+            aux = {"actor/pg_loss": pg_loss, "actor/entropy": entropy}
+            if spec.use_kl_loss:
+                kl = algos.kl_loss(logp, m["ref_log_probs"], m_mask, spec.kl_loss_type, spec.loss_agg_mode,
+                                   denominator=den_plain, norm_constant=spec.norm_constant)
+                loss = loss + spec.kl_loss_coef * kl
+                aux["actor/kl_loss"] = kl
+            for name, value in pg_metrics.items():
+                aux[f"actor/{name}"] = value
+            return loss, aux
+
+        (_, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+        return jax.tree.map(jnp.add, grad_acc, grads), aux
+
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    grads, aux = jax.lax.scan(micro_step, zeros, (micro, rngs))
+    # Losses are already divided by the mini-batch denominator: their sum is the mini-batch loss.
+    summed = {k: jnp.sum(v) for k, v in aux.items() if k in ("actor/pg_loss", "actor/entropy", "actor/kl_loss")}
+    averaged = _weighted_metrics({k: v for k, v in aux.items() if k not in summed}, weights)
+    params, opt_state, grad_norm = _apply_update(tx, params, opt_state, grads)
+    return params, opt_state, {**summed, **averaged, "actor/grad_norm": grad_norm}
+
+
+def critic_update(graphdef, tx, spec: CriticLossSpec, params, opt_state, mb: Batch, *, n_micro: int):
+    """One critic optimizer step on one mini-batch (clipped value loss)."""
+    mask = mb["response_mask"].astype(jnp.float32)
+    den = algos.loss_denominator(mask, spec.loss_agg_mode, norm_constant=spec.norm_constant)
+    micro = split_micro(mb, n_micro)
+    tokens = jnp.sum(split_micro(mask, n_micro), axis=(1, 2))
+    weights = tokens / jnp.maximum(jnp.sum(tokens), 1.0)
+    R = mb["responses"].shape[1]
+
+    def micro_step(grad_acc, m):
+        def loss_fn(p):
+            model = nnx.merge(graphdef, p)
+            vpreds = response_values(model, m["input_ids"], m["attention_mask"], R)
+            loss, clipfrac = algos.value_loss(
+                vpreds, m["values"], m["returns"], m["response_mask"], spec.cliprange_value, spec.loss_agg_mode,
+                denominator=den, norm_constant=spec.norm_constant,
+            )
+            vpred_mean = algos.masked_mean(vpreds, m["response_mask"].astype(jnp.float32))
+            return loss, {"critic/vf_loss": loss, "critic/vf_clipfrac": clipfrac, "critic/vpred_mean": vpred_mean}
+
+        (_, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+        return jax.tree.map(jnp.add, grad_acc, grads), aux
+
+    grads, aux = jax.lax.scan(micro_step, jax.tree.map(jnp.zeros_like, params), micro)
+    metrics = {"critic/vf_loss": jnp.sum(aux["critic/vf_loss"])}
+    metrics.update(_weighted_metrics({k: v for k, v in aux.items() if k != "critic/vf_loss"}, weights))
+    params, opt_state, grad_norm = _apply_update(tx, params, opt_state, grads)
+    return params, opt_state, {**metrics, "critic/grad_norm": grad_norm}
