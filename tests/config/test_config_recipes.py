@@ -1,0 +1,71 @@
+"""The recipes in configs/: each loads, finalizes on 1-8 devices, and sets its algorithm's values."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from rlhf_jax.config import finalize, load_config_from_argv
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+RECIPES = ("grpo", "ppo", "rloo", "reinforce_pp", "dapo")
+
+
+def load(name: str, *overrides: str):
+    return load_config_from_argv(["prog", f"--config={os.path.join(REPO, 'configs', name + '.py')}", *overrides])
+
+
+@pytest.mark.parametrize("name", RECIPES)
+@pytest.mark.parametrize("devices", [1, 2, 4, 8])
+def test_recipe_finalizes(name, devices):
+    out = finalize(load(name), num_devices=devices)
+    d = out.derived
+    assert d.dp_size == devices
+    assert d.actor_grad_accum_steps * out.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu * devices == \
+        d.actor_mini_batch_size
+    # Built-in model and data: nothing to download.
+    assert out.actor_rollout_ref.model.path == "builtin:tiny"
+    assert all(f.startswith("builtin:") for f in out.data.train_files + out.data.val_files)
+    assert d.max_seq_len <= d.model_max_position_embeddings
+    assert out.trainer.experiment_name.startswith(name)
+
+
+def test_grpo_values():
+    out = finalize(load("grpo"), num_devices=1)
+    assert out.algorithm.adv_estimator == "grpo" and out.critic.enable is False
+    assert out.actor_rollout_ref.rollout.n == 8 and out.data.train_batch_size == 16
+    assert out.actor_rollout_ref.actor.use_kl_loss and out.derived.need_ref
+    assert 8 <= out.actor_rollout_ref.rollout.response_length <= 16
+
+
+def test_ppo_values():
+    out = finalize(load("ppo"), num_devices=2)
+    assert out.algorithm.adv_estimator == "gae" and out.critic.enable is True
+    assert out.critic.model.path == "builtin:tiny"
+    assert out.derived.critic_updates_per_step == 2 and out.actor_rollout_ref.rollout.n == 1
+
+
+def test_rloo_and_reinforce_pp_values():
+    rloo = finalize(load("rloo"), num_devices=1)
+    assert rloo.algorithm.adv_estimator == "rloo" and rloo.algorithm.use_kl_in_reward
+    rpp = finalize(load("reinforce_pp"), num_devices=1)
+    assert rpp.algorithm.adv_estimator == "reinforce_plus_plus" and rpp.critic.enable is False
+    assert rpp.derived.need_ref
+
+
+def test_dapo_values():
+    out = finalize(load("dapo"), num_devices=1)
+    actor = out.actor_rollout_ref.actor
+    assert (actor.clip_ratio_low, actor.clip_ratio_high) == (0.2, 0.28)
+    assert actor.loss_agg_mode == "token-mean" and not actor.use_kl_loss
+    assert not out.algorithm.use_kl_in_reward and not out.derived.need_ref
+    ob = out.reward_model.overlong_buffer
+    assert ob.enable and 0 < ob.len < out.actor_rollout_ref.rollout.response_length
+
+
+def test_recipe_switches_estimator_by_override():
+    out = finalize(load("grpo", "--config.algorithm.adv_estimator=rloo"), num_devices=1)
+    assert out.algorithm.adv_estimator == "rloo"
+    with pytest.raises(ValueError, match=r"algorithm\.adv_estimator=gae needs a value model"):
+        finalize(load("grpo", "--config.algorithm.adv_estimator=gae", "--config.critic.enable=false"), num_devices=1)
