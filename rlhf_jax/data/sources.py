@@ -129,8 +129,12 @@ def _read_csv(path: str, text: str) -> list[dict[str, Any]]:
 
 
 def _expand_directory(path: str, split: str | None) -> list[str]:
+    try:
+        names = os.listdir(path)
+    except OSError as e:
+        raise DataError(f"{path}: cannot list directory: {e}") from e
     files = sorted(
-        os.path.join(path, name) for name in os.listdir(path)
+        os.path.join(path, name) for name in names
         if name.lower().endswith(SUPPORTED_SUFFIXES) and os.path.isfile(os.path.join(path, name))
     )
     if not files:
