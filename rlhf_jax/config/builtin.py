@@ -16,8 +16,8 @@ from typing import Any
 PREFIX = "builtin:"
 TINY_MODEL = "builtin:tiny"
 BUILTIN_MODELS = ("tiny",)
-# Used until rlhf_jax.data exports its own list of synthetic data sets.
-_FALLBACK_DATASETS = ("arithmetic",)
+# The tasks of rlhf_jax.data.synthetic, used unless that module exports its own list.
+_FALLBACK_DATASETS = ("arithmetic", "countdown")
 
 
 def is_builtin(path: str) -> bool:
@@ -36,7 +36,7 @@ def builtin_datasets() -> tuple[str, ...]:
         from rlhf_jax.data import synthetic
     except ImportError:
         return _FALLBACK_DATASETS
-    for attr in ("BUILTIN_DATASETS", "GENERATORS", "DATASETS"):
+    for attr in ("BUILTIN_DATASETS", "TASKS", "GENERATORS", "DATASETS"):
         names = getattr(synthetic, attr, None)
         if names:
             return tuple(sorted(names))

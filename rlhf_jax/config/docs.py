@@ -40,7 +40,7 @@ def render_markdown() -> str:
         if top != section:
             section = top
             lines += ["", f"## {top}", "", "| key | default | type | description |", "|---|---|---|---|"]
-        typ = key.value_type.__name__
+        typ = "any" if key.value_type is object else key.value_type.__name__
         doc = key.doc + (f" One of: {', '.join(map(str, key.choices))}." if key.choices else "")
         lines.append(f"| `{key.path}` | {_fmt(key.default)} | {typ} | {_cell(doc)} |")
     lines += ["", "## derived (filled by finalize, read-only)", "", "| key | description |", "|---|---|"]

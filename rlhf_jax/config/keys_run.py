@@ -65,6 +65,8 @@ REWARD = (
         choices=("naive", "prime")),
     Key(_R + "num_workers", 2, "Worker processes of the prime reward manager."),
     Key(_R + "timeout_s", 10.0, "Seconds one scoring call may take before it scores 0 (or fails, see fail_on_error)."),
+    Key(_R + "scorer_kwargs", None,
+        "Options per built-in scorer, e.g. {'arithmetic': {'format_score': 0.0}}; None = their defaults.", type=object),
     Key(_R + "fail_on_error", False, "Stop training when a scorer raises or times out; False = score 0 and count it."),
     Key(_R + "overlong_buffer.enable", False, "DAPO overlong penalty on responses near the length limit."),
     Key(_R + "overlong_buffer.len", 4, "Buffer length L_buf before the limit where the penalty ramps up."),

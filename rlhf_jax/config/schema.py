@@ -109,7 +109,7 @@ def iter_leaves(cfg: ConfigDict | dict, prefix: str = "") -> Iterator[tuple[str,
     for name in cfg.keys():
         value = cfg[name]
         path = f"{prefix}{name}"
-        if isinstance(value, (ConfigDict, dict)):
+        if isinstance(value, (ConfigDict, dict)) and path not in DOCS:  # a dict-valued key is one leaf
             yield from iter_leaves(value, path + ".")
         else:
             yield path, value

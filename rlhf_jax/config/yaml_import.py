@@ -45,6 +45,8 @@ def coerce(key: Key, value: Any) -> Any:
     def fail() -> ValueError:
         return ValueError(f"{key.path}: expected {want.__name__}, got {value!r} ({type(value).__name__})")
 
+    if want is object:  # free-form (e.g. a mapping of options)
+        return value
     if want is bool:
         if isinstance(value, bool):
             return value

@@ -33,6 +33,7 @@ def test_show_with_overrides_subprocess():
         "--config.trainer.total_training_steps=7",
         "--config.critic.enable=true",
         "--noconfig.data.shuffle",
+        "--config.reward_model.scorer_kwargs={'arithmetic': {'format_score': 0.0}}",
     ])
     assert proc.returncode == 0, proc.stderr
     cfg = json.loads(proc.stdout)
@@ -45,6 +46,7 @@ def test_show_with_overrides_subprocess():
     assert cfg["trainer"]["total_training_steps"] == 7  # a None placeholder parsed as int
     assert cfg["critic"]["enable"] is True
     assert cfg["data"]["shuffle"] is False
+    assert cfg["reward_model"]["scorer_kwargs"] == {"arithmetic": {"format_score": 0.0}}
     assert cfg["actor_rollout_ref"]["rollout"]["n"] == 8  # untouched recipe value
 
 

@@ -218,6 +218,17 @@ def test_apply_mapping_onto_a_recipe():
     assert base.actor_rollout_ref.rollout.n == 1  # the base is not modified
 
 
+def test_mapping_valued_key_and_finalize():
+    from rlhf_jax.config import finalize
+
+    cfg = load_yaml("reward_model:\n  scorer_kwargs:\n    arithmetic:\n      format_score: 0.0\n")
+    assert dict(cfg.reward_model.scorer_kwargs["arithmetic"]) == {"format_score": 0.0}
+    cfg.algorithm.adv_estimator = "grpo"
+    cfg.actor_rollout_ref.rollout.n = 2
+    out = finalize(cfg, num_devices=1)
+    assert out.reward_model.scorer_kwargs["arithmetic"]["format_score"] == 0.0
+
+
 def test_missing_file_and_empty_yaml(tmp_path):
     with pytest.raises(FileNotFoundError, match="nope.yaml"):
         load_yaml(str(tmp_path / "nope.yaml"))
