@@ -150,7 +150,10 @@ IGNORED: tuple[Ignored, ...] = (
 
 
 def find_ignored(path: str) -> Ignored | None:
-    """The :class:`Ignored` entry matching dotted ``path``, if any."""
+    """The :class:`Ignored` entry matching dotted ``path``, if any; an exact entry wins over a wildcard one."""
+    for entry in IGNORED:
+        if entry.pattern == path:
+            return entry
     for entry in IGNORED:
         if fnmatch.fnmatchcase(path, entry.pattern):
             return entry

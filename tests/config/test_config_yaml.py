@@ -173,6 +173,12 @@ def test_unsupported_feature_switched_on_is_an_error(caplog):
         load_yaml("actor_rollout_ref:\n  actor:\n    ulysses_sequence_parallel_size: 4\n")
 
 
+def test_exact_ignore_entry_wins_over_wildcard(caplog):
+    with caplog.at_level(logging.WARNING, logger="rlhf_jax.config"):
+        load_yaml("data:\n  trust_remote_code: True\n")
+    assert "tokenizers are loaded without remote code" in caplog.records[0].getMessage()
+
+
 def test_null_keeps_concrete_default(caplog):
     with caplog.at_level(logging.WARNING, logger="rlhf_jax.config"):
         cfg = load_yaml("actor_rollout_ref:\n  actor:\n    ppo_micro_batch_size_per_gpu: null\n")
