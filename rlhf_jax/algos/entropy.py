@@ -47,7 +47,9 @@ def map_sequence_chunks(fn: Callable[..., Any], *arrays: Array, chunk_size: int 
 
     @jax.checkpoint
     def one(arrs: tuple[Array, ...], start: Array) -> Any:
-        return fn(*(jax.lax.dynamic_slice_in_dim(a, start, c, axis=1) for a in arrs))
+        chunks = tuple(jax.lax.dynamic_slice_in_dim(a, start, c, axis=1) for a in arrs)
+        # The barrier stops XLA from hoisting the float32 upcast of the whole input out of the loop.
+        return fn(*jax.lax.optimization_barrier(chunks))
 
     ys = jax.lax.map(lambda s: one(arrays, s), jnp.asarray(starts))  # leaves (n, batch, c)
     pos = np.arange(t)
@@ -62,9 +64,9 @@ def _scaled(logits: Array, temperature: float) -> Array:
 
 
 def _entropy_chunk(z: Array) -> Array:
-    lse = jax.nn.logsumexp(z, axis=-1)
-    p = jnp.exp(z - lse[..., None])
-    return lse - jnp.sum(p * z, axis=-1)
+    # -sum p log p equals logsumexp(z) - sum p z, but every term is >= 0: no float32 cancellation.
+    logp = jax.nn.log_softmax(z, axis=-1)
+    return -jnp.sum(jnp.exp(logp) * logp, axis=-1)
 
 
 def _logprob_chunk(z: Array, ids: Array) -> Array:

@@ -39,3 +39,16 @@ def groups_of(ids: np.ndarray) -> dict[int, list[int]]:
     for i, g in enumerate(ids.tolist()):
         out.setdefault(g, []).append(i)
     return out
+
+
+def agg_ref(L, M, mode, c=None):
+    """float64 loops, straight from the table in ALGORITHMS.md (fully masked rows are not sequences)."""
+    rows = [i for i in range(L.shape[0]) if M[i].sum() > 0]
+    tok = lambda i: sum(L[i, t] * M[i, t] for t in range(L.shape[1]) if M[i, t] > 0)  # noqa: E731
+    if mode == "token-mean":
+        return sum(tok(i) for i in rows) / M.sum()
+    if mode == "seq-mean-token-sum":
+        return sum(tok(i) for i in rows) / len(rows)
+    if mode == "seq-mean-token-mean":
+        return sum(tok(i) / M[i].sum() for i in rows) / len(rows)
+    return sum(tok(i) for i in rows) / (L.shape[1] if c is None else c)

@@ -6,9 +6,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from .algos_testdata import ATOL, RTOL, groups_of, ragged_mask, random_groups
 
 from rlhf_jax.algos import ADV_ESTIMATORS, check_adv_estimator, compute_advantages, register_adv_estimator
+
+from .algos_testdata import ATOL, RTOL, groups_of, ragged_mask, random_groups
 
 B, T = 14, 9
 

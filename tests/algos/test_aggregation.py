@@ -6,25 +6,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from .algos_testdata import ATOL, RTOL, ragged_mask
 
 from rlhf_jax.algos import LOSS_AGG_MODES, agg_loss, check_loss_agg_mode, loss_denominator, masked_whiten
 
+from .algos_testdata import ATOL, RTOL, agg_ref, ragged_mask
+
 B, T = 16, 10
 SPLITS = [0, 2, 8, 11, 16]  # 4 micro-batches of 2, 6, 3, 5 rows (uneven token counts)
-
-
-def agg_ref(L, M, mode, c=None):
-    """float64 loops, straight from the table in ALGORITHMS.md (fully masked rows are not sequences)."""
-    rows = [i for i in range(L.shape[0]) if M[i].sum() > 0]
-    tok = lambda i: sum(L[i, t] * M[i, t] for t in range(L.shape[1]) if M[i, t] > 0)  # noqa: E731
-    if mode == "token-mean":
-        return sum(tok(i) for i in rows) / M.sum()
-    if mode == "seq-mean-token-sum":
-        return sum(tok(i) for i in rows) / len(rows)
-    if mode == "seq-mean-token-mean":
-        return sum(tok(i) / M[i].sum() for i in rows) / len(rows)
-    return sum(tok(i) for i in rows) / (L.shape[1] if c is None else c)
 
 
 @pytest.mark.parametrize("mode", LOSS_AGG_MODES)

@@ -8,7 +8,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from .algos_testdata import ATOL, RTOL, ragged_mask
 
 from rlhf_jax.algos import (
     apply_kl_in_reward,
@@ -19,6 +18,8 @@ from rlhf_jax.algos import (
     kl_penalty,
     update_kl_controller,
 )
+
+from .algos_testdata import ATOL, RTOL, ragged_mask
 
 B, T, V = 6, 7, 11
 
