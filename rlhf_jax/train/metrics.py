@@ -67,7 +67,7 @@ def timing_metrics(seconds: dict[str, float], *, response_tokens: int, total_tok
     return out
 
 
-def perf_metrics(*, total_tokens: int, step_seconds: float, update_seconds: float, num_params: int, updates_per_step: int) -> dict[str, float]:
+def perf_metrics(*, total_tokens: int, step_seconds: float, update_seconds: float, num_params: int, ppo_epochs: int = 1) -> dict[str, float]:
     """Throughput per device, MFU of the actor update (where the device's peak is known), peak memory."""
     n_dev = jax.device_count()
     out = {
@@ -78,7 +78,7 @@ def perf_metrics(*, total_tokens: int, step_seconds: float, update_seconds: floa
     kind = jax.devices()[0].device_kind
     peak = next((v for k, v in PEAK_FLOPS.items() if k.lower() in kind.lower()), None)
     if peak and update_seconds > 0:
-        flops = 6.0 * num_params * total_tokens * max(updates_per_step, 1) / max(updates_per_step, 1)
+        flops = 6.0 * num_params * total_tokens * ppo_epochs  # forward + backward over every token, each epoch
         out["perf/mfu/actor"] = flops / update_seconds / (peak * n_dev)
     stats = jax.local_devices()[0].memory_stats() or {}
     if "peak_bytes_in_use" in stats:

@@ -1,0 +1,39 @@
+"""Entry point: ``python -m rlhf_jax.main --config=configs/grpo.py [--config.a.b=value ...]``.
+
+Parses the recipe and overrides, validates them (a bad key or impossible batch
+size stops here, naming the key), then trains. With no ``--config`` the GRPO
+recipe runs on the built-in tiny model and synthetic arithmetic data.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+DEFAULT_RECIPE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "grpo.py")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv if argv is None else argv)
+    logging.basicConfig(level=os.environ.get("RLHF_JAX_LOG_LEVEL", "WARNING"), format="%(levelname)s %(name)s: %(message)s")
+    from rlhf_jax.config import load_config_from_argv
+
+    try:
+        cfg = load_config_from_argv(argv, default=DEFAULT_RECIPE if os.path.exists(DEFAULT_RECIPE) else None)
+    except (KeyError, ValueError, FileNotFoundError, AttributeError) as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
+    from rlhf_jax.train.trainer import Trainer
+
+    try:  # everything that checks the config, data and checkpoints runs here, before any compilation
+        trainer = Trainer(cfg)
+    except (KeyError, ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    trainer.fit()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

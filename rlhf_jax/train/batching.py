@@ -1,0 +1,63 @@
+"""Moving rollout batches between hosts and the mesh, and splitting them into mini-batches.
+
+Each process holds its own rows (its shard of the prompts and their samples);
+``to_global`` assembles those into one global array sharded over the batch axes,
+``to_local`` reads back this process's rows. With one process they are a
+``device_put`` and a ``device_get``.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh
+
+from rlhf_jax.parallel import batch_sharding
+from rlhf_jax.train.steps import split_micro
+
+
+def to_global(mesh: Mesh, local: np.ndarray) -> jax.Array:
+    """Process-local rows -> a global batch-sharded array (rows of process p form block p)."""
+    sharding = batch_sharding(mesh, np.ndim(local))
+    if jax.process_count() == 1:
+        return jax.device_put(np.asarray(local), sharding)
+    return jax.make_array_from_process_local_data(sharding, np.asarray(local))
+
+
+def to_local(x: jax.Array) -> np.ndarray:
+    """This process's rows of a batch-sharded global array, in order."""
+    if x.is_fully_addressable:
+        return np.asarray(jax.device_get(x))
+    pieces = {}
+    for shard in x.addressable_shards:
+        start = shard.index[0].start or 0
+        pieces.setdefault(start, np.asarray(shard.data))
+    return np.concatenate([pieces[k] for k in sorted(pieces)], axis=0)
+
+
+@functools.lru_cache(maxsize=64)
+def _splitter(mesh: Mesh, num: int, ndims: tuple[tuple[str, int], ...]):
+    out = tuple({k: batch_sharding(mesh, nd) for k, nd in ndims} for _ in range(num))
+
+    def split(batch, perm):
+        shuffled = {k: jnp.take(v, perm, axis=0) for k, v in batch.items()}
+        parts = split_micro(shuffled, num)
+        return tuple({k: v[i] for k, v in parts.items()} for i in range(num))
+
+    return jax.jit(split, out_shardings=out)
+
+
+def mini_batches(mesh: Mesh, batch: dict[str, jax.Array], num: int, perm: np.ndarray | None = None) -> tuple[dict, ...]:
+    """Split a batch into ``num`` mini-batches (after permuting rows by ``perm``), each batch-sharded.
+
+    Mini-batch i takes every ``num``-th row starting at i, so each keeps rows on every shard.
+    """
+    n = next(iter(batch.values())).shape[0]
+    if n % num:
+        raise ValueError(f"{n} rows do not split into {num} mini-batches")
+    perm = np.arange(n) if perm is None else np.asarray(perm)
+    ndims = tuple(sorted((k, v.ndim) for k, v in batch.items()))
+    return _splitter(mesh, num, ndims)(batch, jnp.asarray(perm, jnp.int32))

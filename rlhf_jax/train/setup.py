@@ -1,0 +1,81 @@
+"""Build everything a run needs from a config: tokenizer, data, mesh, models, sampler, rewards.
+
+All checks that can fail on bad input (data files, batch arithmetic, model
+limits) run here, before any model is compiled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from ml_collections import ConfigDict
+
+from rlhf_jax import models
+from rlhf_jax.config import finalize, resolve_model_path
+from rlhf_jax.parallel import make_mesh
+from rlhf_jax.rollout import SamplingParams, eos_token_ids_from_dir
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+@dataclasses.dataclass
+class Components:
+    cfg: ConfigDict
+    model_path: str
+    tokenizer: Any
+    train_dataset: Any
+    val_dataset: Any
+    mesh: Any
+    rules: tuple
+    sampling: SamplingParams
+    val_sampling: SamplingParams
+
+
+def load_tokenizer(path: str):
+    import transformers
+
+    tok = transformers.AutoTokenizer.from_pretrained(path)
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def prepare(cfg: ConfigDict) -> Components:
+    """Resolve paths, read and tokenize the data, finalize the config, build the mesh and sampling settings."""
+    from rlhf_jax.data import dataset_from_config
+
+    cfg = ConfigDict(cfg.to_dict()) if cfg.is_locked else cfg
+    cfg.unlock()
+    model_path = resolve_model_path(cfg.actor_rollout_ref.model.path)
+    # Validation that needs no data (keys, choices, batch arithmetic, file paths) first.
+    finalize(cfg, num_devices=jax.device_count(), num_processes=jax.process_count())
+    tokenizer = load_tokenizer(cfg.data.tokenizer or model_path)
+    train_dataset = dataset_from_config(cfg.data, tokenizer, "train")
+    val_dataset = dataset_from_config(cfg.data, tokenizer, "val") if cfg.data.val_files else None
+    cfg = finalize(cfg, num_devices=jax.device_count(), num_processes=jax.process_count(),
+                   train_dataset_size=len(train_dataset))
+    d = cfg.derived
+    mesh = make_mesh(*d.mesh_shape)
+    rules = tuple((name, tuple(axes) if isinstance(axes, (list, tuple)) else axes)
+                  for name, axes in cfg.mesh.logical_axis_rules)
+    eos = eos_token_ids_from_dir(model_path, tokenizer)
+    rollout = cfg.actor_rollout_ref.rollout
+    common = dict(response_length=cfg.data.max_response_length, eos_token_ids=eos,
+                  pad_token_id=tokenizer.pad_token_id, seed=cfg.trainer.seed)
+    sampling = SamplingParams.from_config(rollout, **common)
+    val_sampling = SamplingParams.from_config(rollout, validation=True, **common)
+    return Components(cfg, model_path, tokenizer, train_dataset, val_dataset, mesh, rules, sampling, val_sampling)
+
+
+def load_policy(cfg: ConfigDict, model_path: str, mesh, rules, *, task: str | None = None, path: str | None = None):
+    model_cfg = cfg.actor_rollout_ref.model
+    return models.from_pretrained(
+        path or model_path, mesh=mesh, rules=rules, dtype=DTYPES[model_cfg.compute_dtype],
+        param_dtype=DTYPES[model_cfg.dtype], remat=bool(model_cfg.enable_gradient_checkpointing), task=task,
+    )

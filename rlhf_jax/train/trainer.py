@@ -1,0 +1,347 @@
+"""The training loop: sample, score, old/ref log-probs and values, advantages, critic and actor updates.
+
+``Trainer(cfg).fit()`` runs ``trainer.total_training_steps`` steps (or the
+epochs' worth), validating every ``trainer.test_freq`` steps, checkpointing every
+``trainer.save_freq`` steps and at the end, and exporting a Hugging Face
+directory per ``trainer.save_hf_checkpoint``. A run resumes from the latest
+complete checkpoint (``trainer.resume_mode=auto``).
+
+Randomness is a pure function of (trainer.seed, step): the sampler's key and the
+update key are derived from them, so a resumed run draws what the uninterrupted
+run would have drawn.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from ml_collections import ConfigDict
+
+from rlhf_jax import algos
+from rlhf_jax.data import PromptBatch, loader_from_config
+from rlhf_jax.models import TASK_TOKEN_VALUE, save_pretrained
+from rlhf_jax.rewards import RewardManager, place_on_last_token
+from rlhf_jax.rewards.reward_model import decode_responses
+from rlhf_jax.rollout import Sampler, rollout_key
+from rlhf_jax.rollout.buckets import bucket_batch
+from rlhf_jax.train import metrics as M
+from rlhf_jax.train.batching import mini_batches, to_global, to_local
+from rlhf_jax.train.checkpoint import Checkpointer, resolve_resume
+from rlhf_jax.train.engine import Role
+from rlhf_jax.train.loggers import MetricLogger
+from rlhf_jax.train.optim import make_optimizer
+from rlhf_jax.train.setup import Components, load_policy, prepare
+from rlhf_jax.train.steps import ActorLossSpec, CriticLossSpec
+
+log = logging.getLogger(__name__)
+
+
+def actor_loss_spec(cfg: ConfigDict, recompute_old: bool, temperature: float) -> ActorLossSpec:
+    a = cfg.actor_rollout_ref.actor
+    pl = a.policy_loss
+    return ActorLossSpec(
+        loss_mode=pl.loss_mode, loss_agg_mode=a.loss_agg_mode,
+        clip_ratio_low=a.clip_ratio_low if a.clip_ratio_low is not None else a.clip_ratio,
+        clip_ratio_high=a.clip_ratio_high if a.clip_ratio_high is not None else a.clip_ratio,
+        clip_ratio_c=a.clip_ratio_c, entropy_coeff=a.entropy_coeff, use_kl_loss=a.use_kl_loss,
+        kl_loss_coef=a.kl_loss_coef, kl_loss_type=a.kl_loss_type, temperature=temperature,
+        use_old_log_probs=recompute_old, norm_constant=a.loss_scale_factor,
+        options=tuple(sorted(dict(clip_cov_ratio=pl.clip_cov_ratio, clip_cov_lb=pl.clip_cov_lb, clip_cov_ub=pl.clip_cov_ub,
+                                  kl_cov_ratio=pl.kl_cov_ratio, ppo_kl_coef=pl.ppo_kl_coef).items()))
+        if pl.loss_mode in ("clip_cov", "kl_cov") else (),
+    )
+
+
+class Trainer:
+    def __init__(self, cfg: ConfigDict, components: Components | None = None):
+        c = components or prepare(cfg)
+        self.c, self.cfg, self.mesh, self.tok = c, c.cfg, c.mesh, c.tokenizer
+        cfg, d = self.cfg, self.cfg.derived
+        self.total_steps = int(d.total_training_steps)
+        self.is_main = jax.process_index() == 0
+        self.out_dir = os.path.abspath(os.path.expanduser(cfg.trainer.default_local_dir))
+        self.log_dir = os.path.abspath(os.path.expanduser(cfg.trainer.log_dir or self.out_dir))
+        arr = cfg.actor_rollout_ref
+
+        tx, lr_fn = make_optimizer(arr.actor.optim, arr.actor.grad_clip, self.total_steps, d.actor_updates_per_step)
+        self.actor = Role(load_policy(cfg, c.model_path, self.mesh, c.rules), self.mesh, tx, lr_fn)
+        # The reference is its own frozen copy: the actor's arrays are donated and replaced by every update.
+        self.ref = Role(load_policy(cfg, c.model_path, self.mesh, c.rules), self.mesh) if d.need_ref else None
+        self.critic = None
+        if cfg.critic.enable:
+            ctx, clr = make_optimizer(cfg.critic.optim, cfg.critic.grad_clip, self.total_steps, d.critic_updates_per_step)
+            critic_path = os.path.expanduser(cfg.critic.model.path) if cfg.critic.model.path else c.model_path
+            self.critic = Role(load_policy(cfg, c.model_path, self.mesh, c.rules, task=TASK_TOKEN_VALUE, path=critic_path),
+                               self.mesh, ctx, clr)
+        self.sampler = Sampler(self.actor.graphdef, mesh=self.mesh, rules=c.rules,
+                               max_positions=self.actor.config.max_position_embeddings)
+        self.reward_manager = RewardManager.from_config(cfg.reward_model, cfg.custom_reward_function,
+                                                        max_response_length=cfg.data.max_response_length)
+        self.reward_model = None
+        if cfg.reward_model.enable:
+            from rlhf_jax.rewards import RewardModelScorer
+
+            self.reward_model = RewardModelScorer.from_config(cfg.reward_model, mesh=self.mesh)
+        kc = cfg.algorithm.kl_ctrl
+        self.kl_ctrl = algos.init_kl_controller(kc.kl_coef, kc.type, kc.target_kl, kc.horizon)
+        self.actor_spec = actor_loss_spec(cfg, d.recompute_old_log_prob, c.sampling.logprob_temperature)
+        self.critic_spec = CriticLossSpec(cfg.critic.cliprange_value, cfg.critic.loss_agg_mode,
+                                          arr.actor.loss_scale_factor)
+        self.loader = loader_from_config(cfg.data, self.tok, "train", num_epochs=None, dataset=c.train_dataset)
+        self.checkpointer = Checkpointer(os.path.join(self.out_dir, "checkpoints"),
+                                         max_to_keep=cfg.trainer.max_actor_ckpt_to_keep)
+        self.logger = MetricLogger(self.log_dir, cfg.trainer.logger, total_steps=self.total_steps, enabled=self.is_main)
+        self.step = 0
+        self.num_params = sum(x.size for x in jax.tree.leaves(self.actor.params))
+
+    # ------------------------------------------------------------------ checkpoints
+    def _extra_state(self) -> dict:
+        return {
+            "step": self.step,
+            "epoch": self.step // max(self.cfg.derived.steps_per_epoch, 1),
+            "seed": int(self.cfg.trainer.seed),
+            "kl_coef": float(self.kl_ctrl["value"]),
+            "data_state": self.loader.get_state(),
+            "model": {"hf_config": self.actor.config.hf_config, "task": self.actor.task,
+                      "tokenizer_path": self.c.cfg.data.tokenizer or self.c.model_path,
+                      "param_dtype": self.cfg.actor_rollout_ref.model.dtype},
+        }
+
+    def save_checkpoint(self) -> None:
+        contents = self.cfg.actor_rollout_ref.actor.checkpoint.save_contents
+        arrays = {"actor_params": self.actor.params}
+        if "optimizer" in contents:
+            arrays["actor_opt"] = self.actor.opt_state
+        if self.critic is not None:
+            arrays["critic_params"] = self.critic.params
+            arrays["critic_opt"] = self.critic.opt_state
+        self.checkpointer.save(self.step, arrays, self._extra_state())
+
+    def maybe_resume(self) -> None:
+        t = self.cfg.trainer
+        root, step = resolve_resume(self.checkpointer.directory, t.resume_mode, t.resume_from_path)
+        if step is None:
+            return
+        ckpt = self.checkpointer if root == self.checkpointer.directory else Checkpointer(root, async_save=False)
+        extra = ckpt.restore_extra(step)
+        templates = {"actor_params": self.actor.params, "actor_opt": self.actor.opt_state}
+        if self.critic is not None:
+            templates.update(critic_params=self.critic.params, critic_opt=self.critic.opt_state)
+        restored = ckpt.restore_arrays(step, templates)
+        self.actor.params, self.actor.opt_state = restored["actor_params"], restored["actor_opt"]
+        if self.critic is not None:
+            self.critic.params, self.critic.opt_state = restored["critic_params"], restored["critic_opt"]
+        self.kl_ctrl = {**self.kl_ctrl, "value": jnp.asarray(extra["kl_coef"], jnp.float32)}
+        self.loader.set_state(extra["data_state"])
+        self.step = int(extra["step"])
+        self.logger.text(f"resumed from {root}/{step} (step {self.step})")
+
+    def export_hf(self) -> str:
+        out = os.path.join(self.out_dir, "hf", f"global_step_{self.step}")
+        save_pretrained(self.actor.model(), out, tokenizer=self.tok, copy_from=self.c.model_path)
+        return out
+
+    # ------------------------------------------------------------------ rollout + scoring
+    def _generate(self, pb: PromptBatch, sampling, key):
+        """Sample from a (process-local) prompt batch; pads the batch to the data-parallel size."""
+        ids, mask = pb.input_ids, pb.attention_mask
+        B = ids.shape[0]
+        dp = self.cfg.derived.dp_size // jax.process_count()
+        padded = bucket_batch(B, multiple=max(dp, 1))
+        if padded != B:  # validation tails: repeat the first row, drop its samples afterwards
+            ids = np.concatenate([ids, np.repeat(ids[:1], padded - B, 0)])
+            mask = np.concatenate([mask, np.repeat(mask[:1], padded - B, 0)])
+        out = self.sampler.generate(self.actor.params, to_global(self.mesh, ids), to_global(self.mesh, mask), sampling, key)
+        return out, B * sampling.n
+
+    def _score(self, pb: PromptBatch, responses: np.ndarray, rmask: np.ndarray, n: int) -> tuple[np.ndarray, dict, list[str]]:
+        texts = decode_responses(self.tok, responses, rmask)
+        rep = lambda xs: [x for x in xs for _ in range(n)]  # noqa: E731  prompt-major, as the sampler orders rows
+        result = self.reward_manager.score(rep(pb.data_source), texts, rep(pb.ground_truth), rep(pb.extra_info),
+                                           response_lengths=rmask.sum(-1))
+        scores = result.scores.astype(np.float32)
+        if self.reward_model is not None:
+            scores = scores + self.reward_model.score_texts(rep(pb.raw_prompt), texts)
+        return scores, result.metrics(), texts
+
+    # ------------------------------------------------------------------ one step
+    def train_step(self, pb: PromptBatch) -> dict[str, Any]:
+        cfg, d, n = self.cfg, self.cfg.derived, self.c.sampling.n
+        timer = M.Timer()
+        out_metrics: dict[str, Any] = {}
+        with timer("step"):
+            with timer("gen"):
+                out, _ = self._generate(pb, self.c.sampling, rollout_key(self.c.sampling.seed, self.step))
+                responses, rmask = to_local(out.responses), to_local(out.response_mask)
+            with timer("reward"):
+                scores, reward_metrics, _ = self._score(pb, responses, rmask, n)
+                out_metrics.update(reward_metrics)
+                token_scores = place_on_last_token(to_global(self.mesh, scores), out.response_mask)
+            batch = {"input_ids": out.input_ids(), "attention_mask": out.attention_mask(),
+                     "responses": out.responses, "response_mask": out.response_mask}
+            need_old = d.recompute_old_log_prob or cfg.algorithm.use_kl_in_reward
+            if need_old:
+                with timer("old_log_prob"):
+                    batch["old_log_probs"] = self.actor.log_probs(batch, n_micro=d.log_prob_micro_batches,
+                                                                  temperature=self.actor_spec.temperature)
+                    diff = jnp.abs(batch["old_log_probs"] - out.logprobs) * out.response_mask
+                    out_metrics["training/rollout_probs_diff_mean"] = float(jnp.sum(diff) / jnp.maximum(jnp.sum(out.response_mask), 1))
+            else:
+                batch["old_log_probs"] = out.logprobs  # unused by the loss (ratio 1), kept for shapes
+            if self.ref is not None:
+                with timer("ref"):
+                    batch["ref_log_probs"] = self.ref.log_probs(batch, n_micro=d.ref_micro_batches,
+                                                                temperature=self.actor_spec.temperature)
+            if self.critic is not None:
+                with timer("values"):
+                    batch["values"] = self.critic.values(batch, n_micro=d.critic_forward_micro_batches)
+            with timer("adv"):
+                mask_f = out.response_mask.astype(jnp.float32)
+                rewards = token_scores
+                if cfg.algorithm.use_kl_in_reward:
+                    rewards, current_kl = algos.apply_kl_in_reward(token_scores, batch["old_log_probs"],
+                                                                   batch["ref_log_probs"], mask_f,
+                                                                   self.kl_ctrl["value"], cfg.algorithm.kl_penalty)
+                    out_metrics["actor/reward_kl_penalty"] = float(current_kl)
+                    out_metrics["actor/reward_kl_penalty_coeff"] = float(self.kl_ctrl["value"])
+                    self.kl_ctrl = algos.update_kl_controller(self.kl_ctrl, current_kl, d.rollout_batch_size)
+                group_ids = to_global(self.mesh, np.repeat(np.arange(len(pb)) + jax.process_index() * len(pb), n).astype(np.int32))
+                adv, returns = algos.compute_advantages(
+                    cfg.algorithm.adv_estimator, token_level_rewards=rewards, response_mask=mask_f, group_ids=group_ids,
+                    values=batch.get("values"), gamma=cfg.algorithm.gamma, lam=cfg.algorithm.lam,
+                    norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo,
+                )
+                batch["advantages"], batch["returns"] = adv, returns
+            if self.critic is not None:
+                with timer("update_critic"):
+                    out_metrics.update(self._update_critic(batch))
+            if self.step >= cfg.trainer.critic_warmup:
+                with timer("update_actor"):
+                    out_metrics.update(self._update_actor(batch))
+            host = {k: to_local(v) for k, v in batch.items() if k in ("advantages", "returns", "values", "response_mask")}
+            host.update(token_level_scores=to_local(token_scores), token_level_rewards=to_local(rewards),
+                        prompt_mask=to_local(out.prompt_mask))
+        out_metrics.update(M.data_metrics(host, max_prompt_length=cfg.data.max_prompt_length,
+                                          max_response_length=cfg.data.max_response_length))
+        resp_tokens = int(host["response_mask"].sum())
+        total_tokens = resp_tokens + int(host["prompt_mask"].sum())
+        out_metrics.update(M.timing_metrics(timer.seconds, response_tokens=resp_tokens, total_tokens=total_tokens))
+        out_metrics.update(M.perf_metrics(total_tokens=total_tokens, step_seconds=timer.seconds["step"],
+                                          update_seconds=timer.seconds.get("update_actor", 0.0), num_params=self.num_params,
+                                          ppo_epochs=cfg.actor_rollout_ref.actor.ppo_epochs))
+        out_metrics["actor/kl_coef"] = float(cfg.actor_rollout_ref.actor.kl_loss_coef)
+        out_metrics["actor/lr"] = float(self.actor.lr_fn(self.step))
+        if self.critic is not None:
+            out_metrics["critic/lr"] = float(self.critic.lr_fn(self.step))
+        out_metrics["training/global_step"] = self.step + 1
+        out_metrics["training/epoch"] = pb.epoch
+        return out_metrics
+
+    def _permutation(self, n: int, epoch: int, salt: int, shuffle: bool) -> np.ndarray:
+        if not shuffle:
+            return np.arange(n)
+        return np.random.default_rng([int(self.cfg.trainer.seed), self.step, epoch, salt]).permutation(n)
+
+    def _update_actor(self, batch: dict) -> dict:
+        cfg, d = self.cfg, self.cfg.derived
+        keys = ["input_ids", "attention_mask", "responses", "response_mask", "old_log_probs", "advantages"]
+        if self.actor_spec.use_kl_loss:
+            keys.append("ref_log_probs")
+        sub = {k: batch[k] for k in keys}
+        collected: dict[str, list] = {}
+        update_key = jax.random.fold_in(jax.random.key(int(cfg.trainer.seed)), self.step)
+        a = cfg.actor_rollout_ref.actor
+        for epoch in range(a.ppo_epochs):
+            perm = self._permutation(d.rollout_batch_size, epoch, 0, a.shuffle)
+            for i, mb in enumerate(mini_batches(self.mesh, sub, d.actor_num_mini_batches, perm)):
+                key = jax.random.fold_in(update_key, epoch * 1000 + i)
+                for k, v in self.actor.update_actor(self.actor_spec, mb, key, n_micro=d.actor_grad_accum_steps).items():
+                    collected.setdefault(k, []).append(v)
+        return {k: float(np.mean([float(x) for x in v])) for k, v in collected.items()}
+
+    def _update_critic(self, batch: dict) -> dict:
+        cfg, d = self.cfg, self.cfg.derived
+        sub = {k: batch[k] for k in ("input_ids", "attention_mask", "responses", "response_mask", "values", "returns")}
+        collected: dict[str, list] = {}
+        for epoch in range(cfg.critic.ppo_epochs):
+            perm = self._permutation(d.rollout_batch_size, epoch, 1, cfg.critic.shuffle)
+            for mb in mini_batches(self.mesh, sub, d.critic_num_mini_batches, perm):
+                for k, v in self.critic.update_critic(self.critic_spec, mb, n_micro=d.critic_grad_accum_steps).items():
+                    collected.setdefault(k, []).append(v)
+        return {k: float(np.mean([float(x) for x in v])) for k, v in collected.items()}
+
+    # ------------------------------------------------------------------ validation
+    def validate(self) -> dict[str, float]:
+        if self.c.val_dataset is None:
+            return {}
+        sampling = self.c.val_sampling
+        loader = loader_from_config(self.cfg.data, self.tok, "val", dataset=self.c.val_dataset)
+        by_source: dict[str, list[float]] = {}
+        examples = []
+        for pb in loader:
+            out, keep = self._generate(pb, sampling, rollout_key(sampling.seed, 0))
+            responses, rmask = to_local(out.responses)[:keep], to_local(out.response_mask)[:keep]
+            scores, _, texts = self._score(pb, responses, rmask, sampling.n)
+            for i, s in enumerate(scores):
+                src = pb.data_source[i // sampling.n]
+                by_source.setdefault(src, []).append(float(s))
+                if len(examples) < self.cfg.trainer.log_val_generations:
+                    examples.append({"prompt": pb.prompt_text[i // sampling.n], "response": texts[i], "score": float(s),
+                                     "ground_truth": str(pb.ground_truth[i // sampling.n])})
+        metrics = {}
+        for src, vals in by_source.items():
+            groups = np.asarray(vals).reshape(-1, sampling.n)
+            metrics[f"val-core/{src}/reward/mean@{sampling.n}"] = float(groups.mean())
+            if sampling.n > 1:
+                metrics[f"val-core/{src}/reward/best@{sampling.n}/mean"] = float(groups.max(1).mean())
+        if examples and self.is_main:
+            for ex in examples:
+                self.logger.text(f"[val] {json.dumps(ex, ensure_ascii=False)}")
+            with open(os.path.join(self.log_dir, "val_generations.jsonl"), "a") as f:
+                f.write(json.dumps({"step": self.step, "examples": examples}, ensure_ascii=False) + "\n")
+        return metrics
+
+    # ------------------------------------------------------------------ the loop
+    def fit(self) -> dict[str, Any]:
+        t = self.cfg.trainer
+        self.maybe_resume()
+        last: dict[str, Any] = {}
+        if t.val_before_train and self.step == 0 and t.test_freq != 0:
+            start = time.perf_counter()
+            val = self.validate()
+            if val:
+                val["timing_s/testing"] = time.perf_counter() - start
+                self.logger.log(0, val)
+        while self.step < self.total_steps:
+            pb = next(self.loader)
+            metrics = self.train_step(pb)
+            self.step += 1
+            is_last = self.step == self.total_steps
+            if t.test_freq > 0 and (self.step % t.test_freq == 0 or is_last):
+                start = time.perf_counter()
+                metrics.update(self.validate())
+                metrics["timing_s/testing"] = time.perf_counter() - start
+            if (t.save_freq > 0 and self.step % t.save_freq == 0) or is_last:
+                start = time.perf_counter()
+                self.save_checkpoint()
+                if t.save_hf_checkpoint == "always" or (t.save_hf_checkpoint == "last" and is_last):
+                    metrics["hf_export_dir"] = self.export_hf()
+                metrics["timing_s/save_checkpoint"] = time.perf_counter() - start
+            self.logger.log(self.step, metrics)
+            last = metrics
+        self.close()
+        return last
+
+    def close(self) -> None:
+        self.checkpointer.close()
+        self.reward_manager.close()
+        self.logger.close()
+
+
