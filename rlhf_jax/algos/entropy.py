@@ -47,9 +47,7 @@ def map_sequence_chunks(fn: Callable[..., Any], *arrays: Array, chunk_size: int 
 
     @jax.checkpoint
     def one(arrs: tuple[Array, ...], start: Array) -> Any:
-        chunks = tuple(jax.lax.dynamic_slice_in_dim(a, start, c, axis=1) for a in arrs)
-        # The barrier stops XLA from hoisting the float32 upcast of the whole input out of the loop.
-        return fn(*jax.lax.optimization_barrier(chunks))
+        return fn(*(jax.lax.dynamic_slice_in_dim(a, start, c, axis=1) for a in arrs))
 
     ys = jax.lax.map(lambda s: one(arrays, s), jnp.asarray(starts))  # leaves (n, batch, c)
     pos = np.arange(t)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -165,10 +167,16 @@ BUILTIN = ["gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_ba
            "grpo_passk"]
 
 
-def run_jit(name, d, gamma=1.0, lam=1.0, **opts):
-    f = jax.jit(
+@functools.lru_cache(maxsize=None)
+def jitted(name, gamma, lam, opts):
+    """One compiled function per configuration (inputs of equal shape reuse it across seeds)."""
+    return jax.jit(
         lambda r, m, g, v, b: compute_advantages(name, token_level_rewards=r, response_mask=m, group_ids=g, values=v,
-                                                 gamma=gamma, lam=lam, reward_baselines=b, **opts))
+                                                 gamma=gamma, lam=lam, reward_baselines=b, **dict(opts)))
+
+
+def run_jit(name, d, gamma=1.0, lam=1.0, **opts):
+    f = jitted(name, gamma, lam, tuple(sorted(opts.items())))
     f32 = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
     return f(f32(d["r"]), f32(d["m"]), jnp.asarray(d["g"]), f32(d["v"]), f32(d["base"]))
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -20,7 +21,7 @@ from rlhf_jax.algos import (
 from .algos_testdata import ATOL, RTOL, agg_ref, ragged_mask
 
 B, T = 12, 8
-SPLITS = [0, 4, 5, 9, 12]  # 4 micro-batches of 4, 1, 4, 3 rows
+SPLITS = [0, 3, 6, 9, 12]  # 4 micro-batches of 3 rows each; their token counts differ (ragged masks)
 
 
 def make(seed, scale=0.3):
@@ -85,9 +86,15 @@ def kl_cov_ref(old, lp, A, m, ratio_k, coef, mode):
     return agg_ref(L, m, mode), (0.0, 0.0, mmean(np.abs(lp - old), m))
 
 
+@functools.lru_cache(maxsize=None)
+def jitted(mode, kw):
+    """One compiled function per configuration, reused across inputs of equal shape."""
+    return jax.jit(lambda o, l, a, mm: policy_loss(mode, old_log_prob=o, log_prob=l, advantages=a, response_mask=mm,
+                                                   **dict(kw)))
+
+
 def run(mode, old, lp, A, m, **kw):
-    f = jax.jit(lambda o, l, a, mm: policy_loss(mode, old_log_prob=o, log_prob=l, advantages=a, response_mask=mm,
-                                                **kw))
+    f = jitted(mode, tuple(sorted(kw.items())))
     loss, met = f(*(jnp.float32(x) for x in (old, lp, A, m)))
     return float(loss), (float(met["pg_clipfrac"]), float(met["pg_clipfrac_lower"]), float(met["ppo_kl"]))
 
@@ -173,6 +180,7 @@ def test_micro_batch_gradients_sum_to_mini_batch_gradient(mode, agg):
         return policy_loss(mode, old_log_prob=old, log_prob=_lp_of(w, old, x), advantages=A, response_mask=m,
                            loss_agg_mode=agg, denominator=den)[0]
 
+    assert len({float(m[a:b].sum()) for a, b in zip(SPLITS[:-1], SPLITS[1:])}) > 1  # uneven token counts
     vg = jax.jit(jax.value_and_grad(f))
     full_l, full_g = vg(w, old, x, A, m, None)
     den = loss_denominator(m, effective_loss_agg_mode(mode, agg))
