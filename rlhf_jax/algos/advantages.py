@@ -222,7 +222,8 @@ def compute_advantages(
 ) -> tuple[Array, Array]:
     """Run the estimator registered as ``name``; returns (advantages, returns), both (batch, length).
 
-    Options are forwarded (norm_adv_by_std_in_grpo, epsilon, reward_baselines, f_norm, ...).
+    Options are forwarded (norm_adv_by_std_in_grpo, epsilon, reward_baselines, f_norm, ...);
+    an estimator ignores options it does not use, so one option set serves every estimator.
     """
     fn = ADV_ESTIMATORS.get(name)
     mask = jnp.asarray(response_mask).astype(jnp.asarray(token_level_rewards).dtype)

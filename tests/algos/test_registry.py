@@ -70,3 +70,23 @@ def test_user_kl_estimator_with_straight_through_suffix():
     np.testing.assert_allclose(np.asarray(kl_penalty(lp, ref, "test_sq+")), [0.25, 1.0])
     g = jax.grad(lambda x: jnp.sum(kl_penalty(x, ref, "test_sq+")))(lp)
     np.testing.assert_allclose(np.asarray(g), [0.5, -1.0])  # gradient of 0.5 d^2
+
+
+def test_algos_imports_only_jax_numpy_and_stdlib():
+    """algos/ is the functional core: nothing from the rest of rlhf_jax, no third-party beyond jax/numpy."""
+    import ast
+    import pathlib
+    import sys
+
+    import rlhf_jax.algos
+
+    allowed = {"jax", "numpy"} | set(sys.stdlib_module_names)
+    for path in pathlib.Path(rlhf_jax.algos.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                roots = [a.name.split(".")[0] for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                roots = [node.module.split(".")[0]]
+            else:
+                continue
+            assert all(r in allowed for r in roots), f"{path.name}:{node.lineno} imports {roots}"
