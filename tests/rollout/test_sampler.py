@@ -1,0 +1,127 @@
+"""End-to-end sampler behaviour on a tiny random Llama: log-probs, EOS, lengths, seeds, n, compilation, in-place cache."""
+
+from __future__ import annotations
+
+import logging
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from rlhf_jax.models import from_pretrained
+from rlhf_jax.rollout import Sampler, SamplingParams, generate, generate_with_params, left_pad, sampler_for
+
+from .rollout_testdata import PAD_ID, ragged_prompts
+
+
+def np_log_softmax(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    m = x.max(axis=-1, keepdims=True)
+    return x - m - np.log(np.exp(x - m).sum(axis=-1, keepdims=True))
+
+
+def test_sampled_logprobs_equal_teacher_forced(llama_model):
+    temperature, R, n = 1.3, 20, 3
+    prompts = ragged_prompts(seed=2, count=4)
+    out = generate(llama_model, prompts, max_new_tokens=R, temperature=temperature, top_k=30, top_p=0.95, n=n,
+                   eos_token_ids=(1,), pad_token_id=PAD_ID, seed=4)
+    b = jax.device_get(out.batch)
+    P = b.prompts.shape[1]
+    logits = np.asarray(llama_model(out.batch.input_ids(), out.batch.attention_mask()))
+    ref = np_log_softmax(logits[:, P - 1 : P + R - 1] / temperature)
+    ref = np.take_along_axis(ref, b.responses[:, :, None], axis=2)[:, :, 0]
+    live = b.response_mask.astype(bool)
+    assert live.sum() > 100
+    np.testing.assert_allclose(b.logprobs[live], ref[live], atol=1e-4, rtol=0)
+    assert np.all(b.logprobs[~live] == 0)
+    # n samples per prompt, prompt-major, from one shared prefill: rows of a prompt differ in their samples
+    for i, p in enumerate(prompts):
+        rows = b.prompts[i * n : (i + 1) * n]
+        assert np.all(rows[:, P - len(p):] == np.asarray(p))
+        assert len({tuple(t) for t in out.tokens[i * n : (i + 1) * n]}) > 1
+
+
+def test_eos_masking_ignore_eos_and_exact_length(llama_model):
+    prompts = ragged_prompts(seed=5, count=3)
+    R = 12
+    free = generate(llama_model, prompts, max_new_tokens=R, temperature=0.0, eos_token_ids=(), pad_token_id=PAD_ID)
+    assert [len(t) for t in free.tokens] == [R] * 3 and not any(free.finished)
+    eos = free.tokens[0][4]
+    stop = generate(llama_model, prompts, max_new_tokens=R, temperature=0.0, eos_token_ids=(eos, 95), pad_token_id=PAD_ID)
+    b = jax.device_get(stop.batch)
+    assert b.responses.shape[1] == R
+    for row, (full, cut, done) in enumerate(zip(free.tokens, stop.tokens, stop.finished)):
+        first = next((i for i, t in enumerate(full) if t in (eos, 95)), None)
+        if first is None:
+            assert cut == full and not done
+            continue
+        assert cut == full[: first + 1] and done
+        assert np.all(b.response_mask[row, : first + 1] == 1) and np.all(b.response_mask[row, first + 1 :] == 0)
+        assert np.all(b.responses[row, first + 1 :] == PAD_ID) and np.all(b.logprobs[row, first + 1 :] == 0)
+    assert stop.finished[0] and len(stop.tokens[0]) <= 5
+    keep_going = generate(llama_model, prompts, max_new_tokens=R, temperature=0.0, eos_token_ids=(eos,), ignore_eos=True,
+                          pad_token_id=PAD_ID)
+    assert keep_going.tokens == free.tokens and not any(keep_going.finished)
+    # every row stops on its very first token: the loop exits at once and all responses have length 1
+    firsts = tuple({t[0] for t in free.tokens})
+    one = generate(llama_model, prompts, max_new_tokens=R, temperature=0.0, eos_token_ids=firsts, pad_token_id=PAD_ID)
+    assert one.tokens == [[t[0]] for t in free.tokens] and all(one.finished)
+
+
+def test_seeds_reproduce_and_differ(llama_model):
+    prompts = ragged_prompts(seed=8, count=3)
+    kw = dict(max_new_tokens=10, temperature=1.5, n=2, eos_token_ids=(), pad_token_id=PAD_ID)
+    a = generate(llama_model, prompts, seed=1, **kw)
+    b = generate(llama_model, prompts, seed=1, **kw)
+    c = generate(llama_model, prompts, seed=2, **kw)
+    assert a.tokens == b.tokens and a.logprobs == b.logprobs
+    assert a.tokens != c.tokens
+
+
+def test_second_call_with_same_shapes_does_not_compile(llama_dir, caplog):
+    model = from_pretrained(llama_dir)  # a fresh model object: a fresh sampler
+    sampler = sampler_for(model)
+    params = SamplingParams(max_new_tokens=6, temperature=1.0, top_k=10, eos_token_ids=(1,), pad_token_id=PAD_ID)
+    jax.config.update("jax_log_compiles", True)
+    try:
+        with caplog.at_level(logging.WARNING):
+            generate_with_params(model, [[5, 6, 7], [8] * 9], params)
+        assert any("Compiling" in r.getMessage() for r in caplog.records)  # the check can see compilations
+        assert sampler.compile_count == 1 and sampler.trace_count == 1
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            generate_with_params(model, [[9] * 13, [4, 4]], params.replace(seed=3))  # same buckets, new seed
+        assert not [r.getMessage() for r in caplog.records if "Compiling" in r.getMessage()]
+    finally:
+        jax.config.update("jax_log_compiles", False)
+    assert sampler.compile_count == 1 and sampler.trace_count == 1
+    generate_with_params(model, [[3] * 20], params)  # prompt bucket 32, batch bucket 1
+    assert sampler.compile_count == 2
+    generate_with_params(model, [[3] * 20], params.replace(temperature=0.0))  # validation-style settings
+    assert sampler.compile_count == 3 and sampler.trace_count == 3
+
+
+def test_kv_cache_is_updated_in_place(llama_model):
+    """No copy of a cache-sized buffer in the compiled program, and temporaries stay under two caches."""
+    graphdef, state = nnx.split(llama_model)
+    sampler = Sampler(graphdef)
+    B, P, R, n = 4, 16, 64, 2
+    compiled = sampler.compiled(state, B, P, SamplingParams(max_new_tokens=R, n=n))
+    cfg = llama_model.config
+    shape = f"f32[{B * n},{P + R - 1},{cfg.num_key_value_heads},{cfg.head_dim}]"
+    hlo = compiled.as_text()
+    assert shape in hlo
+    assert not [line for line in hlo.splitlines() if " copy(" in line and shape in line.split("copy(")[0]]
+    cache_bytes = cfg.num_hidden_layers * 2 * B * n * (P + R - 1) * cfg.num_key_value_heads * cfg.head_dim * 4
+    assert compiled.memory_analysis().temp_size_in_bytes < 2 * cache_bytes
+
+
+def test_sampler_rejects_bad_inputs(llama_model):
+    graphdef, state = nnx.split(llama_model)
+    sampler = Sampler.for_model(llama_model)
+    ids, mask = left_pad([[5, 6]], 16, 1, PAD_ID)
+    with pytest.raises(ValueError, match="context"):
+        sampler.generate(state, ids, mask, SamplingParams(max_new_tokens=250))
+    with pytest.raises(ValueError, match="differs"):
+        sampler.generate(state, ids, mask[:, :8], SamplingParams(max_new_tokens=4))
