@@ -26,8 +26,8 @@ def is_builtin(path: str) -> bool:
 
 
 def builtin_name(path: str) -> str:
-    """The ``<name>`` of ``builtin:<name>``."""
-    return path[len(PREFIX):]
+    """The ``<name>`` of ``builtin:<name>`` (without generator knobs: ``builtin:arithmetic?max_value=4``)."""
+    return path[len(PREFIX):].partition("?")[0]
 
 
 def builtin_datasets() -> tuple[str, ...]:

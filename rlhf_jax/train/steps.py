@@ -130,7 +130,7 @@ def _weighted_metrics(metrics_per_micro: dict, weights) -> dict:
 
 
 def _apply_update(tx, params, opt_state, grads):
-    grad_norm = optax.global_norm(grads)
+    grad_norm = optax.tree.norm(grads)
     finite = jnp.isfinite(grad_norm)
     updates, new_opt_state = tx.update(grads, opt_state, params)
     new_params = optax.apply_updates(params, updates)

@@ -25,6 +25,7 @@ import numpy as np
 from ml_collections import ConfigDict
 
 from rlhf_jax import algos
+from rlhf_jax.config import resolve_model_path
 from rlhf_jax.data import PromptBatch, loader_from_config
 from rlhf_jax.models import TASK_TOKEN_VALUE, save_pretrained
 from rlhf_jax.rewards import RewardManager, place_on_last_token
@@ -77,7 +78,7 @@ class Trainer:
         self.critic = None
         if cfg.critic.enable:
             ctx, clr = make_optimizer(cfg.critic.optim, cfg.critic.grad_clip, self.total_steps, d.critic_updates_per_step)
-            critic_path = os.path.expanduser(cfg.critic.model.path) if cfg.critic.model.path else c.model_path
+            critic_path = resolve_model_path(cfg.critic.model.path) if cfg.critic.model.path else c.model_path
             self.critic = Role(load_policy(cfg, c.model_path, self.mesh, c.rules, task=TASK_TOKEN_VALUE, path=critic_path),
                                self.mesh, ctx, clr)
         self.sampler = Sampler(self.actor.graphdef, mesh=self.mesh, rules=c.rules,
@@ -324,7 +325,8 @@ class Trainer:
             metrics = self.train_step(pb)
             self.step += 1
             is_last = self.step == self.total_steps
-            if t.test_freq > 0 and (self.step % t.test_freq == 0 or is_last):
+            # test_freq: N > 0 every N steps and at the end; -1 only at the end; 0 never.
+            if t.test_freq != 0 and ((t.test_freq > 0 and self.step % t.test_freq == 0) or is_last):
                 start = time.perf_counter()
                 metrics.update(self.validate())
                 metrics["timing_s/testing"] = time.perf_counter() - start

@@ -1,0 +1,85 @@
+"""Tiny, fast training configs for trainer tests (tiny model, 2-token-ish responses, small batches)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# Overrides that make any recipe run in seconds: 4 prompts x 2 samples, 4-token responses.
+FAST = {
+    "data.train_files": ("builtin:arithmetic?max_value=4&train_size=16",),
+    "data.val_files": ("builtin:arithmetic?max_value=4&test_size=4",),
+    "data.prompt_template": "raw",
+    "data.max_prompt_length": 16,
+    "data.max_response_length": 4,
+    "data.train_batch_size": 4,
+    "data.val_batch_size": 4,
+    "actor_rollout_ref.rollout.n": 2,
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 1,
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": 1,
+    "actor_rollout_ref.actor.ppo_mini_batch_size": 2,
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 1,
+    "actor_rollout_ref.actor.optim.lr": 1e-3,
+    "critic.ppo_mini_batch_size": 2,
+    "critic.ppo_micro_batch_size_per_gpu": 1,
+    "critic.forward_micro_batch_size_per_gpu": 1,
+    "custom_reward_function.path": os.path.join(REPO, "tests", "train", "dense_reward.py"),
+    "trainer.total_training_steps": 2,
+    "trainer.test_freq": 0,
+    "trainer.val_before_train": False,
+    "trainer.save_hf_checkpoint": "never",
+    "trainer.logger": ("jsonl",),
+    # The test process has 8 fake CPU devices: 8 sequences per step = 2 per data-parallel shard.
+    "mesh.data": 2,
+    "mesh.fsdp": 2,
+    "mesh.tensor": 2,
+}
+
+
+def load_recipe(name: str = "grpo"):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"recipe_{name}", os.path.join(REPO, "configs", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config()
+
+
+def make_config(out_dir: str, recipe: str = "grpo", **overrides):
+    """The recipe with FAST overrides, then ``overrides`` (dotted keys with '__' for '.')."""
+    cfg = load_recipe(recipe)
+    settings = {**FAST, "trainer.default_local_dir": out_dir, "trainer.log_dir": out_dir}
+    settings.update({k.replace("__", "."): v for k, v in overrides.items()})
+    for path, value in settings.items():
+        node = cfg
+        *parents, leaf = path.split(".")
+        for p in parents:
+            node = node[p]
+        node[leaf] = value
+    return cfg
+
+
+def cli_args(out_dir: str, recipe: str = "grpo", **overrides) -> list[str]:
+    settings = {**FAST, "trainer.default_local_dir": out_dir, "trainer.log_dir": out_dir}
+    settings.update({k.replace("__", "."): v for k, v in overrides.items()})
+    args = [f"--config={os.path.join(REPO, 'configs', recipe + '.py')}"]
+    for path, value in settings.items():
+        if isinstance(value, tuple):
+            value = "(" + ",".join(repr(v) for v in value) + ("," if len(value) == 1 else "") + ")"
+        args.append(f"--config.{path}={value}")
+    return args
+
+
+def run_main(args: list[str], *, devices: int = 8, timeout: float = 600, **popen) -> subprocess.CompletedProcess:
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+    return subprocess.run([sys.executable, "-m", "rlhf_jax.main", *args], env=env, cwd=REPO, capture_output=True,
+                          text=True, timeout=timeout, stdin=subprocess.DEVNULL, **popen)
+
+
+def read_metrics(out_dir: str) -> list[dict]:
+    with open(os.path.join(out_dir, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
