@@ -72,15 +72,20 @@ def hf_greedy(model, prompts: list[list[int]], max_new_tokens: int, eos_ids: lis
     import torch
 
     ids, mask = left_padded_torch(prompts, pad_id)
-    with torch.no_grad():
-        out = model.generate(
-            input_ids=ids,
-            attention_mask=mask,
-            max_new_tokens=max_new_tokens,
-            do_sample=False,
-            eos_token_id=eos_ids,
-            pad_token_id=pad_id,
-        )
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # multi-threaded torch stalls badly when other processes share the cores
+    try:
+        with torch.no_grad():
+            out = model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                eos_token_id=eos_ids,
+                pad_token_id=pad_id,
+            )
+    finally:
+        torch.set_num_threads(threads)
     rows = []
     for row in out[:, ids.shape[1]:].tolist():
         cut = next((i + 1 for i, t in enumerate(row) if t in eos_ids), len(row))

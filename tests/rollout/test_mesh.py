@@ -20,7 +20,7 @@ def test_tokens_do_not_depend_on_the_mesh(llama_dir):
     sharded = from_pretrained(llama_dir, mesh=mesh)
     assert len(sharded.model.layers[0].self_attn.q_proj[...].sharding.device_set) == 8
     prompts = ragged_prompts(seed=21, count=6)
-    for kw in (dict(temperature=1.0, top_p=0.9, n=2, seed=3), dict(temperature=0.8, top_k=12, n=2, seed=5), dict(temperature=0.0)):
+    for kw in (dict(temperature=0.9, top_k=40, top_p=0.9, n=2, seed=3), dict(temperature=0.0)):
         a = generate(single, prompts, max_new_tokens=16, eos_token_ids=(1,), pad_token_id=PAD_ID, **kw)
         b = generate(sharded, prompts, max_new_tokens=16, eos_token_ids=(1,), pad_token_id=PAD_ID, **kw)
         assert a.tokens == b.tokens, kw
