@@ -24,7 +24,7 @@ DATA = (
     Key("data.max_prompt_length", 128, "Prompt tokens; prompts are left-padded to this (or a bucket)."),
     Key("data.max_response_length", 16, "Response tokens; default for actor_rollout_ref.rollout.response_length."),
     Key("data.prompt_length_buckets", None,
-        "Padded prompt lengths to compile for (ascending, up to max_prompt_length); None = one bucket.", type=tuple),
+        "Padded prompt lengths to compile for (ascending, up to max_prompt_length); None = powers of two from 16.", type=tuple),
     Key("data.truncation", "error", "Overlong prompts: error, or keep the left end / right end / both ends.",
         choices=("error", "left", "right", "middle")),
     Key("data.filter_overlong_prompts", False, "Drop prompts longer than max_prompt_length instead of truncating."),

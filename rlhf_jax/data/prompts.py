@@ -146,10 +146,22 @@ def tokenize_examples(
     return kept_examples, kept_ids, kept_texts
 
 
+MIN_BUCKET = 16
+
+
 def resolve_buckets(max_prompt_length: int, buckets: Sequence[int] | None) -> tuple[int, ...]:
-    """Sorted bucket lengths ending at max_prompt_length (None: one bucket, max_prompt_length)."""
+    """Sorted bucket lengths ending at max_prompt_length.
+
+    None: powers of two from 16 up to max_prompt_length (and max_prompt_length itself),
+    so short prompts are not padded to the maximum while a run still compiles each
+    step for only a handful of lengths.
+    """
     if not buckets:
-        return (int(max_prompt_length),)
+        out, b = [], MIN_BUCKET
+        while b < max_prompt_length:
+            out.append(b)
+            b *= 2
+        return tuple(out) + (int(max_prompt_length),)
     out = sorted({int(b) for b in buckets})
     if out[0] <= 0 or out[-1] > max_prompt_length:
         raise DataError(

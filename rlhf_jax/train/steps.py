@@ -98,6 +98,24 @@ def forward_values(graphdef, params, batch: Batch, *, n_micro: int):
     return merge_micro(jax.lax.map(lambda m: response_values(model, m["input_ids"], m["attention_mask"], R), micro))
 
 
+def advantage_stage(token_scores, response_mask, group_ids, old_log_probs, ref_log_probs, values, kl_coef, *,
+                    estimator: str, gamma: float, lam: float, norm_adv_by_std_in_grpo: bool,
+                    use_kl_in_reward: bool, kl_penalty: str):
+    """Token rewards (with the optional in-reward KL), advantages and returns; jitted once per run.
+
+    Returns (token_level_rewards, advantages, returns, current_kl).
+    """
+    mask = response_mask.astype(jnp.float32)
+    rewards, current_kl = token_scores, jnp.zeros((), jnp.float32)
+    if use_kl_in_reward:
+        rewards, current_kl = algos.apply_kl_in_reward(token_scores, old_log_probs, ref_log_probs, mask, kl_coef, kl_penalty)
+    adv, returns = algos.compute_advantages(
+        estimator, token_level_rewards=rewards, response_mask=mask, group_ids=group_ids, values=values,
+        gamma=gamma, lam=lam, norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo,
+    )
+    return rewards, adv, returns, current_kl
+
+
 @dataclasses.dataclass(frozen=True)
 class ActorLossSpec:
     """Static settings of the actor loss (hashable: part of the jit cache key)."""

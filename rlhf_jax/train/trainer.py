@@ -13,6 +13,7 @@ run would have drawn.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -39,7 +40,7 @@ from rlhf_jax.train.engine import Role
 from rlhf_jax.train.loggers import MetricLogger
 from rlhf_jax.train.optim import make_optimizer
 from rlhf_jax.train.setup import Components, load_policy, prepare
-from rlhf_jax.train.steps import ActorLossSpec, CriticLossSpec
+from rlhf_jax.train.steps import ActorLossSpec, CriticLossSpec, advantage_stage
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +94,11 @@ class Trainer:
         kc = cfg.algorithm.kl_ctrl
         self.kl_ctrl = algos.init_kl_controller(kc.kl_coef, kc.type, kc.target_kl, kc.horizon)
         self.actor_spec = actor_loss_spec(cfg, d.recompute_old_log_prob, c.sampling.logprob_temperature)
+        alg = cfg.algorithm
+        self._advantage_fn = jax.jit(functools.partial(
+            advantage_stage, estimator=alg.adv_estimator, gamma=alg.gamma, lam=alg.lam,
+            norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo, use_kl_in_reward=alg.use_kl_in_reward,
+            kl_penalty=alg.kl_penalty))
         self.critic_spec = CriticLossSpec(cfg.critic.cliprange_value, cfg.critic.loss_agg_mode,
                                           arr.actor.loss_scale_factor)
         self.loader = loader_from_config(cfg.data, self.tok, "train", num_epochs=None, dataset=c.train_dataset)
@@ -204,22 +210,15 @@ class Trainer:
                 with timer("values"):
                     batch["values"] = self.critic.values(batch, n_micro=d.critic_forward_micro_batches)
             with timer("adv"):
-                mask_f = out.response_mask.astype(jnp.float32)
-                rewards = token_scores
+                group_ids = to_global(self.mesh, np.repeat(np.arange(len(pb)) + jax.process_index() * len(pb), n).astype(np.int32))
+                rewards, adv, returns, current_kl = self._advantage_fn(
+                    token_scores, out.response_mask, group_ids, batch.get("old_log_probs"), batch.get("ref_log_probs"),
+                    batch.get("values"), self.kl_ctrl["value"])
+                batch["advantages"], batch["returns"] = adv, returns
                 if cfg.algorithm.use_kl_in_reward:
-                    rewards, current_kl = algos.apply_kl_in_reward(token_scores, batch["old_log_probs"],
-                                                                   batch["ref_log_probs"], mask_f,
-                                                                   self.kl_ctrl["value"], cfg.algorithm.kl_penalty)
                     out_metrics["actor/reward_kl_penalty"] = float(current_kl)
                     out_metrics["actor/reward_kl_penalty_coeff"] = float(self.kl_ctrl["value"])
                     self.kl_ctrl = algos.update_kl_controller(self.kl_ctrl, current_kl, d.rollout_batch_size)
-                group_ids = to_global(self.mesh, np.repeat(np.arange(len(pb)) + jax.process_index() * len(pb), n).astype(np.int32))
-                adv, returns = algos.compute_advantages(
-                    cfg.algorithm.adv_estimator, token_level_rewards=rewards, response_mask=mask_f, group_ids=group_ids,
-                    values=batch.get("values"), gamma=cfg.algorithm.gamma, lam=cfg.algorithm.lam,
-                    norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo,
-                )
-                batch["advantages"], batch["returns"] = adv, returns
             if self.critic is not None:
                 with timer("update_critic"):
                     out_metrics.update(self._update_critic(batch))

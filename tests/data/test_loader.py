@@ -139,7 +139,8 @@ def test_validation_loader_from_config(tok, tmp_path):
         shuffle=True, seed=1,
     ))
     train = loader_from_config(cfg, tok, "train", num_epochs=2, process_index=0, process_count=1)
-    assert len(train) == 6 and all(b.input_ids.shape == (4, 48) for b in train)
+    # Prompts of ~30 tokens land in the 32 bucket of the default (16, 32, 48).
+    assert len(train) == 6 and all(b.input_ids.shape[0] == 4 and b.input_ids.shape[1] in (32, 48) for b in train)
     val = list(loader_from_config(cfg, tok, "val", process_index=0, process_count=1))
     assert len(val) == 1 and val[0].raw_prompt == [f"t{i}" for i in range(7)]
     assert val[0].ground_truth == [str(i) for i in range(7)]

@@ -127,6 +127,8 @@ def test_pad_left_and_buckets():
     buckets = resolve_buckets(64, [16, 32])
     assert buckets == (16, 32, 64)
     assert [bucket_length(n, buckets) for n in (1, 16, 17, 33, 64)] == [16, 16, 32, 64, 64]
-    assert resolve_buckets(64, None) == (64,)
+    assert resolve_buckets(64, None) == (16, 32, 64)
+    assert resolve_buckets(100, None) == (16, 32, 64, 100)
+    assert resolve_buckets(8, None) == (8,)
     with pytest.raises(DataError, match="prompt_length_buckets"):
         resolve_buckets(64, [128])
