@@ -91,3 +91,33 @@ def test_exported_hf_directory_matches_trained_model(tmp_path):
     initial = transformers.AutoModelForCausalLM.from_pretrained(trainer.c.model_path).eval()
     with torch.no_grad():
         assert np.abs(initial(input_ids=torch.tensor(ids)).logits.numpy() - expected).max() > 1e-4
+
+
+def test_export_cli_for_any_saved_step(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.train.helpers import REPO
+
+    cfg = make_config(str(tmp_path), "grpo", **{"trainer.save_freq": 1, "trainer.total_training_steps": 2})
+    trainer = Trainer(cfg)
+    trainer.fit()
+    ckpt_root = os.path.join(str(tmp_path), "checkpoints")
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    for step_arg, out_name in ((["--step", "1"], "step1"), ([], "latest")):
+        out = str(tmp_path / out_name)
+        proc = subprocess.run([sys.executable, "-m", "rlhf_jax.export", "--checkpoint", ckpt_root, "--out", out, *step_arg],
+                              cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+    tok = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "latest"))
+    ids = np.asarray([tok("1+1=2+2=")["input_ids"]], np.int64)
+    latest = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "latest")).eval()
+    step1 = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "step1")).eval()
+    with torch.no_grad():
+        latest_logits = latest(input_ids=torch.tensor(ids)).logits.numpy()
+        step1_logits = step1(input_ids=torch.tensor(ids)).logits.numpy()
+    np.testing.assert_allclose(np.asarray(trainer.actor.model()(jnp.asarray(ids, jnp.int32))), latest_logits, atol=1e-4)
+    assert np.abs(latest_logits - step1_logits).max() > 1e-5  # step 1 is a different model
+    bad = subprocess.run([sys.executable, "-m", "rlhf_jax.export", "--checkpoint", ckpt_root, "--out", str(tmp_path / "x"),
+                          "--step", "7"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "no step 7" in bad.stderr

@@ -1,0 +1,88 @@
+"""Export any saved training step as a Hugging Face directory.
+
+    python -m rlhf_jax.export --checkpoint CKPT_DIR --out OUT_DIR [--step N]
+
+``CKPT_DIR`` is a run's checkpoint root (``<trainer.default_local_dir>/checkpoints``,
+whose latest complete step is used unless ``--step`` says otherwise) or one step's
+directory (``.../checkpoints/<step>``). Only the actor's parameters are read; the
+model is rebuilt from the config.json stored with the checkpoint, and the
+tokenizer is copied from the directory the run used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from rlhf_jax.models.config import from_hf_dict
+from rlhf_jax.models.hf_export import save_pretrained
+from rlhf_jax.models.hf_import import build_abstract
+from rlhf_jax.train.checkpoint import Checkpointer
+
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+def locate(checkpoint: str, step: int | None) -> tuple[str, int]:
+    """(checkpoint root, step) for a root or a step directory."""
+    path = os.path.abspath(os.path.expanduser(checkpoint))
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"--checkpoint {path!r} does not exist")
+    base = os.path.basename(path.rstrip("/"))
+    if base.isdigit() and step is None:
+        return os.path.dirname(path), int(base)
+    ckpt = Checkpointer(path, async_save=False)
+    steps = ckpt.all_steps()
+    ckpt.close()
+    if not steps:
+        raise FileNotFoundError(f"{path!r} holds no complete checkpoint")
+    if step is None:
+        return path, max(steps)
+    if step not in steps:
+        raise FileNotFoundError(f"{path!r} has no step {step}; saved steps: {sorted(steps)}")
+    return path, step
+
+
+def export(checkpoint: str, out_dir: str, step: int | None = None) -> str:
+    root, step = locate(checkpoint, step)
+    ckpt = Checkpointer(root, async_save=False)
+    extra = ckpt.restore_extra(step)
+    info = extra["model"]
+    dtype = _DTYPES[info.get("param_dtype", "float32")]
+    cfg = from_hf_dict(info["hf_config"], dtype=dtype, param_dtype=dtype)
+    abstract = build_abstract(cfg, info["task"])
+    graphdef, abs_state = nnx.split(abstract)
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    template = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), abs_state)
+    params = ckpt.restore_arrays(step, {"actor_params": template})["actor_params"]
+    ckpt.close()
+    tokenizer = None
+    tok_path = info.get("tokenizer_path")
+    if tok_path and os.path.isdir(tok_path):
+        import transformers
+
+        tokenizer = transformers.AutoTokenizer.from_pretrained(tok_path)
+    return save_pretrained(nnx.merge(graphdef, params), out_dir, tokenizer=tokenizer, copy_from=tok_path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Export a saved training step as a Hugging Face directory.")
+    parser.add_argument("--checkpoint", required=True, help="checkpoint root (.../checkpoints) or a step directory")
+    parser.add_argument("--out", required=True, help="output directory (replaced if it exists)")
+    parser.add_argument("--step", type=int, default=None, help="step to export (default: the latest complete one)")
+    args = parser.parse_args(argv)
+    try:
+        out = export(args.checkpoint, args.out, args.step)
+    except (FileNotFoundError, ValueError, KeyError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"exported to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
