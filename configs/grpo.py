@@ -36,11 +36,11 @@ def get_config() -> ConfigDict:
     arr.rollout.n = 16
     arr.rollout.temperature = 1.0
     # Whole-batch forward passes: on a CPU, fewer and larger steps are faster.
-    arr.rollout.log_prob_micro_batch_size_per_gpu = 256
-    arr.ref.log_prob_micro_batch_size_per_gpu = 256
+    arr.rollout.log_prob_micro_batch_size_per_gpu = -1
+    arr.ref.log_prob_micro_batch_size_per_gpu = -1
 
     arr.actor.ppo_mini_batch_size = 16  # prompts: one optimizer step of 256 sequences per training step
-    arr.actor.ppo_micro_batch_size_per_gpu = 256
+    arr.actor.ppo_micro_batch_size_per_gpu = -1
     arr.actor.ppo_epochs = 1
     arr.actor.optim.lr = 1e-3  # a tiny random model needs far more than verl's 1e-6 for a 7B one
     arr.actor.use_kl_loss = True

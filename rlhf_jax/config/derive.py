@@ -6,7 +6,8 @@ prompts, each sampled ``rollout.n`` times, so both are multiplied by n; the
 Here a shard is one position on the ``data`` x ``fsdp`` mesh axes (devices on
 the ``tensor`` axis share their shard's batch), so a global micro-batch is
 ``micro x dp`` sequences and a mini-batch takes
-``mini x n / (micro x dp)`` accumulation steps.
+``mini x n / (micro x dp)`` accumulation steps. A micro-batch size of -1 means the
+whole per-shard batch in one pass (no accumulation), whatever the device count.
 """
 
 from __future__ import annotations
@@ -51,11 +52,16 @@ def _divides(what: str, total: int, part: int, fix: str) -> int:
     return total // part
 
 
+WHOLE = -1  # a *_micro_batch_size_per_gpu of -1: the whole per-shard batch in one pass (no accumulation)
+
+
 def _role_split(prefix: str, mini_prompts: int, micro: int, n: int, train: int, dp: int) -> tuple[int, int, int]:
     """(mini-batch sequences, mini-batches per epoch, accumulation steps) of actor or critic, checked."""
     _divides(f"data.train_batch_size ({train}) vs {prefix}.ppo_mini_batch_size", train, mini_prompts,
              f"set {prefix}.ppo_mini_batch_size to a divisor of data.train_batch_size={train}")
     mini_seqs = mini_prompts * n
+    if micro == WHOLE:
+        micro = max(mini_seqs // dp, 1)
     accum = _divides(
         f"{prefix}.ppo_mini_batch_size x rollout.n = {mini_prompts} x {n} sequences vs "
         f"{prefix}.ppo_micro_batch_size_per_gpu ({micro}) x data-parallel shards ({dp})",
@@ -105,20 +111,21 @@ def derive_batches(
     d.actor_updates_per_step = num_mini * actor.ppo_epochs
     d.recompute_old_log_prob = not (num_mini == 1 and actor.ppo_epochs == 1)
     per_shard = d.rollout_batch_size_per_shard
+    whole = lambda micro: per_shard if micro == WHOLE else micro  # noqa: E731
     d.log_prob_micro_batches = _divides(
         f"{per_shard} sequences per shard vs actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
-        per_shard, rollout.log_prob_micro_batch_size_per_gpu,
+        per_shard, whole(rollout.log_prob_micro_batch_size_per_gpu),
         f"set actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu to a divisor of {per_shard}")
     d.ref_micro_batches = _divides(
         f"{per_shard} sequences per shard vs actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
-        per_shard, arr.ref.log_prob_micro_batch_size_per_gpu,
+        per_shard, whole(arr.ref.log_prob_micro_batch_size_per_gpu),
         f"set actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu to a divisor of {per_shard}")
 
     if critic.enable:
         c_seqs, c_num, c_accum = _role_split("critic", critic.ppo_mini_batch_size, critic.ppo_micro_batch_size_per_gpu,
                                              n, train, dp)
         c_fwd = _divides(f"{per_shard} sequences per shard vs critic.forward_micro_batch_size_per_gpu", per_shard,
-                         critic.forward_micro_batch_size_per_gpu,
+                         whole(critic.forward_micro_batch_size_per_gpu),
                          f"set critic.forward_micro_batch_size_per_gpu to a divisor of {per_shard}")
         c_updates = c_num * critic.ppo_epochs
     else:

@@ -56,7 +56,7 @@ ACTOR = (
     Key(A + "actor.ppo_mini_batch_size", 8,
         "Prompts per PPO mini-batch (one optimizer step); multiplied by rollout.n like verl."),
     Key(A + "actor.ppo_micro_batch_size_per_gpu", 1,
-        "Sequences per forward/backward pass on each data-parallel shard (gradient accumulation)."),
+        "Sequences per forward/backward pass on each data-parallel shard (gradient accumulation); -1 = all."),
     Key(A + "actor.ppo_epochs", 1, "Passes over each rollout batch."),
     Key(A + "actor.shuffle", False, "Shuffle the rollout batch between PPO epochs."),
     Key(A + "actor.grad_clip", 1.0, "Clip the global gradient norm to this value (<= 0: no clipping)."),
@@ -83,7 +83,7 @@ ACTOR = (
 
 REF = (
     Key(A + "ref.log_prob_micro_batch_size_per_gpu", 2,
-        "Sequences per reference-model forward pass on each data-parallel shard."),
+        "Sequences per reference-model forward pass on each data-parallel shard; -1 = all."),
 )
 
 ROLLOUT = (
@@ -97,7 +97,7 @@ ROLLOUT = (
     Key(A + "rollout.ignore_eos", False, "Keep generating after EOS (benchmarking)."),
     Key(A + "rollout.seed", None, "Base PRNG seed of sampling; None = trainer.seed.", type=int),
     Key(A + "rollout.log_prob_micro_batch_size_per_gpu", 2,
-        "Sequences per old-log-prob forward pass on each data-parallel shard."),
+        "Sequences per old-log-prob forward pass on each data-parallel shard; -1 = all."),
     Key(A + "rollout.val_kwargs.temperature", 0.0, "Validation sampling temperature."),
     Key(A + "rollout.val_kwargs.top_k", -1, "Validation top-k; -1 or 0 = off."),
     Key(A + "rollout.val_kwargs.top_p", 1.0, "Validation nucleus mass."),

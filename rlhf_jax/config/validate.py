@@ -82,6 +82,12 @@ def _fill_defaults(cfg: ConfigDict) -> None:
             role.checkpoint.load_contents = role.checkpoint.save_contents
     if cfg.trainer.max_critic_ckpt_to_keep is None:
         cfg.trainer.max_critic_ckpt_to_keep = cfg.trainer.max_actor_ckpt_to_keep
+    elif cfg.trainer.max_critic_ckpt_to_keep != cfg.trainer.max_actor_ckpt_to_keep:
+        raise ValueError(
+            f"trainer.max_critic_ckpt_to_keep={cfg.trainer.max_critic_ckpt_to_keep} differs from "
+            f"trainer.max_actor_ckpt_to_keep={cfg.trainer.max_actor_ckpt_to_keep}: one checkpoint holds actor and "
+            "critic, so leave max_critic_ckpt_to_keep unset"
+        )
     if cfg.reward_model.max_length is None:
         cfg.reward_model.max_length = cfg.data.max_prompt_length + rollout.response_length
 
@@ -93,18 +99,26 @@ def _positive(cfg: ConfigDict, paths: tuple[str, ...], minimum: float = 1) -> No
             raise ValueError(f"{path}={value!r} must be >= {minimum}")
 
 
+def _micro_sizes(cfg: ConfigDict, paths: tuple[str, ...]) -> None:
+    for path in paths:
+        value = schema.get_path(cfg, path)
+        if value is None or (value < 1 and value != -1):
+            raise ValueError(f"{path}={value!r} must be >= 1, or -1 for the whole per-shard batch")
+
+
 def _check_ranges(cfg: ConfigDict) -> None:
     a = "actor_rollout_ref."
+    _micro_sizes(cfg, (a + "actor.ppo_micro_batch_size_per_gpu", a + "rollout.log_prob_micro_batch_size_per_gpu",
+                       a + "ref.log_prob_micro_batch_size_per_gpu"))
     _positive(cfg, ("data.train_batch_size", "data.max_prompt_length", "data.max_response_length",
                     a + "rollout.n", a + "rollout.response_length", a + "rollout.val_kwargs.n",
-                    a + "actor.ppo_mini_batch_size", a + "actor.ppo_micro_batch_size_per_gpu", a + "actor.ppo_epochs",
-                    a + "rollout.log_prob_micro_batch_size_per_gpu", a + "ref.log_prob_micro_batch_size_per_gpu",
+                    a + "actor.ppo_mini_batch_size", a + "actor.ppo_epochs",
                     "trainer.total_epochs", "reward_model.num_workers", "reward_model.micro_batch_size_per_gpu"))
     if cfg.data.val_batch_size is not None:
         _positive(cfg, ("data.val_batch_size",))
     if cfg.critic.enable:
-        _positive(cfg, ("critic.ppo_mini_batch_size", "critic.ppo_micro_batch_size_per_gpu", "critic.ppo_epochs",
-                        "critic.forward_micro_batch_size_per_gpu"))
+        _positive(cfg, ("critic.ppo_mini_batch_size", "critic.ppo_epochs"))
+        _micro_sizes(cfg, ("critic.ppo_micro_batch_size_per_gpu", "critic.forward_micro_batch_size_per_gpu"))
     actor, rollout = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout
     for path in ("clip_ratio", "clip_ratio_low", "clip_ratio_high"):
         if not getattr(actor, path) > 0:

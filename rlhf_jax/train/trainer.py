@@ -129,7 +129,7 @@ class Trainer:
         if self.critic is not None:
             arrays["critic_params"] = self.critic.params
             arrays["critic_opt"] = self.critic.opt_state
-        self.checkpointer.save(self.step, arrays, self._extra_state())
+        self.checkpointer.save(self.step, arrays, {**self._extra_state(), "items": sorted(arrays)})
 
     def maybe_resume(self) -> None:
         t = self.cfg.trainer
@@ -138,12 +138,17 @@ class Trainer:
             return
         ckpt = self.checkpointer if root == self.checkpointer.directory else Checkpointer(root, async_save=False)
         extra = ckpt.restore_extra(step)
-        templates = {"actor_params": self.actor.params, "actor_opt": self.actor.opt_state}
-        if self.critic is not None:
+        saved = set(extra.get("items", ["actor_params", "actor_opt"]))
+        load = self.cfg.actor_rollout_ref.actor.checkpoint.load_contents
+        templates = {"actor_params": self.actor.params}
+        if "optimizer" in load and "actor_opt" in saved:
+            templates["actor_opt"] = self.actor.opt_state
+        if self.critic is not None and "critic_params" in saved:
             templates.update(critic_params=self.critic.params, critic_opt=self.critic.opt_state)
         restored = ckpt.restore_arrays(step, templates)
-        self.actor.params, self.actor.opt_state = restored["actor_params"], restored["actor_opt"]
-        if self.critic is not None:
+        self.actor.params = restored["actor_params"]
+        self.actor.opt_state = restored.get("actor_opt", self.actor.opt_state)
+        if "critic_params" in restored:
             self.critic.params, self.critic.opt_state = restored["critic_params"], restored["critic_opt"]
         self.kl_ctrl = {**self.kl_ctrl, "value": jnp.asarray(extra["kl_coef"], jnp.float32)}
         self.loader.set_state(extra["data_state"])
@@ -332,7 +337,8 @@ class Trainer:
             if (t.save_freq > 0 and self.step % t.save_freq == 0) or is_last:
                 start = time.perf_counter()
                 self.save_checkpoint()
-                if t.save_hf_checkpoint == "always" or (t.save_hf_checkpoint == "last" and is_last):
+                hf_always = t.save_hf_checkpoint == "always" or "hf_model" in self.cfg.actor_rollout_ref.actor.checkpoint.save_contents
+                if hf_always or (t.save_hf_checkpoint == "last" and is_last):
                     metrics["hf_export_dir"] = self.export_hf()
                 metrics["timing_s/save_checkpoint"] = time.perf_counter() - start
             self.logger.log(self.step, metrics)

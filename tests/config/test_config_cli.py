@@ -47,7 +47,7 @@ def test_show_with_overrides_subprocess():
     assert cfg["critic"]["enable"] is True
     assert cfg["data"]["shuffle"] is False
     assert cfg["reward_model"]["scorer_kwargs"] == {"arithmetic": {"format_score": 0.0}}
-    assert cfg["actor_rollout_ref"]["rollout"]["n"] == 8  # untouched recipe value
+    assert cfg["actor_rollout_ref"]["rollout"]["n"] == 16  # untouched recipe value
 
 
 def test_wrong_key_fails_naming_it_subprocess():
@@ -70,7 +70,7 @@ def test_finalize_from_command_line_subprocess():
     assert proc.returncode == 0, proc.stderr
     cfg = json.loads(proc.stdout)
     assert cfg["derived"]["mesh_shape"] == [2, 1, 2] and cfg["derived"]["dp_size"] == 2
-    assert cfg["actor_rollout_ref"]["rollout"]["response_length"] == 16
+    assert cfg["actor_rollout_ref"]["rollout"]["response_length"] == cfg["data"]["max_response_length"] == 1
     bad = run(["-m", "rlhf_jax.config", "show", "--finalize", "--num_devices=1", "--config=configs/grpo.py",
                "--config.actor_rollout_ref.actor.ppo_mini_batch_size=5"])
     assert bad.returncode != 0 and "actor_rollout_ref.actor.ppo_mini_batch_size" in bad.stderr

@@ -22,8 +22,11 @@ def test_recipe_finalizes(name, devices):
     out = finalize(load(name), num_devices=devices)
     d = out.derived
     assert d.dp_size == devices
-    assert d.actor_grad_accum_steps * out.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu * devices == \
-        d.actor_mini_batch_size
+    micro = out.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu
+    if micro == -1:  # the whole per-shard mini-batch in one pass
+        assert d.actor_grad_accum_steps == 1 and d.actor_mini_batch_size_per_shard * devices == d.actor_mini_batch_size
+    else:
+        assert d.actor_grad_accum_steps * micro * devices == d.actor_mini_batch_size
     # Built-in model and data: nothing to download.
     assert out.actor_rollout_ref.model.path == "builtin:tiny"
     assert all(f.startswith("builtin:") for f in out.data.train_files + out.data.val_files)
@@ -34,9 +37,10 @@ def test_recipe_finalizes(name, devices):
 def test_grpo_values():
     out = finalize(load("grpo"), num_devices=1)
     assert out.algorithm.adv_estimator == "grpo" and out.critic.enable is False
-    assert out.actor_rollout_ref.rollout.n == 8 and out.data.train_batch_size == 16
+    assert out.actor_rollout_ref.rollout.n == 16 and out.data.train_batch_size == 16
     assert out.actor_rollout_ref.actor.use_kl_loss and out.derived.need_ref
-    assert 8 <= out.actor_rollout_ref.rollout.response_length <= 16
+    assert out.actor_rollout_ref.rollout.response_length == 1  # one-token answers (see configs/grpo.py)
+    assert out.derived.actor_grad_accum_steps == 1 and out.derived.log_prob_micro_batches == 1
 
 
 def test_ppo_values():
