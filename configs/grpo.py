@@ -42,7 +42,7 @@ def get_config() -> ConfigDict:
     arr.actor.ppo_mini_batch_size = 16  # prompts: one optimizer step of 256 sequences per training step
     arr.actor.ppo_micro_batch_size_per_gpu = -1
     arr.actor.ppo_epochs = 1
-    arr.actor.optim.lr = 1e-3  # a tiny random model needs far more than verl's 1e-6 for a 7B one
+    arr.actor.optim.lr = 5e-4  # a tiny random model needs far more than verl's 1e-6 for a 7B one
     arr.actor.use_kl_loss = True
     arr.actor.kl_loss_coef = 0.001
     arr.actor.kl_loss_type = "low_var_kl"
@@ -54,7 +54,7 @@ def get_config() -> ConfigDict:
     cfg.algorithm.use_kl_in_reward = False
 
     cfg.trainer.total_epochs = 1
-    cfg.trainer.total_training_steps = 300
+    cfg.trainer.total_training_steps = 400
     cfg.trainer.test_freq = 50
     cfg.trainer.save_freq = 100
     cfg.trainer.val_before_train = True

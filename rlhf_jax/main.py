@@ -18,6 +18,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv if argv is None else argv)
     logging.basicConfig(level=os.environ.get("RLHF_JAX_LOG_LEVEL", "WARNING"), format="%(levelname)s %(name)s: %(message)s")
     from rlhf_jax.config import load_config_from_argv
+    from rlhf_jax.parallel.distributed import maybe_initialize
+
+    maybe_initialize()  # a no-op unless a launcher set up several processes (launch/)
 
     try:
         cfg = load_config_from_argv(argv, default=DEFAULT_RECIPE if os.path.exists(DEFAULT_RECIPE) else None)

@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# One process per node on a SLURM GPU cluster (jax.distributed reads the SLURM environment):
+#
+#   sbatch --nodes=2 --ntasks-per-node=1 --gpus-per-node=8 launch/slurm_gpu.sh --config=configs/ppo.py ...
+#SBATCH --job-name=rlhf_jax
+set -euo pipefail
+export RLHF_JAX_DISTRIBUTED=auto
+srun python -m rlhf_jax.main "$@"
