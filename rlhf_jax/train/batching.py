@@ -38,6 +38,24 @@ def to_local(x: jax.Array) -> np.ndarray:
     return np.concatenate([pieces[k] for k in sorted(pieces)], axis=0)
 
 
+def gather_all(x) -> np.ndarray:
+    """The whole global array on every process (for metrics over all processes' rows)."""
+    if getattr(x, "is_fully_addressable", True):
+        return np.asarray(jax.device_get(x))
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+
+def sum_over_processes(values: np.ndarray) -> np.ndarray:
+    """Element-wise sum of a same-shaped host array over all processes."""
+    if jax.process_count() == 1:
+        return np.asarray(values)
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.process_allgather(np.asarray(values))).sum(axis=0)
+
+
 @functools.lru_cache(maxsize=64)
 def _splitter(mesh: Mesh, num: int, ndims: tuple[tuple[str, int], ...]):
     out = tuple({k: batch_sharding(mesh, nd) for k, nd in ndims} for _ in range(num))

@@ -31,10 +31,11 @@ from rlhf_jax.data import PromptBatch, loader_from_config
 from rlhf_jax.models import TASK_TOKEN_VALUE, save_pretrained
 from rlhf_jax.rewards import RewardManager, place_on_last_token
 from rlhf_jax.rewards.reward_model import decode_responses
+from rlhf_jax.parallel import replicated
 from rlhf_jax.rollout import Sampler, rollout_key
 from rlhf_jax.rollout.buckets import bucket_batch
 from rlhf_jax.train import metrics as M
-from rlhf_jax.train.batching import mini_batches, to_global, to_local
+from rlhf_jax.train.batching import gather_all, mini_batches, sum_over_processes, to_global, to_local
 from rlhf_jax.train.checkpoint import Checkpointer, resolve_resume
 from rlhf_jax.train.engine import Role
 from rlhf_jax.train.loggers import MetricLogger
@@ -170,6 +171,8 @@ class Trainer:
         if padded != B:  # validation tails: repeat the first row, drop its samples afterwards
             ids = np.concatenate([ids, np.repeat(ids[:1], padded - B, 0)])
             mask = np.concatenate([mask, np.repeat(mask[:1], padded - B, 0)])
+        # The key is made by a jitted function so that it is one global array, also across processes.
+        key = jax.jit(lambda: key, out_shardings=replicated(self.mesh))()
         out = self.sampler.generate(self.actor.params, to_global(self.mesh, ids), to_global(self.mesh, mask), sampling, key)
         return out, B * sampling.n
 
@@ -230,9 +233,10 @@ class Trainer:
             if self.step >= cfg.trainer.critic_warmup:
                 with timer("update_actor"):
                     out_metrics.update(self._update_actor(batch))
-            host = {k: to_local(v) for k, v in batch.items() if k in ("advantages", "returns", "values", "response_mask")}
-            host.update(token_level_scores=to_local(token_scores), token_level_rewards=to_local(rewards),
-                        prompt_mask=to_local(out.prompt_mask))
+            # Metrics cover every process's rows.
+            host = {k: gather_all(v) for k, v in batch.items() if k in ("advantages", "returns", "values", "response_mask")}
+            host.update(token_level_scores=gather_all(token_scores), token_level_rewards=gather_all(rewards),
+                        prompt_mask=gather_all(out.prompt_mask))
         out_metrics.update(M.data_metrics(host, max_prompt_length=cfg.data.max_prompt_length,
                                           max_response_length=cfg.data.max_response_length))
         resp_tokens = int(host["response_mask"].sum())
@@ -300,12 +304,21 @@ class Trainer:
                 if len(examples) < self.cfg.trainer.log_val_generations:
                     examples.append({"prompt": pb.prompt_text[i // sampling.n], "response": texts[i], "score": float(s),
                                      "ground_truth": str(pb.ground_truth[i // sampling.n])})
+        # Each process scored its own prompts: combine per-source sums and counts over processes.
+        sources = sorted({e.data_source for e in self.c.val_dataset.examples})
+        totals = np.zeros((len(sources), 3))
+        for j, src in enumerate(sources):
+            groups = np.asarray(by_source.get(src, []), np.float64).reshape(-1, sampling.n)
+            totals[j] = (groups.mean(1).sum(), groups.max(1).sum() if groups.size else 0.0, groups.shape[0])
+        totals = sum_over_processes(totals)
         metrics = {}
-        for src, vals in by_source.items():
-            groups = np.asarray(vals).reshape(-1, sampling.n)
-            metrics[f"val-core/{src}/reward/mean@{sampling.n}"] = float(groups.mean())
+        for j, src in enumerate(sources):
+            mean_sum, best_sum, count = totals[j]
+            if count == 0:
+                continue
+            metrics[f"val-core/{src}/reward/mean@{sampling.n}"] = float(mean_sum / count)
             if sampling.n > 1:
-                metrics[f"val-core/{src}/reward/best@{sampling.n}/mean"] = float(groups.max(1).mean())
+                metrics[f"val-core/{src}/reward/best@{sampling.n}/mean"] = float(best_sum / count)
         if examples and self.is_main:
             for ex in examples:
                 self.logger.text(f"[val] {json.dumps(ex, ensure_ascii=False)}")
