@@ -39,7 +39,7 @@ class GenerateOutput:
 def sampler_for(model: nnx.Module, mesh: Mesh | None = None) -> Sampler:
     """The cached ``Sampler`` of ``model`` (one per model object and mesh)."""
     sampler = _SAMPLERS.get(model)
-    if sampler is None or sampler.mesh is not mesh:
+    if sampler is None or sampler.mesh != mesh:
         sampler = Sampler.for_model(model, mesh=mesh)
         _SAMPLERS[model] = sampler
     return sampler
@@ -65,7 +65,10 @@ def generate_with_params(
     _, state = nnx.split(model)
     run_mesh = mesh if mesh is not None else mesh_of(state)
     prompts = [list(p) for p in prompt_ids]
-    length = bucket_length(max(len(p) for p in prompts) if prompts else 0)
+    if not prompts:
+        raise ValueError("generate needs at least one prompt")
+    room = model.config.max_position_embeddings - params.max_new_tokens  # longest prompt that still fits
+    length = bucket_length(max(len(p) for p in prompts), maximum=room)
     batch = bucket_batch(len(prompts), multiple=data_parallel_size(run_mesh))
     ids, mask = left_pad(prompts, length, batch, params.pad_token_id)
     out = sampler.generate(state, ids, mask, params, key)

@@ -22,7 +22,10 @@ def next_power_of_two(x: int) -> int:
 def bucket_length(length: int, *, minimum: int = MIN_PROMPT_BUCKET, maximum: int | None = None) -> int:
     """Prompt-length bucket: the next power of two >= ``length`` (at least ``minimum``), capped at ``maximum``."""
     if maximum is not None and length > maximum:
-        raise ValueError(f"prompt of {length} tokens is longer than the limit of {maximum} (data.max_prompt_length)")
+        raise ValueError(
+            f"prompt of {length} tokens is longer than the limit of {maximum} "
+            "(data.max_prompt_length, or the model context minus rollout.response_length)"
+        )
     bucket = next_power_of_two(max(int(length), int(minimum)))
     return min(bucket, maximum) if maximum is not None else bucket
 

@@ -125,3 +125,8 @@ def test_sampler_rejects_bad_inputs(llama_model):
         sampler.generate(state, ids, mask, SamplingParams(max_new_tokens=250))
     with pytest.raises(ValueError, match="differs"):
         sampler.generate(state, ids, mask[:, :8], SamplingParams(max_new_tokens=4))
+    with pytest.raises(ValueError, match="context minus rollout.response_length"):
+        generate(llama_model, [[5] * 220], max_new_tokens=50, eos_token_ids=(), pad_token_id=PAD_ID)
+    # a 200-token prompt would bucket to 256 > 256 - 50: the bucket is capped so that it still fits
+    out = generate(llama_model, [[5] * 200], max_new_tokens=50, temperature=0.0, eos_token_ids=(), pad_token_id=PAD_ID)
+    assert out.batch.prompts.shape[1] == 206 and len(out.tokens[0]) == 50
