@@ -32,7 +32,7 @@ from rlhf_jax.models import TASK_TOKEN_VALUE, save_pretrained
 from rlhf_jax.rewards import RewardManager, place_on_last_token
 from rlhf_jax.rewards.reward_model import decode_responses
 from rlhf_jax.parallel import replicated
-from rlhf_jax.rollout import Sampler, rollout_key
+from rlhf_jax.rollout import Sampler
 from rlhf_jax.rollout.buckets import bucket_batch
 from rlhf_jax.train import metrics as M
 from rlhf_jax.train.batching import gather_all, mini_batches, sum_over_processes, to_global, to_local
@@ -83,6 +83,7 @@ class Trainer:
             critic_path = resolve_model_path(cfg.critic.model.path) if cfg.critic.model.path else c.model_path
             self.critic = Role(load_policy(cfg, c.model_path, self.mesh, c.rules, task=TASK_TOKEN_VALUE, path=critic_path),
                                self.mesh, ctx, clr)
+        self._key_fn = jax.jit(lambda s, t: jax.random.fold_in(jax.random.key(s), t), out_shardings=replicated(self.mesh))
         self.sampler = Sampler(self.actor.graphdef, mesh=self.mesh, rules=c.rules,
                                max_positions=self.actor.config.max_position_embeddings)
         self.reward_manager = RewardManager.from_config(cfg.reward_model, cfg.custom_reward_function,
@@ -162,6 +163,11 @@ class Trainer:
         return out
 
     # ------------------------------------------------------------------ rollout + scoring
+    def _rollout_key(self, seed: int, step: int) -> jax.Array:
+        """The sampler key of (seed, step), made by one jitted function so that it is a single global
+        (replicated) array, also across processes; seed and step are traced, so it compiles once."""
+        return self._key_fn(np.uint32(seed), np.uint32(step))  # equals rollout_key(seed, step)
+
     def _generate(self, pb: PromptBatch, sampling, key):
         """Sample from a (process-local) prompt batch; pads the batch to the data-parallel size."""
         ids, mask = pb.input_ids, pb.attention_mask
@@ -171,8 +177,6 @@ class Trainer:
         if padded != B:  # validation tails: repeat the first row, drop its samples afterwards
             ids = np.concatenate([ids, np.repeat(ids[:1], padded - B, 0)])
             mask = np.concatenate([mask, np.repeat(mask[:1], padded - B, 0)])
-        # The key is made by a jitted function so that it is one global array, also across processes.
-        key = jax.jit(lambda: key, out_shardings=replicated(self.mesh))()
         out = self.sampler.generate(self.actor.params, to_global(self.mesh, ids), to_global(self.mesh, mask), sampling, key)
         return out, B * sampling.n
 
@@ -193,7 +197,7 @@ class Trainer:
         out_metrics: dict[str, Any] = {}
         with timer("step"):
             with timer("gen"):
-                out, _ = self._generate(pb, self.c.sampling, rollout_key(self.c.sampling.seed, self.step))
+                out, _ = self._generate(pb, self.c.sampling, self._rollout_key(self.c.sampling.seed, self.step))
                 responses, rmask = to_local(out.responses), to_local(out.response_mask)
             with timer("reward"):
                 scores, reward_metrics, _ = self._score(pb, responses, rmask, n)
@@ -295,7 +299,7 @@ class Trainer:
         by_source: dict[str, list[float]] = {}
         examples = []
         for pb in loader:
-            out, keep = self._generate(pb, sampling, rollout_key(sampling.seed, 0))
+            out, keep = self._generate(pb, sampling, self._rollout_key(sampling.seed, 0))
             responses, rmask = to_local(out.responses)[:keep], to_local(out.response_mask)[:keep]
             scores, _, texts = self._score(pb, responses, rmask, sampling.n)
             for i, s in enumerate(scores):
