@@ -21,7 +21,7 @@ from flax import nnx
 from rlhf_jax.models.config import TASK_CAUSAL_LM, TASK_SEQ_CLS, TASK_TOKEN_VALUE, ModelConfig
 from rlhf_jax.models.layers import DecoderLayer, RMSNorm, param
 
-KVCache = list  # one (k, v) pair per layer, each (B, S, K, D)
+KVCache = list  # one (k, v) pair per layer, each (B, K, S, D): batch, kv heads, slots, head_dim
 
 
 def positions_from_mask(attention_mask_BT: jax.Array) -> jax.Array:
@@ -87,7 +87,7 @@ class CausalLM(nnx.Module):
 
     def init_cache(self, batch: int, max_len: int, dtype=None) -> KVCache:
         cfg = self.config
-        shape = (batch, max_len, cfg.num_key_value_heads, cfg.head_dim)
+        shape = (batch, cfg.num_key_value_heads, max_len, cfg.head_dim)
         dtype = dtype or cfg.dtype
         return [(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)) for _ in range(cfg.num_hidden_layers)]
 

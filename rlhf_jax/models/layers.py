@@ -111,7 +111,7 @@ class Attention(nnx.Module):
         return y
 
     def __call__(self, x_BTE, positions_BT, key_valid_BS, q_slots_BT, cache=None, cache_index=None):
-        """Attend from T new tokens; with ``cache`` (k, v of shape (B, S, K, D)) write them at ``cache_index``.
+        """Attend from T new tokens; with ``cache`` (k, v of shape (B, K, S, D)) write them at slot ``cache_index``.
 
         Returns (output (B, T, E), new cache or None).
         """
@@ -122,20 +122,23 @@ class Attention(nnx.Module):
         inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope)  # a trace-time constant
         q = apply_rope(q, positions_BT, inv_freq)
         k = apply_rope(k, positions_BT, inv_freq)
+        # Keys and values are laid out (B, K, S, D): attention contracts over D and then S with
+        # (B, K) as batch dimensions, so this layout needs no per-step transpose of the cache.
+        k, v = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)
         new_cache = None
         if cache is not None:
             k_cache, v_cache = cache
-            k = jax.lax.dynamic_update_slice_in_dim(k_cache, k.astype(k_cache.dtype), cache_index, axis=1)
-            v = jax.lax.dynamic_update_slice_in_dim(v_cache, v.astype(v_cache.dtype), cache_index, axis=1)
+            k = jax.lax.dynamic_update_slice_in_dim(k_cache, k.astype(k_cache.dtype), cache_index, axis=2)
+            v = jax.lax.dynamic_update_slice_in_dim(v_cache, v.astype(v_cache.dtype), cache_index, axis=2)
             new_cache = (k, v)
         B, T, H, D = q.shape
-        K = k.shape[2]
+        K = k.shape[1]
         q = q.reshape(B, T, K, H // K, D)
-        scores = jnp.einsum("btkgd,bskd->bkgts", q, k.astype(dt)).astype(jnp.float32) / math.sqrt(D)
+        scores = jnp.einsum("btkgd,bksd->bkgts", q, k.astype(dt)).astype(jnp.float32) / math.sqrt(D)
         mask = attention_weights_mask(q_slots_BT, key_valid_BS)[:, None, None, :, :]
         scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
         probs = jax.nn.softmax(scores, axis=-1).astype(dt)
-        out = jnp.einsum("bkgts,bskd->btkgd", probs, v.astype(dt)).reshape(B, T, H, D)
+        out = jnp.einsum("bkgts,bksd->btkgd", probs, v.astype(dt)).reshape(B, T, H, D)
         out = jnp.einsum("bthd,hde->bte", out, self.o_proj[...].astype(dt))
         if cfg.o_bias:
             out = out + self.o_bias[...].astype(dt)

@@ -1,6 +1,6 @@
 """Prefill + decode in one traced function: KV cache, shared prompt prefill for n samples, early-exit loop.
 
-Layout of the cache (per layer, (N, S, K, D) with N = B * n, S = P + R - 1):
+Layout of the cache (per layer, (N, K, S, D) with N = B * n, S = P + R - 1, K kv heads):
 slots [0, P) hold the left-padded prompt, slot P + t - 1 the response token t
 once it has been fed back. Each prompt is prefilled once; its cache rows are
 repeated n times (prompt-major: the n samples of prompt 0 first) into the
@@ -69,10 +69,10 @@ def expand_cache(cache, n: int, total_slots: int, mesh: Mesh | None, rules: Rule
     for k, v in cache:
         pair = []
         for x in (k, v):
-            B, P, K, D = x.shape
-            full = jnp.zeros((B * n, total_slots, K, D), x.dtype)
-            full = jax.lax.dynamic_update_slice_in_dim(full, jnp.repeat(x, n, axis=0), 0, axis=1)
-            pair.append(_constrain(full, mesh, ("batch", "length", "kv_heads", "head_dim"), rules))
+            B, K, P, D = x.shape
+            full = jnp.zeros((B * n, K, total_slots, D), x.dtype)
+            full = jax.lax.dynamic_update_slice_in_dim(full, jnp.repeat(x, n, axis=0), 0, axis=2)
+            pair.append(_constrain(full, mesh, ("batch", "kv_heads", "length", "head_dim"), rules))
         out.append(tuple(pair))
     return out
 

@@ -109,7 +109,7 @@ def test_kv_cache_is_updated_in_place(llama_model):
     B, P, R, n = 4, 16, 64, 2
     compiled = sampler.compiled(state, B, P, SamplingParams(max_new_tokens=R, n=n))
     cfg = llama_model.config
-    shape = f"f32[{B * n},{P + R - 1},{cfg.num_key_value_heads},{cfg.head_dim}]"
+    shape = f"f32[{B * n},{cfg.num_key_value_heads},{P + R - 1},{cfg.head_dim}]"  # (N, K, S, D)
     hlo = compiled.as_text()
     assert shape in hlo
     assert not [line for line in hlo.splitlines() if " copy(" in line and shape in line.split("copy(")[0]]
