@@ -134,11 +134,21 @@ class Attention(nnx.Module):
         B, T, H, D = q.shape
         K = k.shape[1]
         q = q.reshape(B, T, K, H // K, D)
-        scores = jnp.einsum("btkgd,bksd->bkgts", q, k.astype(dt)).astype(jnp.float32) / math.sqrt(D)
+        # One-token decode: many tiny (G x D) @ (D x S) matmuls, one per (batch, kv head), are slow on
+        # CPU; a broadcast multiply + reduce that XLA fuses reads the cache once instead.
+        if T == 1:
+            scores = jnp.sum(q[:, 0, :, :, None, :] * k.astype(dt)[:, :, None, :, :], axis=-1)[:, :, :, None, :]
+        else:
+            scores = jnp.einsum("btkgd,bksd->bkgts", q, k.astype(dt))
+        scores = scores.astype(jnp.float32) / math.sqrt(D)
         mask = attention_weights_mask(q_slots_BT, key_valid_BS)[:, None, None, :, :]
         scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
         probs = jax.nn.softmax(scores, axis=-1).astype(dt)
-        out = jnp.einsum("bkgts,bksd->btkgd", probs, v.astype(dt)).reshape(B, T, H, D)
+        if T == 1:
+            out = jnp.sum(probs[:, :, :, 0, :, None] * v.astype(dt)[:, :, None, :, :], axis=-2)[:, None]
+            out = out.reshape(B, T, H, D)
+        else:
+            out = jnp.einsum("bkgts,bksd->btkgd", probs, v.astype(dt)).reshape(B, T, H, D)
         out = jnp.einsum("bthd,hde->bte", out, self.o_proj[...].astype(dt))
         if cfg.o_bias:
             out = out + self.o_bias[...].astype(dt)
