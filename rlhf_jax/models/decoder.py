@@ -21,7 +21,7 @@ from flax import nnx
 from rlhf_jax.models.config import TASK_CAUSAL_LM, TASK_SEQ_CLS, TASK_TOKEN_VALUE, ModelConfig
 from rlhf_jax.models.layers import DecoderLayer, RMSNorm, param
 
-KVCache = list  # one (k, v) pair per layer, each (B, K, S, D): batch, kv heads, slots, head_dim
+KVCache = list  # one (k, v) pair per layer: k (B, K, D, S), v (B, K, S, D) (K kv heads, S slots)
 
 
 def positions_from_mask(attention_mask_BT: jax.Array) -> jax.Array:
@@ -87,9 +87,10 @@ class CausalLM(nnx.Module):
 
     def init_cache(self, batch: int, max_len: int, dtype=None) -> KVCache:
         cfg = self.config
-        shape = (batch, cfg.num_key_value_heads, max_len, cfg.head_dim)
+        k_shape = (batch, cfg.num_key_value_heads, cfg.head_dim, max_len)
+        v_shape = (batch, cfg.num_key_value_heads, max_len, cfg.head_dim)
         dtype = dtype or cfg.dtype
-        return [(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)) for _ in range(cfg.num_hidden_layers)]
+        return [(jnp.zeros(k_shape, dtype), jnp.zeros(v_shape, dtype)) for _ in range(cfg.num_hidden_layers)]
 
     def forward_cached(self, input_ids_BT, positions_BT, key_valid_BS, cache: KVCache, cache_index):
         """Run T new tokens written at cache slots [cache_index, cache_index + T).

@@ -111,7 +111,7 @@ class Attention(nnx.Module):
         return y
 
     def __call__(self, x_BTE, positions_BT, key_valid_BS, q_slots_BT, cache=None, cache_index=None):
-        """Attend from T new tokens; with ``cache`` (k, v of shape (B, K, S, D)) write them at slot ``cache_index``.
+        """Attend from T new tokens; with ``cache`` (k (B, K, D, S), v (B, K, S, D)) write them at slot ``cache_index``.
 
         Returns (output (B, T, E), new cache or None).
         """
@@ -122,24 +122,24 @@ class Attention(nnx.Module):
         inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope)  # a trace-time constant
         q = apply_rope(q, positions_BT, inv_freq)
         k = apply_rope(k, positions_BT, inv_freq)
-        # Keys and values are laid out (B, K, S, D): attention contracts over D and then S with
-        # (B, K) as batch dimensions, so this layout needs no per-step transpose of the cache.
-        k, v = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)
+        # Keys are laid out (B, K, D, S) and values (B, K, S, D): q.k reduces over D with S minor and
+        # p.v reduces over S with D minor, so both vectorise and neither transposes the cache.
+        k, v = jnp.transpose(k, (0, 2, 3, 1)), jnp.swapaxes(v, 1, 2)
         new_cache = None
         if cache is not None:
             k_cache, v_cache = cache
-            k = jax.lax.dynamic_update_slice_in_dim(k_cache, k.astype(k_cache.dtype), cache_index, axis=2)
+            k = jax.lax.dynamic_update_slice_in_dim(k_cache, k.astype(k_cache.dtype), cache_index, axis=3)
             v = jax.lax.dynamic_update_slice_in_dim(v_cache, v.astype(v_cache.dtype), cache_index, axis=2)
             new_cache = (k, v)
         B, T, H, D = q.shape
         K = k.shape[1]
         q = q.reshape(B, T, K, H // K, D)
-        # One-token decode: many tiny (G x D) @ (D x S) matmuls, one per (batch, kv head), are slow on
-        # CPU; a broadcast multiply + reduce that XLA fuses reads the cache once instead.
+        # One-token decode: many tiny matmuls, one per (batch, kv head), are slow on CPU; a broadcast
+        # multiply + reduce that XLA fuses reads the cache once instead.
         if T == 1:
-            scores = jnp.sum(q[:, 0, :, :, None, :] * k.astype(dt)[:, :, None, :, :], axis=-1)[:, :, :, None, :]
+            scores = jnp.sum(q[:, 0, :, :, :, None] * k.astype(dt)[:, :, None, :, :], axis=-2)[:, :, :, None, :]
         else:
-            scores = jnp.einsum("btkgd,bksd->bkgts", q, k.astype(dt))
+            scores = jnp.einsum("btkgd,bkds->bkgts", q, k.astype(dt))
         scores = scores.astype(jnp.float32) / math.sqrt(D)
         mask = attention_weights_mask(q_slots_BT, key_valid_BS)[:, None, None, :, :]
         scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)

@@ -1,6 +1,6 @@
 """Prefill + decode in one traced function: KV cache, shared prompt prefill for n samples, early-exit loop.
 
-Layout of the cache (per layer, (N, K, S, D) with N = B * n, S = P + R - 1, K kv heads):
+Layout of the cache (per layer, keys (N, K, D, S), values (N, K, S, D); N = B * n, S = P + R - 1):
 slots [0, P) hold the left-padded prompt, slot P + t - 1 the response token t
 once it has been fed back. Each prompt is prefilled once; its cache rows are
 repeated n times (prompt-major: the n samples of prompt 0 first) into the
@@ -66,13 +66,15 @@ def prefill(model, prompt_ids_BP: jax.Array, prompt_mask_BP: jax.Array):
 def expand_cache(cache, n: int, total_slots: int, mesh: Mesh | None, rules: Rules):
     """Repeat each prompt's cache rows n times into a zero-initialised (B * n, total_slots) cache."""
     out = []
-    for k, v in cache:
+    for k, v in cache:  # k (B, K, D, P), v (B, K, P, D): the slot axis is 3 for keys, 2 for values
         pair = []
-        for x in (k, v):
-            B, K, P, D = x.shape
-            full = jnp.zeros((B * n, K, total_slots, D), x.dtype)
-            full = jax.lax.dynamic_update_slice_in_dim(full, jnp.repeat(x, n, axis=0), 0, axis=2)
-            pair.append(_constrain(full, mesh, ("batch", "kv_heads", "length", "head_dim"), rules))
+        for x, slot_axis, axes in ((k, 3, ("batch", "kv_heads", "head_dim", "length")),
+                                   (v, 2, ("batch", "kv_heads", "length", "head_dim"))):
+            shape = list(x.shape)
+            shape[0], shape[slot_axis] = shape[0] * n, total_slots
+            full = jnp.zeros(tuple(shape), x.dtype)
+            full = jax.lax.dynamic_update_slice_in_dim(full, jnp.repeat(x, n, axis=0), 0, axis=slot_axis)
+            pair.append(_constrain(full, mesh, axes, rules))
         out.append(tuple(pair))
     return out
 

@@ -109,10 +109,11 @@ def test_kv_cache_is_updated_in_place(llama_model):
     B, P, R, n = 4, 16, 64, 2
     compiled = sampler.compiled(state, B, P, SamplingParams(max_new_tokens=R, n=n))
     cfg = llama_model.config
-    shape = f"f32[{B * n},{cfg.num_key_value_heads},{P + R - 1},{cfg.head_dim}]"  # (N, K, S, D)
+    N, K, S, D = B * n, cfg.num_key_value_heads, P + R - 1, cfg.head_dim
     hlo = compiled.as_text()
-    assert shape in hlo
-    assert not [line for line in hlo.splitlines() if " copy(" in line and shape in line.split("copy(")[0]]
+    for shape in (f"f32[{N},{K},{D},{S}]", f"f32[{N},{K},{S},{D}]"):  # keys (N, K, D, S), values (N, K, S, D)
+        assert shape in hlo
+        assert not [line for line in hlo.splitlines() if " copy(" in line and shape in line.split("copy(")[0]]
     cache_bytes = cfg.num_hidden_layers * 2 * B * n * (P + R - 1) * cfg.num_key_value_heads * cfg.head_dim * 4
     assert compiled.memory_analysis().temp_size_in_bytes < 2 * cache_bytes
 
