@@ -11,6 +11,9 @@ from __future__ import annotations
 from rlhf_jax.config.key import Key
 
 DTYPES = ("float32", "bfloat16", "float16")
+REMAT_POLICIES = ("full", "dots_saveable")
+ATTN_IMPLEMENTATIONS = ("auto", "dense", "blockwise", "cudnn", "splash")
+TOKEN_BUDGET_DOC = " (when {flag}; -1 = the largest that fits in memory)"
 WARMUP_STYLES = ("constant", "cosine", "linear")
 CKPT_CONTENTS = ("model", "optimizer", "extra", "hf_model")
 A = "actor_rollout_ref."
@@ -49,7 +52,18 @@ MODEL = (
         "Policy checkpoint: a local Hugging Face directory, or builtin:tiny (a small random Llama built on first use)."),
     Key(A + "model.dtype", "float32", "Parameter (and optimizer state) dtype.", choices=DTYPES),
     Key(A + "model.compute_dtype", "float32", "Activation / matmul dtype of forward passes.", choices=DTYPES),
-    Key(A + "model.enable_gradient_checkpointing", False, "Rematerialize each decoder layer in the backward pass."),
+    Key(A + "model.enable_gradient_checkpointing", False,
+        "Rematerialize each decoder layer in the backward pass (policy: model.remat_policy)."),
+    Key(A + "model.remat_policy", "full",
+        "What a rematerialized layer keeps when enable_gradient_checkpointing is on: full (nothing; least memory) "
+        "or dots_saveable (matmul outputs; less recompute).", choices=REMAT_POLICIES),
+    Key(A + "model.attn_implementation", "auto",
+        "Attention of training passes and prefill: auto (cuDNN flash on GPU, Pallas splash on TPU, blockwise or "
+        "dense on CPU by length), dense, blockwise (flash-style, memory linear in length), cudnn, splash.",
+        choices=ATTN_IMPLEMENTATIONS),
+    Key(A + "model.use_remove_padding", True,
+        "Pack several sequences per row in the training passes (no FLOPs on padding; exact). False = padded "
+        "rows cut to the step's longest prompt and response."),
 )
 
 ACTOR = (
@@ -57,6 +71,11 @@ ACTOR = (
         "Prompts per PPO mini-batch (one optimizer step); multiplied by rollout.n like verl."),
     Key(A + "actor.ppo_micro_batch_size_per_gpu", 1,
         "Sequences per forward/backward pass on each data-parallel shard (gradient accumulation); -1 = all."),
+    Key(A + "actor.use_dynamic_bsz", False,
+        "Choose micro-batches by a token budget (ppo_max_token_len_per_gpu, log_prob_max_token_len_per_gpu) "
+        "instead of a sequence count; needs model.use_remove_padding."),
+    Key(A + "actor.ppo_max_token_len_per_gpu", 16384,
+        "Packed tokens per actor forward/backward on each data-parallel shard" + TOKEN_BUDGET_DOC.format(flag="use_dynamic_bsz")),
     Key(A + "actor.ppo_epochs", 1, "Passes over each rollout batch."),
     Key(A + "actor.shuffle", False, "Shuffle the rollout batch between PPO epochs."),
     Key(A + "actor.grad_clip", 1.0, "Clip the global gradient norm to this value (<= 0: no clipping)."),
@@ -84,6 +103,11 @@ ACTOR = (
 REF = (
     Key(A + "ref.log_prob_micro_batch_size_per_gpu", 2,
         "Sequences per reference-model forward pass on each data-parallel shard; -1 = all."),
+    Key(A + "ref.log_prob_use_dynamic_bsz", None,
+        "Token-budget micro-batches for the reference pass; None = actor.use_dynamic_bsz.", type=bool),
+    Key(A + "ref.log_prob_max_token_len_per_gpu", None,
+        "Tokens per reference forward pass on each shard; None = actor.ppo_max_token_len_per_gpu" +
+        TOKEN_BUDGET_DOC.format(flag="ref.log_prob_use_dynamic_bsz"), type=int),
 )
 
 ROLLOUT = (
@@ -98,6 +122,11 @@ ROLLOUT = (
     Key(A + "rollout.seed", None, "Base PRNG seed of sampling; None = trainer.seed.", type=int),
     Key(A + "rollout.log_prob_micro_batch_size_per_gpu", 2,
         "Sequences per old-log-prob forward pass on each data-parallel shard; -1 = all."),
+    Key(A + "rollout.log_prob_use_dynamic_bsz", None,
+        "Token-budget micro-batches for the old-log-prob pass; None = actor.use_dynamic_bsz.", type=bool),
+    Key(A + "rollout.log_prob_max_token_len_per_gpu", None,
+        "Tokens per old-log-prob forward pass on each shard; None = actor.ppo_max_token_len_per_gpu" +
+        TOKEN_BUDGET_DOC.format(flag="rollout.log_prob_use_dynamic_bsz"), type=int),
     Key(A + "rollout.val_kwargs.temperature", 0.0, "Validation sampling temperature."),
     Key(A + "rollout.val_kwargs.top_k", -1, "Validation top-k; -1 or 0 = off."),
     Key(A + "rollout.val_kwargs.top_p", 1.0, "Validation nucleus mass."),

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from rlhf_jax.config.key import Key
-from rlhf_jax.config.keys_policy import checkpoint_keys, optim_keys
+from rlhf_jax.config.keys_policy import REMAT_POLICIES, TOKEN_BUDGET_DOC, checkpoint_keys, optim_keys
 
 DATA = (
     Key("data.train_files", ("builtin:arithmetic",),
@@ -39,6 +39,15 @@ CRITIC = (
     Key(_C + "enable", None, "Train a value model; None = only when algorithm.adv_estimator is gae.", type=bool),
     Key(_C + "model.path", None, "Critic initialisation checkpoint; None = actor_rollout_ref.model.path.", type=str),
     Key(_C + "model.enable_gradient_checkpointing", False, "Rematerialize each critic decoder layer."),
+    Key(_C + "model.remat_policy", None, "Critic remat policy (full, dots_saveable); None = the actor's.", type=str,
+        choices=REMAT_POLICIES),
+    Key(_C + "model.use_remove_padding", None, "Pack sequences in the critic passes; None = the actor's.", type=bool),
+    Key(_C + "use_dynamic_bsz", None, "Token-budget critic micro-batches; None = actor.use_dynamic_bsz.", type=bool),
+    Key(_C + "ppo_max_token_len_per_gpu", None,
+        "Tokens per critic forward/backward on each shard; None = 2 x the actor's budget (verl)" +
+        TOKEN_BUDGET_DOC.format(flag="critic.use_dynamic_bsz"), type=int),
+    Key(_C + "forward_max_token_len_per_gpu", None,
+        "Tokens per value forward pass on each shard; None = critic.ppo_max_token_len_per_gpu.", type=int),
     Key(_C + "ppo_mini_batch_size", None, "Prompts per critic mini-batch (x rollout.n); None = the actor's.", type=int),
     Key(_C + "ppo_micro_batch_size_per_gpu", None,
         "Sequences per critic forward/backward on each data-parallel shard; None = the actor's; -1 = all.", type=int),

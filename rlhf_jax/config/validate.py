@@ -77,6 +77,22 @@ def _fill_defaults(cfg: ConfigDict) -> None:
             critic[name] = actor[name]
     if critic.forward_micro_batch_size_per_gpu is None:
         critic.forward_micro_batch_size_per_gpu = critic.ppo_micro_batch_size_per_gpu
+    for role in (rollout, arr.ref):
+        if role.log_prob_use_dynamic_bsz is None:
+            role.log_prob_use_dynamic_bsz = actor.use_dynamic_bsz
+        if role.log_prob_max_token_len_per_gpu is None:
+            role.log_prob_max_token_len_per_gpu = actor.ppo_max_token_len_per_gpu
+    if critic.model.remat_policy is None:
+        critic.model.remat_policy = arr.model.remat_policy
+    if critic.model.use_remove_padding is None:
+        critic.model.use_remove_padding = arr.model.use_remove_padding
+    if critic.use_dynamic_bsz is None:
+        critic.use_dynamic_bsz = actor.use_dynamic_bsz
+    if critic.ppo_max_token_len_per_gpu is None:
+        budget = actor.ppo_max_token_len_per_gpu
+        critic.ppo_max_token_len_per_gpu = budget if budget == -1 else 2 * budget
+    if critic.forward_max_token_len_per_gpu is None:
+        critic.forward_max_token_len_per_gpu = critic.ppo_max_token_len_per_gpu
     for role in (actor, critic):
         if role.checkpoint.load_contents is None:
             role.checkpoint.load_contents = role.checkpoint.save_contents
@@ -146,6 +162,30 @@ def _check_ranges(cfg: ConfigDict) -> None:
         if list(buckets) != sorted(set(buckets)) or buckets[0] < 1 or buckets[-1] > cfg.data.max_prompt_length:
             raise ValueError(f"data.prompt_length_buckets={buckets} must be strictly ascending positive lengths "
                              f"<= data.max_prompt_length ({cfg.data.max_prompt_length})")
+
+
+def _check_token_budgets(cfg: ConfigDict) -> None:
+    """Token-budget micro-batches need packing, and a budget must hold the longest possible sequence."""
+    a = "actor_rollout_ref."
+    longest = cfg.data.max_prompt_length + cfg.actor_rollout_ref.rollout.response_length
+    roles = [(a + "actor.use_dynamic_bsz", (a + "actor.ppo_max_token_len_per_gpu",), a + "model.use_remove_padding"),
+             (a + "rollout.log_prob_use_dynamic_bsz", (a + "rollout.log_prob_max_token_len_per_gpu",),
+              a + "model.use_remove_padding"),
+             (a + "ref.log_prob_use_dynamic_bsz", (a + "ref.log_prob_max_token_len_per_gpu",), a + "model.use_remove_padding")]
+    if cfg.critic.enable:
+        roles.append(("critic.use_dynamic_bsz", ("critic.ppo_max_token_len_per_gpu", "critic.forward_max_token_len_per_gpu"),
+                      "critic.model.use_remove_padding"))
+    for flag, budgets, packing in roles:
+        if not schema.get_path(cfg, flag):
+            continue
+        if not schema.get_path(cfg, packing):
+            raise ValueError(f"{flag}=True packs sequences by a token budget and needs {packing}=True")
+        for path in budgets:
+            value = schema.get_path(cfg, path)
+            if value != -1 and value < longest:
+                raise ValueError(f"{path}={value} cannot hold one sequence of data.max_prompt_length + "
+                                 f"rollout.response_length = {longest} tokens: raise it to >= {longest}, or -1 "
+                                 "for the largest budget that fits in memory")
 
 
 def _check_algorithm(cfg: ConfigDict) -> None:
@@ -288,6 +328,7 @@ def finalize(
     _fill_defaults(out)
     _check_ranges(out)
     _check_algorithm(out)
+    _check_token_budgets(out)
     _check_axis_rules(out.mesh.logical_axis_rules)
     mesh = resolve_mesh(out.mesh.data, out.mesh.fsdp, out.mesh.tensor, num_devices)
     if check_paths:

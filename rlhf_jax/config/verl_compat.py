@@ -37,7 +37,6 @@ def _one(value: Any) -> bool:
 
 
 _MESH = "sharding comes from the mesh section"
-_STATIC = "shapes are static in JAX (pad to data.prompt_length_buckets); no token-budget batching"
 _ENGINE = "the sampler is the built-in JAX decode loop that reads the actor's parameters directly"
 
 IGNORED: tuple[Ignored, ...] = (
@@ -55,12 +54,6 @@ IGNORED: tuple[Ignored, ...] = (
     Ignored("*.megatron", f"Megatron parallelism: {_MESH}"),
     Ignored("*.use_torch_compile", "every step is compiled with jax.jit"),
     Ignored("*.ulysses_sequence_parallel_size", f"Ulysses sequence parallelism: {_MESH}", _one),
-    Ignored("*.use_dynamic_bsz", _STATIC, _off),
-    Ignored("*.ppo_max_token_len_per_gpu", _STATIC),
-    Ignored("*.log_prob_use_dynamic_bsz", _STATIC, _off),
-    Ignored("*.log_prob_max_token_len_per_gpu", _STATIC),
-    Ignored("*.forward_max_token_len_per_gpu", _STATIC),
-    Ignored("*.use_remove_padding", "padding-free packing: attention masks handle padding"),
     Ignored("*.enable_activation_offload", "activation offload: use enable_gradient_checkpointing"),
     Ignored("*.use_fused_kernels", "XLA fuses kernels"),
     Ignored("*.fused_kernel_options", "XLA fuses kernels"),

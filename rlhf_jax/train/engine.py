@@ -12,12 +12,14 @@ import functools
 from typing import Any, Callable
 
 import jax
+import jax.numpy as jnp
 import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 
+from rlhf_jax.models import TASK_TOKEN_VALUE
 from rlhf_jax.parallel import batch_sharding, replicated
-from rlhf_jax.train import steps
+from rlhf_jax.train import packed_steps, steps
 
 
 class Role:
@@ -27,6 +29,7 @@ class Role:
         self.graphdef, self.params = nnx.split(model)
         self.config = model.config
         self.task = model.task
+        self.metric_prefix = "critic" if model.task == TASK_TOKEN_VALUE else "actor"
         self.mesh = mesh
         self.tx, self.lr_fn = tx, lr_fn
         self.param_shardings = jax.tree.map(lambda x: x.sharding, self.params)
@@ -105,6 +108,94 @@ class Role:
 
     def update_critic(self, spec: steps.CriticLossSpec, mb: dict, *, n_micro: int) -> dict:
         return self._update("critic_update", steps.critic_update, spec, mb, (), n_micro)
+
+    # ----------------------------------------------------------------- packed passes
+    # Packed passes are compiled ahead of time (``lower(...).compile()``) from abstract shapes, so the memory
+    # plan can read XLA's estimate before the first step and the step then reuses the same executable.
+    def _abstract(self, specs: dict[str, tuple[tuple[int, ...], Any]]) -> dict[str, jax.ShapeDtypeStruct]:
+        return {k: jax.ShapeDtypeStruct(shape, dtype, sharding=batch_sharding(self.mesh, len(shape)))
+                for k, (shape, dtype) in specs.items()}
+
+    def _compile(self, key: tuple, make: Callable[[], Callable], *example) -> Any:
+        if key not in self._compiled:
+            self._compiled[key] = make().lower(*example).compile()
+        return self._compiled[key]
+
+    def packed_forward_program(self, kind: str, micro_shape: tuple[int, int], grid_shape: tuple[int, int], dp: int,
+                               **static) -> Any:
+        """The compiled forward pass ``kind`` ("logp" or "values") over one packed micro-batch."""
+        step_fn = packed_steps.forward_log_probs if kind == "logp" else packed_steps.forward_values
+        rows = batch_sharding(self.mesh, 2)
+        micro = self._abstract({k: (micro_shape, jnp.int32) for k in packed_steps.MICRO_KEYS})
+        grid = jax.ShapeDtypeStruct(grid_shape, jnp.float32, sharding=rows)
+        return self._compile(
+            ("packed_" + kind, micro_shape, grid_shape, dp, tuple(sorted(static.items()))),
+            lambda: jax.jit(functools.partial(step_fn, self.graphdef, dp=dp, **static),
+                            in_shardings=(self.param_shardings, rows, self._batch_shardings(micro)),
+                            out_shardings=rows, donate_argnums=(1,)),
+            self.params, grid, micro)
+
+    def _packed_forward(self, kind: str, micros: list[dict], grid_shape: tuple[int, int], dp: int, **static):
+        grid = jax.device_put(jnp.zeros(grid_shape, jnp.float32), batch_sharding(self.mesh, 2))
+        for micro in micros:
+            grid = self.packed_forward_program(kind, micro["input_ids"].shape, grid_shape, dp, **static)(
+                self.params, grid, micro)
+        return grid
+
+    def log_probs_packed(self, micros: list[dict], grid_shape: tuple[int, int], *, dp: int, temperature: float):
+        """Response log-probs (rows, R) of packed micro-batches (device dicts of (dp*M, L) arrays)."""
+        return self._packed_forward("logp", micros, grid_shape, dp, temperature=temperature)
+
+    def values_packed(self, micros: list[dict], grid_shape: tuple[int, int], *, dp: int):
+        return self._packed_forward("values", micros, grid_shape, dp)
+
+    def packed_grads_program(self, spec: Any, micro_shape: tuple[int, int], grid_specs: dict, dp: int) -> Any:
+        """The compiled gradient of one packed micro-batch, accumulated into a donated buffer.
+
+        ``grid_specs`` maps the mini-batch grid's arrays to (shape, dtype).
+        """
+        rep = replicated(self.mesh)
+        is_actor = self.metric_prefix == "actor"
+        grads_fn = packed_steps.actor_grads if is_actor else packed_steps.critic_grads
+        micro = self._abstract({k: (micro_shape, jnp.int32) for k in packed_steps.MICRO_KEYS})
+        grid = self._abstract(grid_specs)
+        extra = ()
+        if is_actor:
+            key = jax.eval_shape(lambda: jax.random.key(0))
+            extra = (jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=rep),)
+        return self._compile(
+            ("packed_grads", spec, micro_shape, tuple(sorted(grid_specs.items())), dp),
+            lambda: jax.jit(functools.partial(grads_fn, self.graphdef, spec, dp=dp),
+                            in_shardings=(self.param_shardings, self.param_shardings, self._batch_shardings(micro),
+                                          self._batch_shardings(grid)) + (rep,) * len(extra),
+                            out_shardings=(self.param_shardings, rep, rep), donate_argnums=(1,)),
+            self.params, self.params, micro, grid, *extra)
+
+    def _apply_program(self) -> Callable:
+        rep = replicated(self.mesh)
+        return self._jit(("apply_grads",), lambda: jax.jit(
+            functools.partial(steps.apply_update, self.tx),
+            in_shardings=(self.param_shardings, self.opt_shardings, self.param_shardings),
+            out_shardings=(self.param_shardings, self.opt_shardings, rep), donate_argnums=(0, 1)))
+
+    def _zero_grads(self):
+        return self._jit(("zero_grads",), lambda: jax.jit(
+            lambda p: jax.tree.map(jnp.zeros_like, p), in_shardings=(self.param_shardings,),
+            out_shardings=self.param_shardings))(self.params)
+
+    def update_packed(self, spec: Any, micros: list[dict], grid: dict, *, dp: int, rng: jax.Array | None = None) -> dict:
+        """One optimizer step over packed micro-batches; ``grid`` holds the mini-batch's (rows, R) arrays."""
+        grid_specs = {k: (v.shape, v.dtype) for k, v in grid.items()}
+        keys = jax.random.split(rng, len(micros)) if rng is not None else None
+        grads, per_micro, tokens = self._zero_grads(), [], []
+        for i, micro in enumerate(micros):
+            extra = (keys[i],) if keys is not None else ()
+            program = self.packed_grads_program(spec, micro["input_ids"].shape, grid_specs, dp)
+            grads, aux, count = program(self.params, grads, micro, grid, *extra)
+            per_micro.append(aux)
+            tokens.append(count)
+        self.params, self.opt_state, grad_norm = self._apply_program()(self.params, self.opt_state, grads)
+        return steps.combine_micro_metrics(per_micro, tokens) | {f"{self.metric_prefix}/grad_norm": grad_norm}
 
     def num_compiled(self) -> int:
         return len(self._compiled)

@@ -46,30 +46,34 @@ def merge_micro(tree: Any) -> Any:
     return jax.tree.map(merge, tree)
 
 
-def response_log_probs(model, input_ids, attention_mask, responses, temperature: float, with_entropy: bool):
-    """Log-probs (and entropies) of ``responses`` under ``model`` at ``temperature``; (b, R) float32.
+def token_log_probs(model, hidden, ids, temperature: float, with_entropy: bool):
+    """Log-probs of ``ids`` (and entropies) from the hidden states that predict them; (b, T) float32.
 
-    Logits are formed chunk by chunk over the response so a (b, R, vocab) float32
-    tensor never exists whole (and is rematerialised in the backward pass).
+    Logits are formed chunk by chunk over T so a (b, T, vocab) float32 tensor never
+    exists whole (and is rematerialised in the backward pass).
     """
-    R = responses.shape[1]
-    hidden = model.hidden_states(input_ids, attention_mask)[:, -R - 1 : -1]  # states that predict each response token
-    vocab = model.config.vocab_size
-    chunk = auto_chunk_size(hidden.shape[0], R, vocab)
+    chunk = auto_chunk_size(hidden.shape[0], hidden.shape[1], model.config.vocab_size)
 
-    def per_chunk(h, ids):
+    def per_chunk(h, tok):
         z = model.logits_from_hidden(h)
         if temperature != 1.0:
             z = z / temperature
         lse = jax.nn.logsumexp(z, axis=-1)
-        logp = jnp.take_along_axis(z, ids[..., None].astype(jnp.int32), axis=-1)[..., 0] - lse
+        logp = jnp.take_along_axis(z, tok[..., None].astype(jnp.int32), axis=-1)[..., 0] - lse
         if not with_entropy:
             return logp
         ent = lse - jnp.sum(jax.nn.softmax(z, axis=-1) * z, axis=-1)
         return logp, ent
 
-    out = algos.map_sequence_chunks(per_chunk, hidden, responses, chunk_size=chunk)
+    out = algos.map_sequence_chunks(per_chunk, hidden, ids, chunk_size=chunk)
     return out if with_entropy else (out, None)
+
+
+def response_log_probs(model, input_ids, attention_mask, responses, temperature: float, with_entropy: bool):
+    """Log-probs (and entropies) of ``responses`` under ``model`` at ``temperature``; (b, R) float32."""
+    R = responses.shape[1]
+    hidden = model.hidden_states(input_ids, attention_mask)[:, -R - 1 : -1]  # states that predict each response token
+    return token_log_probs(model, hidden, responses, temperature, with_entropy)
 
 
 def response_values(model, input_ids, attention_mask, response_length: int):
@@ -142,12 +146,27 @@ class CriticLossSpec:
     norm_constant: float | None = None
 
 
+# Metrics that are losses already divided by the mini-batch denominator: summed over micro-batches.
+SUMMED_METRICS = ("actor/pg_loss", "actor/entropy", "actor/kl_loss", "critic/vf_loss")
+
+
 def _weighted_metrics(metrics_per_micro: dict, weights) -> dict:
     """Combine per-micro-batch means into mini-batch means, weighting by each micro-batch's token share."""
     return {k: jnp.sum(v * weights) for k, v in metrics_per_micro.items()}
 
 
-def _apply_update(tx, params, opt_state, grads):
+def combine_micro_metrics(per_micro: list[dict], tokens: list) -> dict:
+    """Mini-batch metrics from per-micro-batch ones: losses (already over the mini-batch denominator)
+    are summed, the rest averaged with each micro-batch's token share as weight."""
+    weights = jnp.stack(tokens) / jnp.maximum(jnp.sum(jnp.stack(tokens)), 1.0)
+    out = {}
+    for k in per_micro[0]:
+        values = jnp.stack([m[k] for m in per_micro])
+        out[k] = jnp.sum(values) if k in SUMMED_METRICS else jnp.sum(values * weights)
+    return out
+
+
+def apply_update(tx, params, opt_state, grads):
     grad_norm = optax.tree.norm(grads)
     finite = jnp.isfinite(grad_norm)
     updates, new_opt_state = tx.update(grads, opt_state, params)
@@ -157,12 +176,46 @@ def _apply_update(tx, params, opt_state, grads):
     return keep(new_params, params), keep(new_opt_state, opt_state), grad_norm
 
 
+def actor_loss(spec: ActorLossSpec, logp, ent, m: Batch, m_mask, den, den_plain, key):
+    """The actor loss of one micro-batch from its (b, R) log-probs and entropies, with mini-batch denominators.
+
+    ``m`` holds the micro-batch's old_log_probs, advantages (and ref_log_probs); ``m_mask``
+    its response mask. Returns (loss, metrics).
+    """
+    old = m["old_log_probs"] if spec.use_old_log_probs else jax.lax.stop_gradient(logp)
+    options = dict(spec.options)
+    if spec.loss_mode == "clip_cov":
+        options["rng"] = key
+    pg_loss, pg_metrics = algos.policy_loss(
+        spec.loss_mode, old_log_prob=old, log_prob=logp, advantages=m["advantages"], response_mask=m_mask,
+        loss_agg_mode=spec.loss_agg_mode, clip_ratio_low=spec.clip_ratio_low, clip_ratio_high=spec.clip_ratio_high,
+        clip_ratio_c=spec.clip_ratio_c, denominator=den, norm_constant=spec.norm_constant, **options,
+    )
+    # Entropy is always computed: it is the actor/entropy metric even without a bonus.
+    entropy = algos.agg_loss(ent, m_mask, spec.loss_agg_mode, denominator=den_plain, norm_constant=spec.norm_constant)
+    loss = pg_loss - spec.entropy_coeff * entropy
+    aux = {"actor/pg_loss": pg_loss, "actor/entropy": entropy}
+    if spec.use_kl_loss:
+        kl = algos.kl_loss(logp, m["ref_log_probs"], m_mask, spec.kl_loss_type, spec.loss_agg_mode,
+                           denominator=den_plain, norm_constant=spec.norm_constant)
+        loss = loss + spec.kl_loss_coef * kl
+        aux["actor/kl_loss"] = kl
+    for name, value in pg_metrics.items():
+        aux[f"actor/{name}"] = value
+    return loss, aux
+
+
+def actor_denominators(spec: ActorLossSpec, mask):
+    """(policy-loss denominator, plain-mode denominator) of a whole mini-batch mask."""
+    agg_mode = algos.effective_loss_agg_mode(spec.loss_mode, spec.loss_agg_mode)
+    return (algos.loss_denominator(mask, agg_mode, norm_constant=spec.norm_constant),
+            algos.loss_denominator(mask, spec.loss_agg_mode, norm_constant=spec.norm_constant))
+
+
 def actor_update(graphdef, tx, spec: ActorLossSpec, params, opt_state, mb: Batch, rng, *, n_micro: int):
     """One optimizer step on one mini-batch, accumulating gradients over ``n_micro`` micro-batches."""
     mask = mb["response_mask"].astype(jnp.float32)
-    agg_mode = algos.effective_loss_agg_mode(spec.loss_mode, spec.loss_agg_mode)
-    den = algos.loss_denominator(mask, agg_mode, norm_constant=spec.norm_constant)
-    den_plain = algos.loss_denominator(mask, spec.loss_agg_mode, norm_constant=spec.norm_constant)
+    den, den_plain = actor_denominators(spec, mask)
     micro = split_micro(mb, n_micro)
     tokens = jnp.sum(split_micro(mask, n_micro), axis=(1, 2))
     weights = tokens / jnp.maximum(jnp.sum(tokens), 1.0)
@@ -170,43 +223,28 @@ def actor_update(graphdef, tx, spec: ActorLossSpec, params, opt_state, mb: Batch
 
     def micro_step(grad_acc, xs):
         m, key = xs
-        m_mask = m["response_mask"].astype(jnp.float32)
 
         def loss_fn(p):
             model = nnx.merge(graphdef, p)
-            # Entropy is always computed: it is the actor/entropy metric even without a bonus.
             logp, ent = response_log_probs(model, m["input_ids"], m["attention_mask"], m["responses"], spec.temperature, True)
-            old = m["old_log_probs"] if spec.use_old_log_probs else jax.lax.stop_gradient(logp)
-            options = dict(spec.options)
-            if spec.loss_mode == "clip_cov":
-                options["rng"] = key
-            pg_loss, pg_metrics = algos.policy_loss(
-                spec.loss_mode, old_log_prob=old, log_prob=logp, advantages=m["advantages"], response_mask=m_mask,
-                loss_agg_mode=spec.loss_agg_mode, clip_ratio_low=spec.clip_ratio_low, clip_ratio_high=spec.clip_ratio_high,
-                clip_ratio_c=spec.clip_ratio_c, denominator=den, norm_constant=spec.norm_constant, **options,
-            )
-            entropy = algos.agg_loss(ent, m_mask, spec.loss_agg_mode, denominator=den_plain, norm_constant=spec.norm_constant)
-            loss = pg_loss - spec.entropy_coeff * entropy
-            aux = {"actor/pg_loss": pg_loss, "actor/entropy": entropy}
-            if spec.use_kl_loss:
-                kl = algos.kl_loss(logp, m["ref_log_probs"], m_mask, spec.kl_loss_type, spec.loss_agg_mode,
-                                   denominator=den_plain, norm_constant=spec.norm_constant)
-                loss = loss + spec.kl_loss_coef * kl
-                aux["actor/kl_loss"] = kl
-            for name, value in pg_metrics.items():
-                aux[f"actor/{name}"] = value
-            return loss, aux
+            return actor_loss(spec, logp, ent, m, m["response_mask"].astype(jnp.float32), den, den_plain, key)
 
         (_, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
         return jax.tree.map(jnp.add, grad_acc, grads), aux
 
     zeros = jax.tree.map(jnp.zeros_like, params)
     grads, aux = jax.lax.scan(micro_step, zeros, (micro, rngs))
-    # Losses are already divided by the mini-batch denominator: their sum is the mini-batch loss.
-    summed = {k: jnp.sum(v) for k, v in aux.items() if k in ("actor/pg_loss", "actor/entropy", "actor/kl_loss")}
+    summed = {k: jnp.sum(v) for k, v in aux.items() if k in SUMMED_METRICS}
     averaged = _weighted_metrics({k: v for k, v in aux.items() if k not in summed}, weights)
-    params, opt_state, grad_norm = _apply_update(tx, params, opt_state, grads)
+    params, opt_state, grad_norm = apply_update(tx, params, opt_state, grads)
     return params, opt_state, {**summed, **averaged, "actor/grad_norm": grad_norm}
+
+
+def critic_loss(spec: CriticLossSpec, vpreds, m: Batch, m_mask, den):
+    loss, clipfrac = algos.value_loss(vpreds, m["values"], m["returns"], m_mask, spec.cliprange_value,
+                                      spec.loss_agg_mode, denominator=den, norm_constant=spec.norm_constant)
+    vpred_mean = algos.masked_mean(vpreds, m_mask.astype(jnp.float32))
+    return loss, {"critic/vf_loss": loss, "critic/vf_clipfrac": clipfrac, "critic/vpred_mean": vpred_mean}
 
 
 def critic_update(graphdef, tx, spec: CriticLossSpec, params, opt_state, mb: Batch, *, n_micro: int):
@@ -222,12 +260,7 @@ def critic_update(graphdef, tx, spec: CriticLossSpec, params, opt_state, mb: Bat
         def loss_fn(p):
             model = nnx.merge(graphdef, p)
             vpreds = response_values(model, m["input_ids"], m["attention_mask"], R)
-            loss, clipfrac = algos.value_loss(
-                vpreds, m["values"], m["returns"], m["response_mask"], spec.cliprange_value, spec.loss_agg_mode,
-                denominator=den, norm_constant=spec.norm_constant,
-            )
-            vpred_mean = algos.masked_mean(vpreds, m["response_mask"].astype(jnp.float32))
-            return loss, {"critic/vf_loss": loss, "critic/vf_clipfrac": clipfrac, "critic/vpred_mean": vpred_mean}
+            return critic_loss(spec, vpreds, m, m["response_mask"], den)
 
         (_, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
         return jax.tree.map(jnp.add, grad_acc, grads), aux
@@ -235,5 +268,5 @@ def critic_update(graphdef, tx, spec: CriticLossSpec, params, opt_state, mb: Bat
     grads, aux = jax.lax.scan(micro_step, jax.tree.map(jnp.zeros_like, params), micro)
     metrics = {"critic/vf_loss": jnp.sum(aux["critic/vf_loss"])}
     metrics.update(_weighted_metrics({k: v for k, v in aux.items() if k != "critic/vf_loss"}, weights))
-    params, opt_state, grad_norm = _apply_update(tx, params, opt_state, grads)
+    params, opt_state, grad_norm = apply_update(tx, params, opt_state, grads)
     return params, opt_state, {**metrics, "critic/grad_norm": grad_norm}

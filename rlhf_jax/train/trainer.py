@@ -33,6 +33,7 @@ from rlhf_jax.rewards import RewardManager, place_on_last_token
 from rlhf_jax.rewards.reward_model import decode_responses
 from rlhf_jax.parallel import replicated
 from rlhf_jax.rollout import Sampler
+from rlhf_jax.batch import pack_batch, trim_columns
 from rlhf_jax.rollout.buckets import bucket_batch
 from rlhf_jax.train import metrics as M
 from rlhf_jax.train.batching import gather_all, mini_batches, sum_over_processes, to_global, to_local
@@ -40,6 +41,7 @@ from rlhf_jax.train.checkpoint import Checkpointer, resolve_resume
 from rlhf_jax.train.engine import Role
 from rlhf_jax.train.loggers import MetricLogger
 from rlhf_jax.train.optim import make_optimizer
+from rlhf_jax.train.passes import PassPlan, plan_passes
 from rlhf_jax.train.setup import Components, load_policy, prepare
 from rlhf_jax.train.steps import ActorLossSpec, CriticLossSpec, advantage_stage
 
@@ -109,6 +111,8 @@ class Trainer:
         self.logger = MetricLogger(self.log_dir, cfg.trainer.logger, total_steps=self.total_steps, enabled=self.is_main)
         self.step = 0
         self.num_params = sum(x.size for x in jax.tree.leaves(self.actor.params))
+        self.plans = plan_passes(cfg)
+        self._layout_metrics: dict[str, float] = {}
 
     # ------------------------------------------------------------------ checkpoints
     def _extra_state(self) -> dict:
@@ -203,44 +207,50 @@ class Trainer:
                 scores, reward_metrics, _ = self._score(pb, responses, rmask, n)
                 out_metrics.update(reward_metrics)
                 token_scores = place_on_last_token(to_global(self.mesh, scores), out.response_mask)
-            batch = {"input_ids": out.input_ids(), "attention_mask": out.attention_mask(),
-                     "responses": out.responses, "response_mask": out.response_mask}
+            host = {k: gather_all(getattr(out, k)) for k in ("prompts", "prompt_mask", "responses", "response_mask")}
+            batch, rollout_logprobs = self._training_batch(out, host)
             need_old = d.recompute_old_log_prob or cfg.algorithm.use_kl_in_reward
             if need_old:
                 with timer("old_log_prob"):
-                    batch["old_log_probs"] = self.actor.log_probs(batch, n_micro=d.log_prob_micro_batches,
-                                                                  temperature=self.actor_spec.temperature)
-                    diff = jnp.abs(batch["old_log_probs"] - out.logprobs) * out.response_mask
-                    out_metrics["training/rollout_probs_diff_mean"] = float(jnp.sum(diff) / jnp.maximum(jnp.sum(out.response_mask), 1))
+                    batch["old_log_probs"] = self._forward_pass("old_log_prob", self.actor, batch, host,
+                                                                n_micro=d.log_prob_micro_batches)
+                    diff = jnp.abs(batch["old_log_probs"] - rollout_logprobs) * batch["response_mask"]
+                    out_metrics["training/rollout_probs_diff_mean"] = float(
+                        jnp.sum(diff) / jnp.maximum(jnp.sum(batch["response_mask"]), 1))
             else:
-                batch["old_log_probs"] = out.logprobs  # unused by the loss (ratio 1), kept for shapes
+                batch["old_log_probs"] = rollout_logprobs  # unused by the loss (ratio 1), kept for shapes
             if self.ref is not None:
                 with timer("ref"):
-                    batch["ref_log_probs"] = self.ref.log_probs(batch, n_micro=d.ref_micro_batches,
-                                                                temperature=self.actor_spec.temperature)
+                    batch["ref_log_probs"] = jax.block_until_ready(
+                        self._forward_pass("ref", self.ref, batch, host, n_micro=d.ref_micro_batches))
             if self.critic is not None:
                 with timer("values"):
-                    batch["values"] = self.critic.values(batch, n_micro=d.critic_forward_micro_batches)
+                    batch["values"] = jax.block_until_ready(
+                        self._forward_pass("values", self.critic, batch, host, n_micro=d.critic_forward_micro_batches))
             with timer("adv"):
                 group_ids = to_global(self.mesh, np.repeat(np.arange(len(pb)) + jax.process_index() * len(pb), n).astype(np.int32))
+                token_scores = token_scores[:, :batch["response_mask"].shape[1]]
                 rewards, adv, returns, current_kl = self._advantage_fn(
-                    token_scores, out.response_mask, group_ids, batch.get("old_log_probs"), batch.get("ref_log_probs"),
+                    token_scores, batch["response_mask"], group_ids, batch.get("old_log_probs"), batch.get("ref_log_probs"),
                     batch.get("values"), self.kl_ctrl["value"])
-                batch["advantages"], batch["returns"] = adv, returns
+                batch["advantages"], batch["returns"] = jax.block_until_ready((adv, returns))
                 if cfg.algorithm.use_kl_in_reward:
                     out_metrics["actor/reward_kl_penalty"] = float(current_kl)
                     out_metrics["actor/reward_kl_penalty_coeff"] = float(self.kl_ctrl["value"])
                     self.kl_ctrl = algos.update_kl_controller(self.kl_ctrl, current_kl, d.rollout_batch_size)
             if self.critic is not None:
                 with timer("update_critic"):
-                    out_metrics.update(self._update_critic(batch))
+                    out_metrics.update(self._update_critic(batch, host))
+                    jax.block_until_ready(self.critic.params)
             if self.step >= cfg.trainer.critic_warmup:
                 with timer("update_actor"):
-                    out_metrics.update(self._update_actor(batch))
+                    out_metrics.update(self._update_actor(batch, host))
+                    jax.block_until_ready(self.actor.params)
             # Metrics cover every process's rows.
             host = {k: gather_all(v) for k, v in batch.items() if k in ("advantages", "returns", "values", "response_mask")}
             host.update(token_level_scores=gather_all(token_scores), token_level_rewards=gather_all(rewards),
                         prompt_mask=gather_all(out.prompt_mask))
+        out_metrics.update(self._layout_metrics)
         out_metrics.update(M.data_metrics(host, max_prompt_length=cfg.data.max_prompt_length,
                                           max_response_length=cfg.data.max_response_length))
         resp_tokens = int(host["response_mask"].sum())
@@ -262,31 +272,97 @@ class Trainer:
             return np.arange(n)
         return np.random.default_rng([int(self.cfg.trainer.seed), self.step, epoch, salt]).permutation(n)
 
-    def _update_actor(self, batch: dict) -> dict:
+    # ------------------------------------------------------------------ batch layout
+    def _training_batch(self, out, host: dict) -> tuple[dict, jax.Array]:
+        """The step's training batch and the sampler's log-probs, on the same (N, R') response grid.
+
+        Packed passes keep the full response width R (their shapes do not depend on it); when no pass
+        is packed, the all-padding prompt and response columns are cut (to power-of-two widths).
+        """
+        self._layout_metrics = {}
+        if any(p.packed for p in self.plans.values()):
+            width_p, width_r = out.prompts.shape[1], out.responses.shape[1]
+        else:
+            width_p, width_r = trim_columns(host["prompt_mask"], host["response_mask"])
+        P = out.prompts.shape[1]
+        responses, rmask = out.responses[:, :width_r], out.response_mask[:, :width_r]
+        batch = {"input_ids": jnp.concatenate([out.prompts[:, P - width_p:], responses], axis=1),
+                 "attention_mask": jnp.concatenate([out.prompt_mask[:, P - width_p:], rmask], axis=1),
+                 "responses": responses, "response_mask": rmask}
+        real = int(host["prompt_mask"].sum() + host["response_mask"].sum())
+        self._layout_metrics.update({"perf/real_tokens": float(real),
+                                     "perf/padded_tokens_unpacked": float(host["responses"].shape[0] * (width_p + width_r))})
+        return batch, out.logprobs[:, :width_r]
+
+    def _micros(self, plan: PassPlan, host: dict, rows: np.ndarray | None = None) -> list[dict]:
+        """Packed micro-batches of ``host`` (global numpy; ``rows`` selects and orders a mini-batch) on the mesh."""
+        if rows is not None:
+            host = {k: v[rows] for k, v in host.items()}
+        dp = self.cfg.derived.dp_size
+        packed = pack_batch(host["prompts"], host["prompt_mask"], host["responses"], host["response_mask"],
+                            dp=dp, row_len=plan.row_len, rows_per_micro=plan.rows_per_micro,
+                            pad_token_id=int(self.c.sampling.pad_token_id))
+        self._layout_metrics[f"perf/packed_tokens/{plan.name}"] = self._layout_metrics.get(
+            f"perf/packed_tokens/{plan.name}", 0.0) + float(packed.padded_tokens)
+        per_process = packed.input_ids.shape[1] // jax.process_count()
+        lo = jax.process_index() * per_process
+        return [{k: to_global(self.mesh, v[lo:lo + per_process]) for k, v in packed.micro(i).items()}
+                for i in range(packed.num_micro)]
+
+    def _forward_pass(self, name: str, role: Role, batch: dict, host: dict, *, n_micro: int) -> jax.Array:
+        """Old/ref log-probs or values (N, R') of the whole batch, packed or padded as the pass is planned."""
+        plan = self.plans[name]
+        if not plan.packed:
+            if name == "values":
+                return role.values(batch, n_micro=n_micro)
+            return role.log_probs(batch, n_micro=n_micro, temperature=self.actor_spec.temperature)
+        micros = self._micros(plan, host)
+        grid_shape = tuple(batch["response_mask"].shape)
+        dp = self.cfg.derived.dp_size
+        if name == "values":
+            return role.values_packed(micros, grid_shape, dp=dp)
+        return role.log_probs_packed(micros, grid_shape, dp=dp, temperature=self.actor_spec.temperature)
+
+    def _update_actor(self, batch: dict, host: dict) -> dict:
         cfg, d = self.cfg, self.cfg.derived
         keys = ["input_ids", "attention_mask", "responses", "response_mask", "old_log_probs", "advantages"]
         if self.actor_spec.use_kl_loss:
             keys.append("ref_log_probs")
-        sub = {k: batch[k] for k in keys}
+        plan = self.plans["update_actor"]
+        sub = {k: batch[k] for k in keys if not plan.packed or k not in ("input_ids", "attention_mask", "responses")}
         collected: dict[str, list] = {}
         update_key = jax.random.fold_in(jax.random.key(int(cfg.trainer.seed)), self.step)
         a = cfg.actor_rollout_ref.actor
+        num = d.actor_num_mini_batches
         for epoch in range(a.ppo_epochs):
             perm = self._permutation(d.rollout_batch_size, epoch, 0, a.shuffle)
-            for i, mb in enumerate(mini_batches(self.mesh, sub, d.actor_num_mini_batches, perm)):
+            for i, mb in enumerate(mini_batches(self.mesh, sub, num, perm)):
                 key = jax.random.fold_in(update_key, epoch * 1000 + i)
-                for k, v in self.actor.update_actor(self.actor_spec, mb, key, n_micro=d.actor_grad_accum_steps).items():
+                if plan.packed:
+                    metrics = self.actor.update_packed(self.actor_spec, self._micros(plan, host, perm[i::num]), mb,
+                                                       dp=d.dp_size, rng=key)
+                else:
+                    metrics = self.actor.update_actor(self.actor_spec, mb, key, n_micro=d.actor_grad_accum_steps)
+                for k, v in metrics.items():
                     collected.setdefault(k, []).append(v)
         return {k: float(np.mean([float(x) for x in v])) for k, v in collected.items()}
 
-    def _update_critic(self, batch: dict) -> dict:
+    def _update_critic(self, batch: dict, host: dict) -> dict:
         cfg, d = self.cfg, self.cfg.derived
-        sub = {k: batch[k] for k in ("input_ids", "attention_mask", "responses", "response_mask", "values", "returns")}
+        plan = self.plans["update_critic"]
+        keys = ("input_ids", "attention_mask", "responses", "response_mask", "values", "returns")
+        sub = {k: batch[k] for k in keys if not plan.packed or k not in ("input_ids", "attention_mask", "responses")}
         collected: dict[str, list] = {}
+        num = d.critic_num_mini_batches
         for epoch in range(cfg.critic.ppo_epochs):
             perm = self._permutation(d.rollout_batch_size, epoch, 1, cfg.critic.shuffle)
-            for mb in mini_batches(self.mesh, sub, d.critic_num_mini_batches, perm):
-                for k, v in self.critic.update_critic(self.critic_spec, mb, n_micro=d.critic_grad_accum_steps).items():
+            for i, mb in enumerate(mini_batches(self.mesh, sub, num, perm)):
+                if plan.packed:
+                    metrics = self.critic.update_packed(self.critic_spec, self._micros(plan, host, perm[i::num]), mb,
+                                                        dp=d.dp_size)
+                else:
+                    metrics = self.critic.update_critic(self.critic_spec, mb, n_micro=d.critic_grad_accum_steps)
+                for k, v in metrics.items():
                     collected.setdefault(k, []).append(v)
         return {k: float(np.mean([float(x) for x in v])) for k, v in collected.items()}
 

@@ -103,11 +103,10 @@ trainer:
 
 WARNED = {
     "data.return_raw_input_ids", "data.return_raw_chat", "actor_rollout_ref.hybrid_engine",
-    "actor_rollout_ref.model.external_lib", "actor_rollout_ref.model.use_remove_padding",
+    "actor_rollout_ref.model.external_lib",
     "actor_rollout_ref.actor.strategy", "actor_rollout_ref.actor.ppo_micro_batch_size",
-    "actor_rollout_ref.actor.use_dynamic_bsz", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
     "actor_rollout_ref.actor.use_torch_compile", "actor_rollout_ref.actor.optim.total_training_steps",
-    "actor_rollout_ref.actor.fsdp_config", "actor_rollout_ref.ref.log_prob_use_dynamic_bsz",
+    "actor_rollout_ref.actor.fsdp_config",
     "actor_rollout_ref.ref.ulysses_sequence_parallel_size", "actor_rollout_ref.rollout.name",
     "actor_rollout_ref.rollout.gpu_memory_utilization", "actor_rollout_ref.rollout.enforce_eager",
     "actor_rollout_ref.rollout.engine_kwargs", "trainer.nnodes", "trainer.n_gpus_per_node", "trainer.default_hdfs_dir",
@@ -145,6 +144,11 @@ def test_verl_yaml_loads(tmp_path, caplog):
     assert cfg.actor_rollout_ref.rollout.response_length == 1024
     assert cfg.actor_rollout_ref.actor.checkpoint.load_contents == ("model", "optimizer", "extra")
     assert cfg.trainer.default_local_dir == "checkpoints/verl_examples/gsm8k"
+    # Packing keys are honoured, references resolved.
+    assert cfg.actor_rollout_ref.model.use_remove_padding is True
+    assert cfg.actor_rollout_ref.actor.use_dynamic_bsz is False
+    assert cfg.actor_rollout_ref.actor.ppo_max_token_len_per_gpu == 16384
+    assert cfg.actor_rollout_ref.ref.log_prob_use_dynamic_bsz is False
     # data.tokenizer: null on a nullable key stays None; the config is still locked.
     assert cfg.data.tokenizer is None
     with pytest.raises(AttributeError):

@@ -1,0 +1,150 @@
+"""Sequence packing: the real tokens of many (prompt, response) sequences in fixed-size rows, no padding between them.
+
+A rollout batch holds left-padded prompts (N, P) and right-padded responses (N, R).
+Most of those N x (P + R) cells are padding when responses have a long tail. Here
+each sequence's valid tokens (its prompt tokens, then its response tokens) are
+laid end to end in rows of ``row_len`` tokens with
+
+- ``segment_ids``: 1, 2, ... per sequence within the row, 0 for the padding at
+  the row's end (attention is confined to equal non-zero segments);
+- ``positions``: restarting at 0 for each sequence (rotary positions as if alone);
+- ``targets``: the grid cell that the token at the *next* position fills, i.e.
+  ``r * R + t`` for the hidden state that predicts response token t of grid row
+  r, and ``-1`` elsewhere. A training pass computes per-position log-probs (or
+  values) and scatters them through ``targets`` into the ordinary (N, R) layout,
+  where the loss code runs unchanged: losses and their denominators are exactly
+  those of the unpacked batch.
+
+Rows are grouped into micro-batches of ``rows_per_micro`` rows on each
+data-parallel shard (a token budget of ``rows_per_micro x row_len``). Each
+shard packs only the sequences it holds (batch rows are split over shards in
+contiguous blocks), so a micro-batch never needs another shard's data. Shapes
+depend only on (row_len, rows_per_micro), both fixed for a run: one compiled
+program per pass, whatever the step's lengths.
+
+Everything here is host NumPy; it runs once per mini-batch on a few integers per sequence.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from rlhf_jax.rollout.buckets import next_power_of_two
+
+MIN_ROW_LEN = 64
+
+
+@dataclasses.dataclass(frozen=True)
+class PackedBatch:
+    """Packed micro-batches of one (mini-)batch; arrays are (n_micro, dp x rows_per_micro, row_len) int32."""
+
+    input_ids: np.ndarray
+    positions: np.ndarray
+    segment_ids: np.ndarray
+    targets: np.ndarray  # flat index into the shard's block of the (rows, R) grid, -1 = none
+    real_tokens: int  # prompt + response tokens actually present
+    padded_tokens: int  # cells computed: n_micro x dp x rows_per_micro x row_len
+
+    @property
+    def num_micro(self) -> int:
+        return self.input_ids.shape[0]
+
+    def micro(self, i: int) -> dict[str, np.ndarray]:
+        return {"input_ids": self.input_ids[i], "positions": self.positions[i],
+                "segment_ids": self.segment_ids[i], "targets": self.targets[i]}
+
+
+def row_length(max_seq_len: int, budget: int | None = None) -> int:
+    """Row length for sequences of up to ``max_seq_len`` tokens: a power of two >= it (at least 64),
+    capped at the token budget (which must itself hold the longest sequence)."""
+    length = next_power_of_two(max(int(max_seq_len), MIN_ROW_LEN))
+    return min(length, int(budget)) if budget else length
+
+
+def first_fit_decreasing(lengths: np.ndarray, capacity: int) -> list[list[int]]:
+    """Bins (lists of item indices) of total length <= capacity, filled longest-first; each bin keeps
+    its items in ascending index order (the order they appear in the row)."""
+    bins: list[list[int]] = []
+    free: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda j: (-int(lengths[j]), j)):
+        size = int(lengths[i])
+        if size > capacity:
+            raise ValueError(f"a sequence of {size} tokens does not fit a packed row of {capacity} tokens")
+        for b, room in enumerate(free):
+            if size <= room:
+                bins[b].append(i)
+                free[b] -= size
+                break
+        else:
+            bins.append([i])
+            free.append(capacity - size)
+    return [sorted(b) for b in bins]
+
+
+def deal_rows(rows: list[list[int]], lengths: np.ndarray, n_micro: int, cap: int) -> list[list[list[int]]]:
+    """Deal rows to ``n_micro`` micro-batches of at most ``cap`` rows, fullest rows first, each to the
+    micro-batch with the fewest tokens so far (balanced work per micro-batch)."""
+    groups: list[list[list[int]]] = [[] for _ in range(n_micro)]
+    load = np.zeros(n_micro)
+    for row in sorted(rows, key=lambda r: -sum(int(lengths[i]) for i in r)):
+        g = int(np.argmin(np.where([len(x) < cap for x in groups], load, np.inf)))
+        groups[g].append(row)
+        load[g] += sum(int(lengths[i]) for i in row)
+    return groups
+
+
+def pack_batch(
+    prompts: np.ndarray,
+    prompt_mask: np.ndarray,
+    responses: np.ndarray,
+    response_mask: np.ndarray,
+    *,
+    dp: int,
+    row_len: int,
+    rows_per_micro: int,
+    pad_token_id: int = 0,
+    min_micro: int = 1,
+) -> PackedBatch:
+    """Pack a batch whose rows are split over ``dp`` shards in contiguous blocks.
+
+    Responses must be contiguous from column 0 (the sampler's layout); prompts are
+    left-padded. ``min_micro`` forces at least that many micro-batches (used to
+    agree on a count across processes).
+    """
+    N, R = responses.shape
+    if N % dp:
+        raise ValueError(f"{N} rows do not split over {dp} data-parallel shards")
+    per_shard = N // dp
+    p_len = prompt_mask.sum(1).astype(np.int64)
+    r_len = response_mask.sum(1).astype(np.int64)
+    lengths = p_len + r_len
+    shard_rows = []
+    for s in range(dp):
+        idx = np.arange(s * per_shard, (s + 1) * per_shard)
+        shard_rows.append([[int(idx[j]) for j in row] for row in first_fit_decreasing(lengths[idx], row_len)])
+    n_micro = max(min_micro, max(-(-len(rows) // rows_per_micro) for rows in shard_rows))
+
+    shape = (n_micro, dp * rows_per_micro, row_len)
+    ids = np.full(shape, pad_token_id, np.int32)
+    pos = np.zeros(shape, np.int32)
+    seg = np.zeros(shape, np.int32)
+    tgt = np.full(shape, -1, np.int32)
+    for s, rows in enumerate(shard_rows):
+        for m, group in enumerate(deal_rows(rows, lengths, n_micro, rows_per_micro)):
+            for k, row in enumerate(group):
+                out_row = s * rows_per_micro + k
+                col = 0
+                for segment, i in enumerate(row, start=1):
+                    p, r = int(p_len[i]), int(r_len[i])
+                    prompt_ids = prompts[i][prompt_mask[i].astype(bool)]
+                    ids[m, out_row, col:col + p] = prompt_ids
+                    ids[m, out_row, col + p:col + p + r] = responses[i, :r]
+                    pos[m, out_row, col:col + p + r] = np.arange(p + r)
+                    seg[m, out_row, col:col + p + r] = segment
+                    # The state at column col + p - 1 + t predicts response token t.
+                    local_row = i - s * per_shard
+                    tgt[m, out_row, col + p - 1:col + p - 1 + r] = local_row * R + np.arange(r)
+                    col += p + r
+    return PackedBatch(ids, pos, seg, tgt, real_tokens=int(lengths.sum()), padded_tokens=int(np.prod(shape)))

@@ -1,0 +1,106 @@
+"""Jittable training passes over packed micro-batches (see ``rlhf_jax.batch.packing``).
+
+The model runs on packed rows (B', L) with segment ids and restarting positions;
+per-position outputs (log-probs, entropies, values) are scattered through the
+micro-batch's ``targets`` into the ordinary (rows, R) grid of the mini-batch, and
+the loss code of ``steps`` runs on that grid unchanged, with the mini-batch's
+denominators. A micro-batch's mask on the grid is the response mask restricted to
+the cells it filled, so summing its loss over micro-batches gives the mini-batch
+loss exactly, and the gradients add up to the mini-batch gradient.
+
+One call handles one micro-batch; the trainer loops over micro-batches in Python
+(their number varies from step to step while their shape does not, so nothing
+recompiles) and accumulates gradients in a donated buffer.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from rlhf_jax import algos
+from rlhf_jax.train.steps import ActorLossSpec, Batch, CriticLossSpec, actor_denominators, actor_loss, critic_loss, token_log_probs
+
+
+MICRO_KEYS = ("input_ids", "positions", "segment_ids", "targets")  # the (dp*M, L) int32 arrays of a packed micro-batch
+
+
+def scatter_to_grid(values_BL: jax.Array, targets_BL: jax.Array, grid_shape: tuple[int, int], dp: int) -> jax.Array:
+    """Per-position values -> the (rows, R) grid; shard d's packed rows fill shard d's block of grid rows.
+
+    ``targets`` are flat indices into the shard's block (``local_row * R + t``), -1 for none.
+    The scatter is batched over the shard axis, so it stays local to each shard.
+    """
+    rows, R = grid_shape
+    block = rows // dp * R
+    values = values_BL.reshape(dp, -1)
+    targets = targets_BL.reshape(dp, -1)
+    targets = jnp.where(targets < 0, block, targets)  # out of range: dropped
+
+    def one(v, t):
+        return jnp.zeros((block,), v.dtype).at[t].set(v, mode="drop")
+
+    return jax.vmap(one)(values, targets).reshape(rows, R)
+
+
+def packed_hidden(model, micro: Batch) -> jax.Array:
+    return model.hidden_states(micro["input_ids"], positions=micro["positions"], segment_ids=micro["segment_ids"])
+
+
+def packed_log_probs(model, micro: Batch, temperature: float, with_entropy: bool):
+    """Log-prob (and entropy) of the next token at every packed position; (B', L) float32 each."""
+    ids = micro["input_ids"]
+    next_ids = jnp.concatenate([ids[:, 1:], jnp.zeros_like(ids[:, :1])], axis=1)
+    return token_log_probs(model, packed_hidden(model, micro), next_ids, temperature, with_entropy)
+
+
+def covered_mask(micro: Batch, grid_shape: tuple[int, int], dp: int) -> jax.Array:
+    """1.0 on the grid cells this micro-batch fills."""
+    return scatter_to_grid((micro["targets"] >= 0).astype(jnp.float32), micro["targets"], grid_shape, dp)
+
+
+def forward_log_probs(graphdef, params, grid_acc, micro: Batch, *, temperature: float, dp: int):
+    """Add this micro-batch's response log-probs into ``grid_acc`` (rows, R) (donated, filled cell by cell)."""
+    model = nnx.merge(graphdef, params)
+    logp, _ = packed_log_probs(model, micro, temperature, False)
+    return grid_acc + scatter_to_grid(logp, micro["targets"], grid_acc.shape, dp)
+
+
+def forward_values(graphdef, params, grid_acc, micro: Batch, *, dp: int):
+    """Add this micro-batch's critic values (of the states before each response token) into ``grid_acc``."""
+    model = nnx.merge(graphdef, params)
+    values = model(micro["input_ids"], positions=micro["positions"], segment_ids=micro["segment_ids"])
+    return grid_acc + scatter_to_grid(values, micro["targets"], grid_acc.shape, dp)
+
+
+def actor_grads(graphdef, spec: ActorLossSpec, params, grad_acc, micro: Batch, grid: Batch, key, *, dp: int):
+    """Add one micro-batch's actor gradient into ``grad_acc``; returns (grad_acc, metrics, token count)."""
+    mask = grid["response_mask"].astype(jnp.float32)
+    den, den_plain = actor_denominators(spec, mask)
+    m_mask = mask * covered_mask(micro, mask.shape, dp)
+
+    def loss_fn(p):
+        model = nnx.merge(graphdef, p)
+        logp_BL, ent_BL = packed_log_probs(model, micro, spec.temperature, True)
+        logp = scatter_to_grid(logp_BL, micro["targets"], mask.shape, dp)
+        ent = scatter_to_grid(ent_BL, micro["targets"], mask.shape, dp)
+        return actor_loss(spec, logp, ent, grid, m_mask, den, den_plain, key)
+
+    (_, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+    return jax.tree.map(jnp.add, grad_acc, grads), aux, jnp.sum(m_mask)
+
+
+def critic_grads(graphdef, spec: CriticLossSpec, params, grad_acc, micro: Batch, grid: Batch, *, dp: int):
+    """Add one micro-batch's critic gradient into ``grad_acc``; returns (grad_acc, metrics, token count)."""
+    mask = grid["response_mask"].astype(jnp.float32)
+    den = algos.loss_denominator(mask, spec.loss_agg_mode, norm_constant=spec.norm_constant)
+    m_mask = mask * covered_mask(micro, mask.shape, dp)
+
+    def loss_fn(p):
+        model = nnx.merge(graphdef, p)
+        values = model(micro["input_ids"], positions=micro["positions"], segment_ids=micro["segment_ids"])
+        return critic_loss(spec, scatter_to_grid(values, micro["targets"], mask.shape, dp), grid, m_mask, den)
+
+    (_, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+    return jax.tree.map(jnp.add, grad_acc, grads), aux, jnp.sum(m_mask)

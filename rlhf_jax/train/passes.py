@@ -1,0 +1,168 @@
+"""How each training pass lays out its batch, and the memory plan that sizes its micro-batches.
+
+Five passes read the rollout batch: ``old_log_prob`` and ``ref`` (forward, actor and
+reference), ``values`` (forward, critic), ``update_actor`` and ``update_critic``
+(forward + backward). With packing (``model.use_remove_padding``) a pass runs on
+micro-batches of ``rows_per_micro`` rows of ``row_len`` tokens per data-parallel
+shard; ``row_len`` holds the longest possible sequence, so shapes are fixed for the
+run. The micro-batch size comes from the config:
+
+- ``use_dynamic_bsz``: a token budget (``*_max_token_len_per_gpu``) -> budget // row_len rows;
+- otherwise a sequence count (``*_micro_batch_size_per_gpu``) -> the rows that many sequences of
+  the longest length would fill, i.e. the same memory bound as the padded micro-batch;
+- -1 in either: automatic, the largest that the memory plan fits.
+
+The memory plan compiles each pass at its planned shape before the first step,
+reads XLA's own estimate (``compiled.memory_analysis()``) and compares it with the
+memory the device has free (host RAM on CPU). An automatic size is halved until
+it fits; a size the user set that does not fit stops the run with a message that
+names the keys to change.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Callable
+
+import jax
+
+from rlhf_jax.batch.packing import row_length
+
+log = logging.getLogger(__name__)
+
+AUTO = -1
+HEADROOM = 0.85  # use at most this fraction of the free memory (XLA's estimate is not exact)
+
+
+@dataclasses.dataclass(frozen=True)
+class PassPlan:
+    name: str
+    packed: bool
+    row_len: int  # tokens per packed row (packed passes)
+    rows_per_micro: int  # packed rows per micro-batch and shard
+    size_keys: tuple[str, ...]  # the config keys that set this pass's micro-batch size (for messages)
+    auto: bool  # the size was left automatic (-1)
+
+    def with_rows(self, rows: int) -> "PassPlan":
+        return dataclasses.replace(self, rows_per_micro=rows)
+
+
+def _plan(name: str, *, packed: bool, dynamic: bool, budget: int, budget_key: str, micro: int, micro_key: str,
+          seqs_per_shard: int, max_seq_len: int) -> PassPlan:
+    row_len = row_length(max_seq_len)
+    whole = -(-seqs_per_shard * max_seq_len // row_len)  # rows that the whole per-shard batch can need
+    if dynamic:
+        auto = budget == AUTO
+        rows = whole if auto else max(1, budget // row_len)
+        keys = (budget_key,)
+    else:
+        auto = micro == AUTO
+        rows = whole if auto else -(-micro * max_seq_len // row_len)
+        keys = (micro_key,)
+    return PassPlan(name, packed, row_len, max(1, min(rows, whole)), keys, auto)
+
+
+def plan_passes(cfg) -> dict[str, PassPlan]:
+    """The packed layout of every pass this config runs (unpacked passes get ``packed=False``)."""
+    arr, critic, d = cfg.actor_rollout_ref, cfg.critic, cfg.derived
+    a = "actor_rollout_ref."
+    max_len = int(d.max_seq_len)
+    pack = bool(arr.model.use_remove_padding)
+    per_shard = int(d.rollout_batch_size_per_shard)
+    plans = {
+        "old_log_prob": _plan("old_log_prob", packed=pack, dynamic=arr.rollout.log_prob_use_dynamic_bsz,
+                              budget=arr.rollout.log_prob_max_token_len_per_gpu,
+                              budget_key=a + "rollout.log_prob_max_token_len_per_gpu",
+                              micro=arr.rollout.log_prob_micro_batch_size_per_gpu,
+                              micro_key=a + "rollout.log_prob_micro_batch_size_per_gpu",
+                              seqs_per_shard=per_shard, max_seq_len=max_len),
+        "ref": _plan("ref", packed=pack, dynamic=arr.ref.log_prob_use_dynamic_bsz,
+                     budget=arr.ref.log_prob_max_token_len_per_gpu, budget_key=a + "ref.log_prob_max_token_len_per_gpu",
+                     micro=arr.ref.log_prob_micro_batch_size_per_gpu,
+                     micro_key=a + "ref.log_prob_micro_batch_size_per_gpu",
+                     seqs_per_shard=per_shard, max_seq_len=max_len),
+        "update_actor": _plan("update_actor", packed=pack, dynamic=arr.actor.use_dynamic_bsz,
+                              budget=arr.actor.ppo_max_token_len_per_gpu, budget_key=a + "actor.ppo_max_token_len_per_gpu",
+                              micro=arr.actor.ppo_micro_batch_size_per_gpu,
+                              micro_key=a + "actor.ppo_micro_batch_size_per_gpu",
+                              seqs_per_shard=int(d.actor_mini_batch_size_per_shard), max_seq_len=max_len),
+    }
+    if critic.enable:
+        c_pack = bool(critic.model.use_remove_padding)
+        plans["values"] = _plan("values", packed=c_pack, dynamic=critic.use_dynamic_bsz,
+                                budget=critic.forward_max_token_len_per_gpu,
+                                budget_key="critic.forward_max_token_len_per_gpu",
+                                micro=critic.forward_micro_batch_size_per_gpu,
+                                micro_key="critic.forward_micro_batch_size_per_gpu",
+                                seqs_per_shard=per_shard, max_seq_len=max_len)
+        plans["update_critic"] = _plan("update_critic", packed=c_pack, dynamic=critic.use_dynamic_bsz,
+                                       budget=critic.ppo_max_token_len_per_gpu,
+                                       budget_key="critic.ppo_max_token_len_per_gpu",
+                                       micro=critic.ppo_micro_batch_size_per_gpu,
+                                       micro_key="critic.ppo_micro_batch_size_per_gpu",
+                                       seqs_per_shard=int(critic.ppo_mini_batch_size * arr.rollout.n // d.dp_size),
+                                       max_seq_len=max_len)
+    return plans
+
+
+# ---------------------------------------------------------------------------- memory
+def free_device_memory() -> int | None:
+    """Bytes one device can still allocate: the accelerator's limit minus its use, or on CPU the host's
+    available RAM shared by the local devices. None when unknown."""
+    dev = jax.local_devices()[0]
+    stats = dev.memory_stats() or {}
+    if "bytes_limit" in stats:
+        return int(stats["bytes_limit"] - stats.get("bytes_in_use", 0))
+    try:
+        with open("/proc/meminfo") as f:
+            info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f}
+        return info["MemAvailable"] // jax.local_device_count()
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+def compiled_bytes(compiled) -> int | None:
+    """XLA's estimate of the memory a compiled step allocates per device beyond its (donated) inputs."""
+    try:
+        ma = compiled.memory_analysis()
+    except Exception:  # noqa: BLE001 - some backends do not implement it
+        return None
+    if ma is None:
+        return None
+    return int(ma.temp_size_in_bytes + ma.output_size_in_bytes - ma.alias_size_in_bytes)
+
+
+def gib(n: float) -> str:
+    return f"{n / 1024**3:.2f} GiB"
+
+
+def fit_pass(plan: PassPlan, compile_at: Callable[[PassPlan], object], free: int | None, hint: str) -> tuple[PassPlan, int | None]:
+    """The plan (automatic sizes halved until they fit) and its estimated bytes; raises when a set size does not fit."""
+    while True:
+        need = compiled_bytes(compile_at(plan))
+        if free is None or need is None or need <= HEADROOM * free:
+            return plan, need
+        if plan.auto and plan.rows_per_micro > 1:
+            log.info("memory plan: %s at %d rows x %d tokens needs %s > %s free; halving", plan.name,
+                     plan.rows_per_micro, plan.row_len, gib(need), gib(free))
+            plan = plan.with_rows(plan.rows_per_micro // 2)
+            continue
+        raise MemoryError(
+            f"the {plan.name} pass needs about {gib(need)} per device (XLA's estimate for micro-batches of "
+            f"{plan.rows_per_micro} x {plan.row_len} tokens per shard), more than the {gib(HEADROOM * free)} usable "
+            f"of {gib(free)} free: lower {' / '.join(plan.size_keys)} (or set it to -1 to size it automatically), "
+            f"{hint}")
+
+
+def memory_hint(cfg, role: str) -> str:
+    """The other levers that lower a pass's memory, for the error message."""
+    model = cfg.critic.model if role == "critic" else cfg.actor_rollout_ref.model
+    prefix = "critic.model" if role == "critic" else "actor_rollout_ref.model"
+    parts = []
+    if not model.enable_gradient_checkpointing:
+        parts.append(f"set {prefix}.enable_gradient_checkpointing=True")
+    if cfg.actor_rollout_ref.model.compute_dtype == "float32":
+        parts.append("use actor_rollout_ref.model.compute_dtype=bfloat16")
+    parts.append("or shard over more devices (mesh.fsdp)")
+    return ", ".join(parts)
