@@ -62,10 +62,8 @@ class Role:
         return int(counts[0]) if counts else 0
 
     # ----------------------------------------------------------------- forward passes
-    def log_probs(self, batch: dict, *, n_micro: int, temperature: float, with_entropy: bool = False):
-        keys = ("input_ids", "attention_mask", "responses")
-        inputs = {k: batch[k] for k in keys}
-        fn = self._jit(
+    def _logp_fn(self, inputs: dict, n_micro: int, temperature: float, with_entropy: bool) -> Callable:
+        return self._jit(
             ("logp", n_micro, temperature, with_entropy, tuple((k, v.shape) for k, v in inputs.items())),
             lambda: jax.jit(
                 functools.partial(steps.forward_log_probs, self.graphdef, n_micro=n_micro, temperature=temperature,
@@ -74,11 +72,9 @@ class Role:
                 out_shardings=batch_sharding(self.mesh, 2) if not with_entropy else (batch_sharding(self.mesh, 2),) * 2,
             ),
         )
-        return fn(self.params, inputs)
 
-    def values(self, batch: dict, *, n_micro: int):
-        inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "responses")}
-        fn = self._jit(
+    def _values_fn(self, inputs: dict, n_micro: int) -> Callable:
+        return self._jit(
             ("values", n_micro, tuple((k, v.shape) for k, v in inputs.items())),
             lambda: jax.jit(
                 functools.partial(steps.forward_values, self.graphdef, n_micro=n_micro),
@@ -86,20 +82,30 @@ class Role:
                 out_shardings=batch_sharding(self.mesh, 2),
             ),
         )
-        return fn(self.params, inputs)
+
+    def log_probs(self, batch: dict, *, n_micro: int, temperature: float, with_entropy: bool = False):
+        inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "responses")}
+        return self._logp_fn(inputs, n_micro, temperature, with_entropy)(self.params, inputs)
+
+    def values(self, batch: dict, *, n_micro: int):
+        inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "responses")}
+        return self._values_fn(inputs, n_micro)(self.params, inputs)
 
     # ----------------------------------------------------------------- updates
-    def _update(self, name: str, step_fn: Callable, spec: Any, mb: dict, extra: tuple, n_micro: int) -> dict:
+    def _update_fn(self, name: str, step_fn: Callable, spec: Any, mb: dict, n_extra: int, n_micro: int) -> Callable:
         rep = replicated(self.mesh)
-        fn = self._jit(
+        return self._jit(
             (name, spec, n_micro, tuple((k, v.shape) for k, v in mb.items())),
             lambda: jax.jit(
                 functools.partial(step_fn, self.graphdef, self.tx, spec, n_micro=n_micro),
-                in_shardings=(self.param_shardings, self.opt_shardings, self._batch_shardings(mb)) + (rep,) * len(extra),
+                in_shardings=(self.param_shardings, self.opt_shardings, self._batch_shardings(mb)) + (rep,) * n_extra,
                 out_shardings=(self.param_shardings, self.opt_shardings, rep),
                 donate_argnums=(0, 1),
             ),
         )
+
+    def _update(self, name: str, step_fn: Callable, spec: Any, mb: dict, extra: tuple, n_micro: int) -> dict:
+        fn = self._update_fn(name, step_fn, spec, mb, len(extra), n_micro)
         self.params, self.opt_state, metrics = fn(self.params, self.opt_state, mb, *extra)
         return metrics
 
@@ -108,6 +114,24 @@ class Role:
 
     def update_critic(self, spec: steps.CriticLossSpec, mb: dict, *, n_micro: int) -> dict:
         return self._update("critic_update", steps.critic_update, spec, mb, (), n_micro)
+
+    def padded_program(self, kind: str, batch_specs: dict, *, n_micro: int, spec: Any = None,
+                       temperature: float = 1.0) -> Any:
+        """The padded pass ``kind`` (logp, values, update) compiled for abstract shapes (for the memory plan)."""
+        inputs = self._abstract(batch_specs)
+        if kind == "logp":
+            return self._logp_fn(inputs, n_micro, temperature, False).lower(self.params, inputs).compile()
+        if kind == "values":
+            return self._values_fn(inputs, n_micro).lower(self.params, inputs).compile()
+        rep = replicated(self.mesh)
+        extra = ()
+        if self.metric_prefix == "actor":
+            key = jax.eval_shape(lambda: jax.random.key(0))
+            extra = (jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=rep),)
+        step_fn = steps.actor_update if extra else steps.critic_update
+        name = "actor_update" if extra else "critic_update"
+        fn = self._update_fn(name, step_fn, spec, inputs, len(extra), n_micro)
+        return fn.lower(self.params, self.opt_state, inputs, *extra).compile()
 
     # ----------------------------------------------------------------- packed passes
     # Packed passes are compiled ahead of time (``lower(...).compile()``) from abstract shapes, so the memory

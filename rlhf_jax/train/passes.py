@@ -37,20 +37,40 @@ HEADROOM = 0.85  # use at most this fraction of the free memory (XLA's estimate 
 
 @dataclasses.dataclass(frozen=True)
 class PassPlan:
+    """One pass's micro-batch layout. Packed: ``rows_per_micro`` rows of ``row_len`` tokens per shard.
+    Padded: ``rows_per_micro`` sequences per shard, ``seqs_per_shard // rows_per_micro`` micro-batches."""
+
     name: str
     packed: bool
     row_len: int  # tokens per packed row (packed passes)
-    rows_per_micro: int  # packed rows per micro-batch and shard
+    rows_per_micro: int  # packed rows (packed) or sequences (padded) per micro-batch and shard
+    seqs_per_shard: int  # sequences of the (mini-)batch this pass sees on one shard
     size_keys: tuple[str, ...]  # the config keys that set this pass's micro-batch size (for messages)
     auto: bool  # the size was left automatic (-1)
 
-    def with_rows(self, rows: int) -> "PassPlan":
-        return dataclasses.replace(self, rows_per_micro=rows)
+    @property
+    def num_micro(self) -> int:
+        """Micro-batches of a padded pass."""
+        return self.seqs_per_shard // self.rows_per_micro
+
+    def smaller(self, fraction: float) -> "PassPlan | None":
+        """A smaller automatic size, about ``fraction`` (< 1) of this one and at most half of it: a power of two
+        of rows (packed) or a divisor of the per-shard batch (padded). None when already 1."""
+        if self.rows_per_micro <= 1:
+            return None
+        target = max(1, min(self.rows_per_micro // 2, int(self.rows_per_micro * fraction)))
+        if self.packed:
+            return dataclasses.replace(self, rows_per_micro=1 << (target.bit_length() - 1))
+        size = next(k for k in range(target, 0, -1) if self.seqs_per_shard % k == 0)
+        return dataclasses.replace(self, rows_per_micro=size)
 
 
 def _plan(name: str, *, packed: bool, dynamic: bool, budget: int, budget_key: str, micro: int, micro_key: str,
           seqs_per_shard: int, max_seq_len: int) -> PassPlan:
     row_len = row_length(max_seq_len)
+    if not packed:  # padded: a sequence count (validated to divide the per-shard batch)
+        auto = micro == AUTO
+        return PassPlan(name, False, row_len, seqs_per_shard if auto else micro, seqs_per_shard, (micro_key,), auto)
     whole = -(-seqs_per_shard * max_seq_len // row_len)  # rows that the whole per-shard batch can need
     if dynamic:
         auto = budget == AUTO
@@ -60,7 +80,7 @@ def _plan(name: str, *, packed: bool, dynamic: bool, budget: int, budget_key: st
         auto = micro == AUTO
         rows = whole if auto else -(-micro * max_seq_len // row_len)
         keys = (micro_key,)
-    return PassPlan(name, packed, row_len, max(1, min(rows, whole)), keys, auto)
+    return PassPlan(name, packed, row_len, max(1, min(rows, whole)), seqs_per_shard, keys, auto)
 
 
 def plan_passes(cfg) -> dict[str, PassPlan]:
@@ -143,16 +163,23 @@ def fit_pass(plan: PassPlan, compile_at: Callable[[PassPlan], object], free: int
         need = compiled_bytes(compile_at(plan))
         if free is None or need is None or need <= HEADROOM * free:
             return plan, need
-        if plan.auto and plan.rows_per_micro > 1:
-            log.info("memory plan: %s at %d rows x %d tokens needs %s > %s free; halving", plan.name,
-                     plan.rows_per_micro, plan.row_len, gib(need), gib(free))
-            plan = plan.with_rows(plan.rows_per_micro // 2)
+        # Activation memory grows about linearly with the micro-batch: aim straight at the size that fits.
+        smaller = plan.smaller(HEADROOM * free / need) if plan.auto else None
+        if smaller is not None:
+            log.info("memory plan: %s at %s needs %s > %s usable; trying a smaller micro-batch", plan.name,
+                     describe(plan), gib(need), gib(HEADROOM * free))
+            plan = smaller
             continue
         raise MemoryError(
             f"the {plan.name} pass needs about {gib(need)} per device (XLA's estimate for micro-batches of "
-            f"{plan.rows_per_micro} x {plan.row_len} tokens per shard), more than the {gib(HEADROOM * free)} usable "
-            f"of {gib(free)} free: lower {' / '.join(plan.size_keys)} (or set it to -1 to size it automatically), "
-            f"{hint}")
+            f"{describe(plan)} per shard), more than the {gib(HEADROOM * free)} usable of {gib(free)} free: lower "
+            f"{' / '.join(plan.size_keys)} (or set it to -1 to size it automatically), {hint}")
+
+
+def describe(plan: PassPlan) -> str:
+    if plan.packed:
+        return f"{plan.rows_per_micro} packed rows x {plan.row_len} tokens"
+    return f"{plan.rows_per_micro} sequences"
 
 
 def memory_hint(cfg, role: str) -> str:

@@ -73,9 +73,17 @@ def prepare(cfg: ConfigDict) -> Components:
     return Components(cfg, model_path, tokenizer, train_dataset, val_dataset, mesh, rules, sampling, val_sampling)
 
 
-def load_policy(cfg: ConfigDict, model_path: str, mesh, rules, *, task: str | None = None, path: str | None = None):
+def load_policy(cfg: ConfigDict, model_path: str, mesh, rules, *, role: str = "actor", task: str | None = None,
+                path: str | None = None):
+    """The actor, reference or critic (``role``) with its dtypes, attention and remat policy.
+
+    Remat follows the role's ``enable_gradient_checkpointing`` / ``remat_policy``; the reference
+    has no backward pass and never rematerializes.
+    """
     model_cfg = cfg.actor_rollout_ref.model
+    role_cfg = cfg.critic.model if role == "critic" else model_cfg
+    remat = role_cfg.remat_policy if role != "ref" and role_cfg.enable_gradient_checkpointing else "none"
     return models.from_pretrained(
         path or model_path, mesh=mesh, rules=rules, dtype=DTYPES[model_cfg.compute_dtype],
-        param_dtype=DTYPES[model_cfg.dtype], remat=bool(model_cfg.enable_gradient_checkpointing), task=task,
+        param_dtype=DTYPES[model_cfg.dtype], remat=remat, attn_impl=model_cfg.attn_implementation, task=task,
     )

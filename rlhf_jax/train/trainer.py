@@ -41,7 +41,7 @@ from rlhf_jax.train.checkpoint import Checkpointer, resolve_resume
 from rlhf_jax.train.engine import Role
 from rlhf_jax.train.loggers import MetricLogger
 from rlhf_jax.train.optim import make_optimizer
-from rlhf_jax.train.passes import PassPlan, plan_passes
+from rlhf_jax.train.passes import PassPlan, describe, fit_pass, free_device_memory, gib, memory_hint, plan_passes
 from rlhf_jax.train.setup import Components, load_policy, prepare
 from rlhf_jax.train.steps import ActorLossSpec, CriticLossSpec, advantage_stage
 
@@ -78,12 +78,13 @@ class Trainer:
         tx, lr_fn = make_optimizer(arr.actor.optim, arr.actor.grad_clip, self.total_steps, d.actor_updates_per_step)
         self.actor = Role(load_policy(cfg, c.model_path, self.mesh, c.rules), self.mesh, tx, lr_fn)
         # The reference is its own frozen copy: the actor's arrays are donated and replaced by every update.
-        self.ref = Role(load_policy(cfg, c.model_path, self.mesh, c.rules), self.mesh) if d.need_ref else None
+        self.ref = Role(load_policy(cfg, c.model_path, self.mesh, c.rules, role="ref"), self.mesh) if d.need_ref else None
         self.critic = None
         if cfg.critic.enable:
             ctx, clr = make_optimizer(cfg.critic.optim, cfg.critic.grad_clip, self.total_steps, d.critic_updates_per_step)
             critic_path = resolve_model_path(cfg.critic.model.path) if cfg.critic.model.path else c.model_path
-            self.critic = Role(load_policy(cfg, c.model_path, self.mesh, c.rules, task=TASK_TOKEN_VALUE, path=critic_path),
+            self.critic = Role(load_policy(cfg, c.model_path, self.mesh, c.rules, role="critic", task=TASK_TOKEN_VALUE,
+                                           path=critic_path),
                                self.mesh, ctx, clr)
         self._key_fn = jax.jit(lambda s, t: jax.random.fold_in(jax.random.key(s), t), out_shardings=replicated(self.mesh))
         self.sampler = Sampler(self.actor.graphdef, mesh=self.mesh, rules=c.rules,
@@ -112,6 +113,7 @@ class Trainer:
         self.step = 0
         self.num_params = sum(x.size for x in jax.tree.leaves(self.actor.params))
         self.plans = plan_passes(cfg)
+        self._memory_planned = False
         self._layout_metrics: dict[str, float] = {}
 
     # ------------------------------------------------------------------ checkpoints
@@ -196,6 +198,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ one step
     def train_step(self, pb: PromptBatch) -> dict[str, Any]:
+        self.plan_memory()
         cfg, d, n = self.cfg, self.cfg.derived, self.c.sampling.n
         timer = M.Timer()
         out_metrics: dict[str, Any] = {}
@@ -212,8 +215,7 @@ class Trainer:
             need_old = d.recompute_old_log_prob or cfg.algorithm.use_kl_in_reward
             if need_old:
                 with timer("old_log_prob"):
-                    batch["old_log_probs"] = self._forward_pass("old_log_prob", self.actor, batch, host,
-                                                                n_micro=d.log_prob_micro_batches)
+                    batch["old_log_probs"] = self._forward_pass("old_log_prob", self.actor, batch, host)
                     diff = jnp.abs(batch["old_log_probs"] - rollout_logprobs) * batch["response_mask"]
                     out_metrics["training/rollout_probs_diff_mean"] = float(
                         jnp.sum(diff) / jnp.maximum(jnp.sum(batch["response_mask"]), 1))
@@ -222,11 +224,11 @@ class Trainer:
             if self.ref is not None:
                 with timer("ref"):
                     batch["ref_log_probs"] = jax.block_until_ready(
-                        self._forward_pass("ref", self.ref, batch, host, n_micro=d.ref_micro_batches))
+                        self._forward_pass("ref", self.ref, batch, host))
             if self.critic is not None:
                 with timer("values"):
                     batch["values"] = jax.block_until_ready(
-                        self._forward_pass("values", self.critic, batch, host, n_micro=d.critic_forward_micro_batches))
+                        self._forward_pass("values", self.critic, batch, host))
             with timer("adv"):
                 group_ids = to_global(self.mesh, np.repeat(np.arange(len(pb)) + jax.process_index() * len(pb), n).astype(np.int32))
                 token_scores = token_scores[:, :batch["response_mask"].shape[1]]
@@ -272,6 +274,61 @@ class Trainer:
             return np.arange(n)
         return np.random.default_rng([int(self.cfg.trainer.seed), self.step, epoch, salt]).permutation(n)
 
+    # ------------------------------------------------------------------ memory plan
+    def _pass_role(self, name: str) -> Role | None:
+        cfg, d = self.cfg, self.cfg.derived
+        if name == "old_log_prob":
+            return self.actor if (d.recompute_old_log_prob or cfg.algorithm.use_kl_in_reward) else None
+        return {"ref": self.ref, "update_actor": self.actor, "values": self.critic, "update_critic": self.critic}[name]
+
+    def _compile_pass(self, name: str, role: Role, plan: PassPlan):
+        """The pass compiled at its planned shape (the longest prompt and response the config allows)."""
+        cfg, d = self.cfg, self.cfg.derived
+        dp, R, T = d.dp_size, cfg.actor_rollout_ref.rollout.response_length, self.actor_spec.temperature
+        i32, f32 = jnp.int32, jnp.float32
+        rows = {"update_actor": d.actor_mini_batch_size, "update_critic": d.critic_mini_batch_size}.get(
+            name, d.rollout_batch_size)
+        if name == "update_actor":
+            grid = {"response_mask": i32, "old_log_probs": f32, "advantages": f32}
+            if self.actor_spec.use_kl_loss:
+                grid["ref_log_probs"] = f32
+        else:
+            grid = {"response_mask": i32, "values": f32, "returns": f32}
+        grid = {k: ((rows, R), t) for k, t in grid.items()}
+        spec = self.actor_spec if name == "update_actor" else self.critic_spec
+        if plan.packed:
+            micro_shape = (dp * plan.rows_per_micro, plan.row_len)
+            if name in ("old_log_prob", "ref"):
+                return role.packed_forward_program("logp", micro_shape, (rows, R), dp, temperature=T)
+            if name == "values":
+                return role.packed_forward_program("values", micro_shape, (rows, R), dp)
+            return role.packed_grads_program(spec, micro_shape, grid, dp)
+        width = cfg.data.max_prompt_length + R
+        inputs = {"input_ids": ((rows, width), i32), "attention_mask": ((rows, width), i32), "responses": ((rows, R), i32)}
+        if name in ("old_log_prob", "ref"):
+            return role.padded_program("logp", inputs, n_micro=plan.num_micro, temperature=T)
+        if name == "values":
+            return role.padded_program("values", inputs, n_micro=plan.num_micro)
+        return role.padded_program("update", {**inputs, **grid}, n_micro=plan.num_micro, spec=spec)
+
+    def plan_memory(self) -> None:
+        """Compile every training pass before the first step, size automatic (-1) micro-batches to the largest that
+        XLA's memory estimate fits, and stop with the keys to change when a size the user set cannot fit."""
+        if self._memory_planned:
+            return
+        free = free_device_memory()
+        for name, plan in list(self.plans.items()):
+            role = self._pass_role(name)
+            if role is None:
+                continue
+            hint = memory_hint(self.cfg, "critic" if role is self.critic else "actor")
+            plan, need = fit_pass(plan, lambda p: self._compile_pass(name, role, p), free, hint)
+            self.plans[name] = plan
+            estimate = f"~{gib(need)} per device" if need is not None else "no estimate on this backend"
+            self.logger.text(f"memory plan: {name}: micro-batches of {describe(plan)} per shard, {estimate}"
+                             + (f" ({gib(free)} free)" if free is not None else ""))
+        self._memory_planned = True
+
     # ------------------------------------------------------------------ batch layout
     def _training_batch(self, out, host: dict) -> tuple[dict, jax.Array]:
         """The step's training batch and the sampler's log-probs, on the same (N, R') response grid.
@@ -309,13 +366,13 @@ class Trainer:
         return [{k: to_global(self.mesh, v[lo:lo + per_process]) for k, v in packed.micro(i).items()}
                 for i in range(packed.num_micro)]
 
-    def _forward_pass(self, name: str, role: Role, batch: dict, host: dict, *, n_micro: int) -> jax.Array:
+    def _forward_pass(self, name: str, role: Role, batch: dict, host: dict) -> jax.Array:
         """Old/ref log-probs or values (N, R') of the whole batch, packed or padded as the pass is planned."""
         plan = self.plans[name]
         if not plan.packed:
             if name == "values":
-                return role.values(batch, n_micro=n_micro)
-            return role.log_probs(batch, n_micro=n_micro, temperature=self.actor_spec.temperature)
+                return role.values(batch, n_micro=plan.num_micro)
+            return role.log_probs(batch, n_micro=plan.num_micro, temperature=self.actor_spec.temperature)
         micros = self._micros(plan, host)
         grid_shape = tuple(batch["response_mask"].shape)
         dp = self.cfg.derived.dp_size
@@ -342,7 +399,7 @@ class Trainer:
                     metrics = self.actor.update_packed(self.actor_spec, self._micros(plan, host, perm[i::num]), mb,
                                                        dp=d.dp_size, rng=key)
                 else:
-                    metrics = self.actor.update_actor(self.actor_spec, mb, key, n_micro=d.actor_grad_accum_steps)
+                    metrics = self.actor.update_actor(self.actor_spec, mb, key, n_micro=plan.num_micro)
                 for k, v in metrics.items():
                     collected.setdefault(k, []).append(v)
         return {k: float(np.mean([float(x) for x in v])) for k, v in collected.items()}
@@ -361,7 +418,7 @@ class Trainer:
                     metrics = self.critic.update_packed(self.critic_spec, self._micros(plan, host, perm[i::num]), mb,
                                                         dp=d.dp_size)
                 else:
-                    metrics = self.critic.update_critic(self.critic_spec, mb, n_micro=d.critic_grad_accum_steps)
+                    metrics = self.critic.update_critic(self.critic_spec, mb, n_micro=plan.num_micro)
                 for k, v in metrics.items():
                     collected.setdefault(k, []).append(v)
         return {k: float(np.mean([float(x) for x in v])) for k, v in collected.items()}
@@ -410,6 +467,7 @@ class Trainer:
     def fit(self) -> dict[str, Any]:
         t = self.cfg.trainer
         self.maybe_resume()
+        self.plan_memory()
         last: dict[str, Any] = {}
         if t.val_before_train and self.step == 0 and t.test_freq != 0:
             start = time.perf_counter()

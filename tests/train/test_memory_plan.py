@@ -1,0 +1,55 @@
+"""The memory plan: XLA's estimate of each training pass, read before the first step, on the real SmolLM2.
+
+A micro-batch the user set too large stops the run before any sampling with a message naming
+the key; left automatic (-1), the same shape is sized down to what the estimate fits.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from rlhf_jax.train.passes import HEADROOM, compiled_bytes, free_device_memory
+from rlhf_jax.train.trainer import Trainer
+from tests.train.helpers import make_config
+
+# 128 sequences of up to 32 + 256 tokens: about 10k packed tokens per shard, several GiB of float32 activations
+# per device for the actor update, more than a CPU device's share of this machine's memory.
+BIG = {
+    "data.max_prompt_length": 32, "data.max_response_length": 256, "data.train_batch_size": 32,
+    "actor_rollout_ref.rollout.n": 4, "actor_rollout_ref.actor.ppo_mini_batch_size": 32,
+    "data.prompt_template": "raw", "data.train_files": ("builtin:arithmetic?max_value=4&train_size=64",),
+}
+
+
+def _trainer(tmp_path, smollm2_dir, **overrides) -> Trainer:
+    cfg = make_config(str(tmp_path), **{"actor_rollout_ref.model.path": smollm2_dir, **BIG, **overrides})
+    return Trainer(cfg)
+
+
+def test_a_micro_batch_that_cannot_fit_stops_before_the_first_step(tmp_path, smollm2_dir):
+    key = "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"
+    trainer = _trainer(tmp_path, smollm2_dir, **{key: 32})  # the whole per-shard mini-batch in one pass
+    try:
+        with pytest.raises(MemoryError, match=key.replace(".", r"\.")) as err:
+            trainer.fit()
+        assert "enable_gradient_checkpointing" in str(err.value)
+        assert trainer.step == 0
+        metrics = os.path.join(str(tmp_path), "metrics.jsonl")
+        assert not os.path.exists(metrics) or os.path.getsize(metrics) == 0  # no step was run or logged
+    finally:
+        trainer.close()
+
+
+def test_an_automatic_micro_batch_is_sized_to_fit(tmp_path, smollm2_dir):
+    trainer = _trainer(tmp_path, smollm2_dir, **{"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": -1})
+    try:
+        whole = trainer.plans["update_actor"].rows_per_micro
+        trainer.plan_memory()
+        plan = trainer.plans["update_actor"]
+        assert plan.auto and 1 <= plan.rows_per_micro < whole
+        need = compiled_bytes(trainer._compile_pass("update_actor", trainer.actor, plan))
+        assert need <= HEADROOM * free_device_memory() * 1.05  # free memory moves a little between readings
+    finally:
+        trainer.close()
