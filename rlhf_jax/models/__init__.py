@@ -10,7 +10,14 @@ from rlhf_jax.models.config import (
     from_hf_dict,
     load_hf_config,
 )
-from rlhf_jax.models.decoder import CausalLM, SequenceClassifier, TokenValueModel, positions_from_mask
+from rlhf_jax.models.attention import attention
+from rlhf_jax.models.decoder import (
+    CausalLM,
+    SequenceClassifier,
+    TokenValueModel,
+    positions_from_mask,
+    positions_from_segments,
+)
 from rlhf_jax.models.hf_export import save_pretrained
 from rlhf_jax.models.hf_import import CheckpointError, from_pretrained, init_model
 from rlhf_jax.models.sharding import shard_model, state_shardings
@@ -26,11 +33,13 @@ __all__ = [
     "SequenceClassifier",
     "TokenValueModel",
     "UnsupportedModelError",
+    "attention",
     "from_hf_dict",
     "from_pretrained",
     "init_model",
     "load_hf_config",
     "positions_from_mask",
+    "positions_from_segments",
     "save_pretrained",
     "shard_model",
     "state_shardings",

@@ -15,6 +15,8 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from rlhf_jax.models.attention import IMPLEMENTATIONS
+
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
 # Which head a checkpoint carries, read from ``architectures``.
@@ -68,7 +70,12 @@ class ModelConfig:
     dtype: Any = jnp.float32  # computation dtype
     param_dtype: Any = jnp.float32
     remat: bool = False  # gradient checkpointing per decoder layer
+    attn_impl: str = "auto"  # one of attention.IMPLEMENTATIONS
     hf_config: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self):
+        if self.attn_impl not in IMPLEMENTATIONS:
+            raise ValueError(f"attn_impl {self.attn_impl!r} is not one of {IMPLEMENTATIONS}")
 
     def replace(self, **changes) -> "ModelConfig":
         return dataclasses.replace(self, **changes)
@@ -112,7 +119,7 @@ def architecture_name(model_type: str, task: str) -> str:
 
 
 def from_hf_dict(hf: dict, **runtime) -> ModelConfig:
-    """Build a ``ModelConfig`` from a parsed HF config.json; ``runtime`` sets dtype/param_dtype/remat."""
+    """Build a ``ModelConfig`` from a parsed HF config.json; ``runtime`` sets dtype/param_dtype/remat/attn_impl."""
     model_type = hf.get("model_type")
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise UnsupportedModelError(

@@ -1,6 +1,7 @@
 """The decoder backbone and its three heads: causal LM, sequence score (reward model), token value (critic).
 
-Calling conventions (all int32 inputs of shape (B, T), left padding allowed):
+Calling conventions (all int32 inputs of shape (B, T), left padding allowed; ``CausalLM`` and
+``TokenValueModel`` also take ``positions=None, segment_ids=None``, see packing below):
 
 - ``CausalLM(input_ids, attention_mask=None) -> logits`` float32 (B, T, vocab).
 - ``SequenceClassifier(input_ids, attention_mask=None) -> scores`` float32 (B, num_labels),
@@ -10,6 +11,12 @@ Calling conventions (all int32 inputs of shape (B, T), left padding allowed):
 
 Position ids follow from the mask (``cumsum(mask) - 1``). For sampling, ``CausalLM``
 also runs incrementally over a preallocated KV cache (``init_cache`` / ``forward_cached``).
+
+Sequence packing: ``segment_ids`` (B, T) int32 numbers the sequences packed in a row
+(1, 2, ...; 0 is padding). Attention is then causal within the row and confined to
+equal non-zero segments; ``positions`` should restart at 0 for each sequence (by
+default they do, for segments that are contiguous runs), and ``attention_mask`` may be
+omitted (it is ``segment_ids > 0``).
 """
 
 from __future__ import annotations
@@ -29,6 +36,15 @@ def positions_from_mask(attention_mask_BT: jax.Array) -> jax.Array:
     return jnp.maximum(jnp.cumsum(attention_mask_BT.astype(jnp.int32), axis=-1) - 1, 0)
 
 
+def positions_from_segments(segment_ids_BT: jax.Array) -> jax.Array:
+    """Position ids restarting at 0 wherever the segment id changes (packed contiguous sequences)."""
+    T = segment_ids_BT.shape[1]
+    idx = jnp.broadcast_to(jnp.arange(T), segment_ids_BT.shape)
+    starts = jnp.concatenate([jnp.ones_like(segment_ids_BT[:, :1], bool),
+                              segment_ids_BT[:, 1:] != segment_ids_BT[:, :-1]], axis=1)
+    return idx - jax.lax.cummax(jnp.where(starts, idx, 0), axis=1)
+
+
 class Decoder(nnx.Module):
     """Token embedding, the stack of decoder layers and the final norm."""
 
@@ -38,26 +54,36 @@ class Decoder(nnx.Module):
         self.layers = nnx.List([DecoderLayer(cfg, rngs=rngs) for _ in range(cfg.num_hidden_layers)])
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype=cfg.param_dtype, rngs=rngs)
 
-    def __call__(self, input_ids_BT, positions_BT, key_valid_BS, q_slots_BT, cache=None, cache_index=None):
-        x = jnp.take(self.embed_tokens[...], input_ids_BT, axis=0).astype(self.cfg.dtype)
-        new_cache = []
-        for i, layer in enumerate(self.layers):
-            layer_cache = None if cache is None else cache[i]
-            if self.cfg.remat and cache is None:
-                x, c = nnx.remat(lambda lyr, *a: lyr(*a))(layer, x, positions_BT, key_valid_BS, q_slots_BT)
-            else:
-                x, c = layer(x, positions_BT, key_valid_BS, q_slots_BT, layer_cache, cache_index)
-            new_cache.append(c)
-        return self.norm(x), (new_cache if cache is not None else None)
+    def __call__(self, input_ids_BT, positions_BT, key_valid_BS, q_slots_BT, cache=None, cache_index=None,
+                 segment_ids_BT=None):
+        """Hidden states (B, T, E) and the new cache (None without one).
 
-    def full_sequence(self, input_ids_BT, attention_mask_BT=None, positions_BT=None) -> jax.Array:
-        """Hidden states (B, T, E) of a whole (left-padded) sequence, no cache."""
-        if attention_mask_BT is None:
-            attention_mask_BT = jnp.ones(input_ids_BT.shape, jnp.int32)
-        if positions_BT is None:
-            positions_BT = positions_from_mask(attention_mask_BT)
-        q_slots = jnp.broadcast_to(jnp.arange(input_ids_BT.shape[1]), input_ids_BT.shape)
-        hidden, _ = self(input_ids_BT, positions_BT, attention_mask_BT, q_slots)
+        ``q_slots_BT=None`` (no cache): self-attention over the T tokens, query i at slot i.
+        """
+        x = jnp.take(self.embed_tokens[...], input_ids_BT, axis=0).astype(self.cfg.dtype)
+        if cache is None:
+            args = (positions_BT, key_valid_BS, q_slots_BT, None, None, segment_ids_BT)
+            for layer in self.layers:
+                if self.cfg.remat:
+                    x = nnx.remat(lambda lyr, *a: lyr(*a)[0])(layer, x, *args)
+                else:
+                    x = layer(x, *args)[0]
+            return self.norm(x), None
+        new_cache = []
+        for layer, layer_cache in zip(self.layers, cache):
+            x, c = layer(x, positions_BT, key_valid_BS, q_slots_BT, layer_cache, cache_index)
+            new_cache.append(c)
+        return self.norm(x), new_cache
+
+    def full_sequence(self, input_ids_BT, attention_mask_BT=None, positions_BT=None, segment_ids_BT=None) -> jax.Array:
+        """Hidden states (B, T, E) of whole sequences, no cache: left-padded rows, or packed rows with segment ids."""
+        if segment_ids_BT is not None:
+            mask = segment_ids_BT > 0 if attention_mask_BT is None else attention_mask_BT
+            positions = positions_from_segments(segment_ids_BT) if positions_BT is None else positions_BT
+        else:
+            mask = jnp.ones(input_ids_BT.shape, jnp.int32) if attention_mask_BT is None else attention_mask_BT
+            positions = positions_from_mask(mask) if positions_BT is None else positions_BT
+        hidden, _ = self(input_ids_BT, positions, mask, None, segment_ids_BT=segment_ids_BT)
         return hidden
 
 
@@ -79,11 +105,11 @@ class CausalLM(nnx.Module):
     def logits_from_hidden(self, hidden: jax.Array) -> jax.Array:
         return (hidden @ self.unembedding().astype(self.config.dtype)).astype(jnp.float32)
 
-    def hidden_states(self, input_ids, attention_mask=None, positions=None) -> jax.Array:
-        return self.model.full_sequence(input_ids, attention_mask, positions)
+    def hidden_states(self, input_ids, attention_mask=None, positions=None, segment_ids=None) -> jax.Array:
+        return self.model.full_sequence(input_ids, attention_mask, positions, segment_ids)
 
-    def __call__(self, input_ids, attention_mask=None, positions=None) -> jax.Array:
-        return self.logits_from_hidden(self.hidden_states(input_ids, attention_mask, positions))
+    def __call__(self, input_ids, attention_mask=None, positions=None, segment_ids=None) -> jax.Array:
+        return self.logits_from_hidden(self.hidden_states(input_ids, attention_mask, positions, segment_ids))
 
     def init_cache(self, batch: int, max_len: int, dtype=None) -> KVCache:
         cfg = self.config
@@ -134,8 +160,8 @@ class TokenValueModel(nnx.Module):
         self.score = param(rngs, (cfg.hidden_size, 1), ("embed", "labels"), cfg.param_dtype)
         self.score_bias = param(rngs, (1,), ("labels",), cfg.param_dtype, init="zeros")
 
-    def __call__(self, input_ids, attention_mask=None, positions=None) -> jax.Array:
-        hidden = self.model.full_sequence(input_ids, attention_mask, positions)
+    def __call__(self, input_ids, attention_mask=None, positions=None, segment_ids=None) -> jax.Array:
+        hidden = self.model.full_sequence(input_ids, attention_mask, positions, segment_ids)
         dt = self.config.dtype
         values = hidden @ self.score[...].astype(dt) + self.score_bias[...].astype(dt)
         return values[..., 0].astype(jnp.float32)

@@ -114,6 +114,7 @@ def from_pretrained(
     param_dtype=None,
     task: str | None = None,
     remat: bool = False,
+    attn_impl: str = "auto",
     seed: int = 0,
 ) -> nnx.Module:
     """Load a local HF directory (``*ForCausalLM``, ``*ForSequenceClassification`` or
@@ -121,11 +122,12 @@ def from_pretrained(
 
     ``task`` overrides the head read from ``architectures``: ``"token_value"`` on a causal-LM
     checkpoint builds a critic whose value head is freshly initialised (as verl does).
+    ``attn_impl`` picks the attention implementation (see ``models/attention.py``).
     """
     path = os.path.expanduser(path)
     hf = load_hf_config(path)
     try:
-        cfg = from_hf_dict(hf, dtype=dtype, param_dtype=param_dtype or dtype, remat=remat)
+        cfg = from_hf_dict(hf, dtype=dtype, param_dtype=param_dtype or dtype, remat=remat, attn_impl=attn_impl)
     except UnsupportedModelError as e:
         raise UnsupportedModelError(f"{path}: {e} (architectures {hf.get('architectures')})") from None
     checkpoint_task = task_from_hf(hf)

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from rlhf_jax.models.attention import attention
 from rlhf_jax.models.config import ModelConfig, RopeConfig
 
 _INIT_STD = 0.02
@@ -83,6 +84,23 @@ def attention_weights_mask(q_slots_BT: jax.Array, key_valid_BS: jax.Array) -> ja
     return causal & key_valid_BS[:, None, :].astype(bool)
 
 
+def decode_attention(q_BHD, k_BKDS, v_BKSD, q_slot_B, key_valid_BS, dtype) -> jax.Array:
+    """One query token per row over the whole cache, (B, H, D).
+
+    Many tiny matmuls, one per (batch, kv head), are slow on CPU; a broadcast multiply + reduce
+    that XLA fuses reads the cache once instead.
+    """
+    B, H, D = q_BHD.shape
+    K = k_BKDS.shape[1]
+    q = q_BHD.reshape(B, K, H // K, D)
+    scores = jnp.sum(q[..., None] * k_BKDS.astype(dtype)[:, :, None], axis=-2)  # B K G S
+    scores = scores.astype(jnp.float32) / math.sqrt(D)
+    mask = attention_weights_mask(q_slot_B[:, None], key_valid_BS)[:, None]  # B 1 1 S
+    probs = jax.nn.softmax(jnp.where(mask, scores, jnp.finfo(jnp.float32).min), axis=-1).astype(dtype)
+    out = jnp.sum(probs[..., None] * v_BKSD.astype(dtype)[:, :, None], axis=-2)  # B K G D
+    return out.reshape(B, H, D)
+
+
 class Attention(nnx.Module):
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs | None):
         E, H, K, D, pd = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.param_dtype
@@ -110,9 +128,11 @@ class Attention(nnx.Module):
             y = y + getattr(self, f"{name}_bias")[...].astype(dt)
         return y
 
-    def __call__(self, x_BTE, positions_BT, key_valid_BS, q_slots_BT, cache=None, cache_index=None):
+    def __call__(self, x_BTE, positions_BT, key_valid_BS, q_slots_BT, cache=None, cache_index=None, segment_ids_BT=None):
         """Attend from T new tokens; with ``cache`` (k (B, K, D, S), v (B, K, S, D)) write them at slot ``cache_index``.
 
+        ``q_slots_BT=None`` (no cache) is self-attention over the T tokens, query i at slot i.
+        ``segment_ids_BT`` (no cache only) confines attention to equal non-zero segments.
         Returns (output (B, T, E), new cache or None).
         """
         cfg, dt = self.cfg, self.cfg.dtype
@@ -122,37 +142,38 @@ class Attention(nnx.Module):
         inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope)  # a trace-time constant
         q = apply_rope(q, positions_BT, inv_freq)
         k = apply_rope(k, positions_BT, inv_freq)
-        # Keys are laid out (B, K, D, S) and values (B, K, S, D): q.k reduces over D with S minor and
-        # p.v reduces over S with D minor, so both vectorise and neither transposes the cache.
-        k, v = jnp.transpose(k, (0, 2, 3, 1)), jnp.swapaxes(v, 1, 2)
+        B, T, H, D = q.shape
         new_cache = None
         if cache is not None:
+            if segment_ids_BT is not None:
+                raise ValueError("segment ids are not supported with a KV cache")
+            # The cache holds keys (B, K, D, S) and values (B, K, S, D): in the one-token step q.k reduces
+            # over D with S minor and p.v over S with D minor, so both vectorise and neither transposes it.
             k_cache, v_cache = cache
-            k = jax.lax.dynamic_update_slice_in_dim(k_cache, k.astype(k_cache.dtype), cache_index, axis=3)
-            v = jax.lax.dynamic_update_slice_in_dim(v_cache, v.astype(v_cache.dtype), cache_index, axis=2)
-            new_cache = (k, v)
-        B, T, H, D = q.shape
-        K = k.shape[1]
-        q = q.reshape(B, T, K, H // K, D)
-        # One-token decode: many tiny matmuls, one per (batch, kv head), are slow on CPU; a broadcast
-        # multiply + reduce that XLA fuses reads the cache once instead.
-        if T == 1:
-            scores = jnp.sum(q[:, 0, :, :, :, None] * k.astype(dt)[:, :, None, :, :], axis=-2)[:, :, :, None, :]
-        else:
-            scores = jnp.einsum("btkgd,bkds->bkgts", q, k.astype(dt))
-        scores = scores.astype(jnp.float32) / math.sqrt(D)
-        mask = attention_weights_mask(q_slots_BT, key_valid_BS)[:, None, None, :, :]
-        scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
-        probs = jax.nn.softmax(scores, axis=-1).astype(dt)
-        if T == 1:
-            out = jnp.sum(probs[:, :, :, 0, :, None] * v.astype(dt)[:, :, None, :, :], axis=-2)[:, None]
-            out = out.reshape(B, T, H, D)
-        else:
-            out = jnp.einsum("bkgts,bksd->btkgd", probs, v.astype(dt)).reshape(B, T, H, D)
-        out = jnp.einsum("bthd,hde->bte", out, self.o_proj[...].astype(dt))
-        if cfg.o_bias:
+            k_cache = jax.lax.dynamic_update_slice_in_dim(
+                k_cache, jnp.transpose(k, (0, 2, 3, 1)).astype(k_cache.dtype), cache_index, axis=3)
+            v_cache = jax.lax.dynamic_update_slice_in_dim(
+                v_cache, jnp.swapaxes(v, 1, 2).astype(v_cache.dtype), cache_index, axis=2)
+            new_cache = (k_cache, v_cache)
+            if T == 1:
+                out = decode_attention(q[:, 0], k_cache, v_cache, q_slots_BT[:, 0], key_valid_BS, dt)[:, None]
+                return self._output(out), new_cache
+            # A prefill that fills the whole cache from slot 0 is self-attention over the new tokens.
+            if not (isinstance(cache_index, int) and cache_index == 0 and k_cache.shape[3] == T):
+                k = jnp.transpose(k_cache, (0, 3, 1, 2)).astype(dt)
+                v = jnp.swapaxes(v_cache, 1, 2).astype(dt)
+            else:
+                q_slots_BT = None
+        out = attention(q, k, v, q_slots_BT=q_slots_BT, key_valid_BS=key_valid_BS, q_segment_ids_BT=segment_ids_BT,
+                        kv_segment_ids_BS=segment_ids_BT, implementation=cfg.attn_impl)
+        return self._output(out), new_cache
+
+    def _output(self, out_BTHD: jax.Array) -> jax.Array:
+        dt = self.cfg.dtype
+        out = jnp.einsum("bthd,hde->bte", out_BTHD.astype(dt), self.o_proj[...].astype(dt))
+        if self.cfg.o_bias:
             out = out + self.o_bias[...].astype(dt)
-        return out, new_cache
+        return out
 
 
 class MLP(nnx.Module):
@@ -187,9 +208,9 @@ class DecoderLayer(nnx.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype=pd, rngs=rngs)
         self.mlp = MLP(cfg, rngs=rngs)
 
-    def __call__(self, x_BTE, positions_BT, key_valid_BS, q_slots_BT, cache=None, cache_index=None):
+    def __call__(self, x_BTE, positions_BT, key_valid_BS, q_slots_BT, cache=None, cache_index=None, segment_ids_BT=None):
         attn, new_cache = self.self_attn(
-            self.input_layernorm(x_BTE), positions_BT, key_valid_BS, q_slots_BT, cache, cache_index
+            self.input_layernorm(x_BTE), positions_BT, key_valid_BS, q_slots_BT, cache, cache_index, segment_ids_BT
         )
         x_BTE = x_BTE + attn
         x_BTE = x_BTE + self.mlp(self.post_attention_layernorm(x_BTE))

@@ -18,14 +18,15 @@ def torch_logits(model, ids, mask):
         return model(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask)).logits.float().numpy()
 
 
+@pytest.mark.parametrize("attn_impl", ["dense", "blockwise"])
 @pytest.mark.parametrize("kind", ["llama", "llama_tied", "llama3_rope", "qwen2", "qwen3", "mistral"])
-def test_causal_lm_logits_match_transformers(hf_checkpoint, kind):
+def test_causal_lm_logits_match_transformers(hf_checkpoint, kind, attn_impl):
     path, ref_model = hf_checkpoint(kind)
     rng = np.random.default_rng(1)
     ids, mask = left_padded_batch(rng, 128, LENGTHS)
     expected = torch_logits(ref_model, ids, mask)
 
-    model = from_pretrained(path)
+    model = from_pretrained(path, attn_impl=attn_impl)
     logits = jax.jit(lambda m, i, a: m(i, a))(model, jnp.asarray(ids, jnp.int32), jnp.asarray(mask, jnp.int32))
     assert logits.dtype == jnp.float32 and logits.shape == (len(LENGTHS), max(LENGTHS), 128)
     real = mask.astype(bool)
@@ -53,6 +54,7 @@ def test_padding_does_not_change_real_positions(hf_checkpoint):
     np.testing.assert_allclose(batched[1, -5:], alone[0], atol=1e-5)
 
 
+
 def test_gradient_checkpointing_gives_same_gradients(hf_checkpoint):
     from flax import nnx
 
@@ -71,3 +73,54 @@ def test_gradient_checkpointing_gives_same_gradients(hf_checkpoint):
     plain, remat = grads(False), grads(True)
     for a, b in zip(jax.tree.leaves(plain), jax.tree.leaves(remat)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
+
+
+def packed_row(rng, lengths: list[int], total: int):
+    """One row holding sequences of ``lengths`` back to back, then padding: (ids, segment ids, positions, pieces)."""
+    ids = np.zeros(total, np.int64)
+    seg = np.zeros(total, np.int32)
+    pos = np.zeros(total, np.int32)
+    pieces, start = [], 0
+    for n, length in enumerate(lengths, start=1):
+        piece = rng.integers(1, 128, length)
+        ids[start : start + length], seg[start : start + length] = piece, n
+        pos[start : start + length] = np.arange(length)
+        pieces.append((start, piece))
+        start += length
+    return ids, seg, pos, pieces
+
+
+@pytest.mark.parametrize("attn_impl", ["dense", "blockwise"])
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_packed_sequences_match_each_sequence_alone(hf_checkpoint, kind, attn_impl):
+    """Rows of 3 and 2 packed sequences (segment ids, restarting positions, trailing padding) give each
+    sequence's logits as transformers computes them for that sequence alone."""
+    path, ref_model = hf_checkpoint(kind)
+    rng = np.random.default_rng(4)
+    rows = [packed_row(rng, [7, 11, 4], 26), packed_row(rng, [15, 6], 26)]
+    ids, seg, pos = (np.stack([r[i] for r in rows]) for i in range(3))
+    model = from_pretrained(path, attn_impl=attn_impl)
+    run = jax.jit(lambda m, i, p, s: m(i, positions=p, segment_ids=s))
+    logits = np.asarray(run(model, jnp.asarray(ids, jnp.int32), jnp.asarray(pos), jnp.asarray(seg)))
+    for b, (_, _, _, pieces) in enumerate(rows):
+        for start, piece in pieces:
+            expected = torch_logits(ref_model, piece[None], np.ones((1, len(piece)), np.int64))[0]
+            np.testing.assert_array_less(np.abs(logits[b, start : start + len(piece)] - expected).max(), 1e-4)
+    # Positions default to restarting at each segment; the padding mask defaults to segment_ids > 0.
+    default = np.asarray(jax.jit(lambda m, i, s: m(i, segment_ids=s))(model, jnp.asarray(ids, jnp.int32), jnp.asarray(seg)))
+    np.testing.assert_allclose(default[seg > 0], logits[seg > 0], atol=1e-6)
+
+
+def test_packed_token_values_match_each_sequence_alone(hf_checkpoint):
+    path, _ = hf_checkpoint("qwen2")
+    critic = from_pretrained(path, task="token_value")
+    ids, seg, pos, pieces = packed_row(np.random.default_rng(5), [9, 5, 8], 24)
+    packed = jax.jit(lambda m, i, p, s: m(i, positions=p, segment_ids=s))(
+        critic, jnp.asarray(ids[None], jnp.int32), jnp.asarray(pos[None]), jnp.asarray(seg[None]))
+    # Each sequence alone: one left-padded row per sequence.
+    width = max(len(piece) for _, piece in pieces)
+    alone_ids = np.stack([np.pad(piece, (width - len(piece), 0)) for _, piece in pieces])
+    alone_mask = np.stack([np.arange(width) >= width - len(piece) for _, piece in pieces]).astype(np.int32)
+    alone = np.asarray(jax.jit(lambda m, i, a: m(i, a))(critic, jnp.asarray(alone_ids, jnp.int32), jnp.asarray(alone_mask)))
+    for row, (start, piece) in enumerate(pieces):
+        np.testing.assert_allclose(np.asarray(packed)[0, start : start + len(piece)], alone[row, width - len(piece) :], atol=1e-5)
