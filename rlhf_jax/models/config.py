@@ -15,9 +15,13 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from rlhf_jax.models import remat
 from rlhf_jax.models.attention import IMPLEMENTATIONS
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+
+# Gradient checkpointing per decoder layer: "none", or a policy of models/remat.py.
+REMAT_POLICIES = ("none", *remat.POLICIES)
 
 # Which head a checkpoint carries, read from ``architectures``.
 TASK_CAUSAL_LM = "causal_lm"
@@ -69,16 +73,26 @@ class ModelConfig:
     # Runtime settings, not part of the checkpoint.
     dtype: Any = jnp.float32  # computation dtype
     param_dtype: Any = jnp.float32
-    remat: bool = False  # gradient checkpointing per decoder layer
+    remat: str = "none"  # one of REMAT_POLICIES; True / False are read as "full" / "none"
     attn_impl: str = "auto"  # one of attention.IMPLEMENTATIONS
     hf_config: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self):
+        object.__setattr__(self, "remat", remat_policy(self.remat))
         if self.attn_impl not in IMPLEMENTATIONS:
             raise ValueError(f"attn_impl {self.attn_impl!r} is not one of {IMPLEMENTATIONS}")
 
     def replace(self, **changes) -> "ModelConfig":
         return dataclasses.replace(self, **changes)
+
+
+def remat_policy(setting: bool | str) -> str:
+    """The remat policy name for ``setting``: a policy name, or the old boolean switch."""
+    if isinstance(setting, bool):
+        return "full" if setting else "none"
+    if setting not in REMAT_POLICIES:
+        raise ValueError(f"remat {setting!r} is not one of {REMAT_POLICIES} (or a bool)")
+    return setting
 
 
 def _rope_from_hf(hf: dict) -> RopeConfig:

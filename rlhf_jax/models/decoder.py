@@ -27,6 +27,7 @@ from flax import nnx
 
 from rlhf_jax.models.config import TASK_CAUSAL_LM, TASK_SEQ_CLS, TASK_TOKEN_VALUE, ModelConfig
 from rlhf_jax.models.layers import DecoderLayer, RMSNorm, param
+from rlhf_jax.models.remat import checkpointed
 
 KVCache = list  # one (k, v) pair per layer: k (B, K, D, S), v (B, K, S, D) (K kv heads, S slots)
 
@@ -43,6 +44,21 @@ def positions_from_segments(segment_ids_BT: jax.Array) -> jax.Array:
     starts = jnp.concatenate([jnp.ones_like(segment_ids_BT[:, :1], bool),
                               segment_ids_BT[:, 1:] != segment_ids_BT[:, :-1]], axis=1)
     return idx - jax.lax.cummax(jnp.where(starts, idx, 0), axis=1)
+
+
+def _checkpointed_layer(layer: DecoderLayer, policy: str, x_BTE, *args) -> jax.Array:
+    """``layer(x, *args)`` whose activations are recomputed in the backward pass as ``policy`` says.
+
+    The checkpoint wraps a pure function of the layer's state (split here, merged inside) rather
+    than ``nnx.remat`` on the module: the module's variables may belong to an outer trace (a model
+    merged outside ``lax.map`` or ``value_and_grad``), and nnx refuses to touch them from the inner one.
+    """
+    graphdef, state = nnx.split(layer)
+
+    def run(state, x, *args):
+        return nnx.merge(graphdef, state)(x, *args)[0]
+
+    return checkpointed(run, policy)(state, x_BTE, *args)
 
 
 class Decoder(nnx.Module):
@@ -64,10 +80,10 @@ class Decoder(nnx.Module):
         if cache is None:
             args = (positions_BT, key_valid_BS, q_slots_BT, None, None, segment_ids_BT)
             for layer in self.layers:
-                if self.cfg.remat:
-                    x = nnx.remat(lambda lyr, *a: lyr(*a)[0])(layer, x, *args)
-                else:
+                if self.cfg.remat == "none":
                     x = layer(x, *args)[0]
+                else:
+                    x = _checkpointed_layer(layer, self.cfg.remat, x, *args)
             return self.norm(x), None
         new_cache = []
         for layer, layer_cache in zip(self.layers, cache):

@@ -113,7 +113,7 @@ def from_pretrained(
     dtype=jnp.float32,
     param_dtype=None,
     task: str | None = None,
-    remat: bool = False,
+    remat: bool | str = "none",
     attn_impl: str = "auto",
     seed: int = 0,
 ) -> nnx.Module:
@@ -122,6 +122,7 @@ def from_pretrained(
 
     ``task`` overrides the head read from ``architectures``: ``"token_value"`` on a causal-LM
     checkpoint builds a critic whose value head is freshly initialised (as verl does).
+    ``remat`` is a policy name ("none", "full", "dots_saveable") or a bool ("full" / "none");
     ``attn_impl`` picks the attention implementation (see ``models/attention.py``).
     """
     path = os.path.expanduser(path)
