@@ -15,7 +15,8 @@ i at slot i). Only then can the fused kernels run, because their causal mask is
 static: cuDNN through ``jax.nn.dot_product_attention`` on GPU, Pallas splash
 attention on TPU. These two compute every real query exactly; a query that is
 itself padding (its own slot invalid, or segment 0) gets zeros from them, whereas
-``dense`` and ``blockwise`` follow the rule above for it too.
+``dense`` and ``blockwise`` follow the rule above for it too. Being self-attention,
+the kernels read the query segment ids for both sides (they are the same tokens).
 
 The one-token decode step over the KV cache is not here: it lives in
 ``layers.Attention`` as a fused multiply-reduce.
@@ -95,7 +96,10 @@ def select_implementation(requested: str, backend: str, call: CallShape, *, spla
 
 @functools.cache
 def _splash_importable() -> bool:
-    return importlib.util.find_spec("jax.experimental.pallas.ops.tpu.splash_attention") is not None
+    try:  # finding the module imports its parent packages, which may fail on a build without Pallas TPU
+        return importlib.util.find_spec("jax.experimental.pallas.ops.tpu.splash_attention") is not None
+    except ImportError:
+        return False
 
 
 @functools.cache
@@ -134,8 +138,9 @@ def attention(q_BTHD, k_BSKD, v_BSKD, *, q_slots_BT=None, key_valid_BS=None, q_s
         raise ValueError(f"sliding_window must be >= 1, got {sliding_window}")
     scale = D**-0.5 if scale is None else scale
     call = CallShape(T, S, D, jnp.dtype(q_BTHD.dtype).name, q_slots_BT is None, q_segment_ids_BT is not None)
-    chosen, reason = select_implementation(implementation, jax.default_backend(), call,
-                                           splash_available=_splash_importable())
+    backend = jax.default_backend()
+    chosen, reason = select_implementation(implementation, backend, call,
+                                           splash_available=backend == "tpu" and _splash_importable())
     if implementation not in ("auto", chosen):
         _warn_fallback(implementation, chosen, reason)
 
