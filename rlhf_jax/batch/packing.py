@@ -15,12 +15,14 @@ laid end to end in rows of ``row_len`` tokens with
   where the loss code runs unchanged: losses and their denominators are exactly
   those of the unpacked batch.
 
-Rows are grouped into micro-batches of ``rows_per_micro`` rows on each
-data-parallel shard (a token budget of ``rows_per_micro x row_len``). Each
+Rows are grouped into micro-batches of at most ``max_rows_per_micro`` rows on
+each data-parallel shard (a token budget of ``max_rows_per_micro x row_len``):
+as few micro-batches as that allows, each with the same number of rows, rounded
+up to a small set of sizes (1, 2, 3, 4, 6, 8, 12, ...: two per octave, see
+``row_buckets``) so that a run compiles each pass for at most
+2 log2(max_rows_per_micro) + 1 shapes while empty rows stay below a third. Each
 shard packs only the sequences it holds (batch rows are split over shards in
-contiguous blocks), so a micro-batch never needs another shard's data. Shapes
-depend only on (row_len, rows_per_micro), both fixed for a run: one compiled
-program per pass, whatever the step's lengths.
+contiguous blocks), so a micro-batch never needs another shard's data.
 
 Everything here is host NumPy; it runs once per mini-batch on a few integers per sequence.
 """
@@ -63,6 +65,23 @@ def row_length(max_seq_len: int, budget: int | None = None) -> int:
     return min(length, int(budget)) if budget else length
 
 
+def row_buckets(max_rows: int) -> list[int]:
+    """Allowed rows per micro-batch: 1, 2, 3, 4, 6, 8, 12, ... (powers of two and 1.5x them) up to ``max_rows``,
+    plus ``max_rows`` itself."""
+    sizes, p = {int(max_rows)}, 1
+    while p <= max_rows:
+        sizes.update(x for x in (p, 3 * p // 2) if 1 <= x <= max_rows)
+        p *= 2
+    return sorted(sizes)
+
+
+def micro_layout(rows_needed: int, max_rows: int) -> tuple[int, int]:
+    """(micro-batches, rows per micro-batch) for ``rows_needed`` packed rows per shard."""
+    n_micro = max(1, -(-rows_needed // max_rows))
+    per_micro = -(-rows_needed // n_micro)
+    return n_micro, next(b for b in row_buckets(max_rows) if b >= per_micro)
+
+
 def first_fit_decreasing(lengths: np.ndarray, capacity: int) -> list[list[int]]:
     """Bins (lists of item indices) of total length <= capacity, filled longest-first; each bin keeps
     its items in ascending index order (the order they appear in the row)."""
@@ -103,15 +122,12 @@ def pack_batch(
     *,
     dp: int,
     row_len: int,
-    rows_per_micro: int,
+    max_rows_per_micro: int,
     pad_token_id: int = 0,
-    min_micro: int = 1,
 ) -> PackedBatch:
     """Pack a batch whose rows are split over ``dp`` shards in contiguous blocks.
 
-    Responses must be contiguous from column 0 (the sampler's layout); prompts are
-    left-padded. ``min_micro`` forces at least that many micro-batches (used to
-    agree on a count across processes).
+    Responses must be contiguous from column 0 (the sampler's layout); prompts are left-padded.
     """
     N, R = responses.shape
     if N % dp:
@@ -124,7 +140,7 @@ def pack_batch(
     for s in range(dp):
         idx = np.arange(s * per_shard, (s + 1) * per_shard)
         shard_rows.append([[int(idx[j]) for j in row] for row in first_fit_decreasing(lengths[idx], row_len)])
-    n_micro = max(min_micro, max(-(-len(rows) // rows_per_micro) for rows in shard_rows))
+    n_micro, rows_per_micro = micro_layout(max(len(rows) for rows in shard_rows), max_rows_per_micro)
 
     shape = (n_micro, dp * rows_per_micro, row_len)
     ids = np.full(shape, pad_token_id, np.int32)

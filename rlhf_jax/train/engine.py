@@ -179,6 +179,7 @@ class Role:
         ``grid_specs`` maps the mini-batch grid's arrays to (shape, dtype).
         """
         rep = replicated(self.mesh)
+        grid_specs = {k: (tuple(shape), jnp.dtype(dtype)) for k, (shape, dtype) in grid_specs.items()}
         is_actor = self.metric_prefix == "actor"
         grads_fn = packed_steps.actor_grads if is_actor else packed_steps.critic_grads
         micro = self._abstract({k: (micro_shape, jnp.int32) for k in packed_steps.MICRO_KEYS})

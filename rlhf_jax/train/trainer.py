@@ -206,11 +206,11 @@ class Trainer:
             with timer("gen"):
                 out, _ = self._generate(pb, self.c.sampling, self._rollout_key(self.c.sampling.seed, self.step))
                 responses, rmask = to_local(out.responses), to_local(out.response_mask)
+                host = {k: gather_all(getattr(out, k)) for k in ("prompts", "prompt_mask", "responses", "response_mask")}
             with timer("reward"):
                 scores, reward_metrics, _ = self._score(pb, responses, rmask, n)
                 out_metrics.update(reward_metrics)
-                token_scores = place_on_last_token(to_global(self.mesh, scores), out.response_mask)
-            host = {k: gather_all(getattr(out, k)) for k in ("prompts", "prompt_mask", "responses", "response_mask")}
+                token_scores = jax.block_until_ready(place_on_last_token(to_global(self.mesh, scores), out.response_mask))
             batch, rollout_logprobs = self._training_batch(out, host)
             need_old = d.recompute_old_log_prob or cfg.algorithm.use_kl_in_reward
             if need_old:
@@ -248,15 +248,15 @@ class Trainer:
                 with timer("update_actor"):
                     out_metrics.update(self._update_actor(batch, host))
                     jax.block_until_ready(self.actor.params)
-            # Metrics cover every process's rows.
-            host = {k: gather_all(v) for k, v in batch.items() if k in ("advantages", "returns", "values", "response_mask")}
-            host.update(token_level_scores=gather_all(token_scores), token_level_rewards=gather_all(rewards),
-                        prompt_mask=gather_all(out.prompt_mask))
+        # Metrics cover every process's rows (gathered after the step's timer: they are not part of the step).
+        arrays = {k: gather_all(v) for k, v in batch.items() if k in ("advantages", "returns", "values", "response_mask")}
+        arrays.update(token_level_scores=gather_all(token_scores), token_level_rewards=gather_all(rewards),
+                      prompt_mask=gather_all(out.prompt_mask))
         out_metrics.update(self._layout_metrics)
-        out_metrics.update(M.data_metrics(host, max_prompt_length=cfg.data.max_prompt_length,
+        out_metrics.update(M.data_metrics(arrays, max_prompt_length=cfg.data.max_prompt_length,
                                           max_response_length=cfg.data.max_response_length))
-        resp_tokens = int(host["response_mask"].sum())
-        total_tokens = resp_tokens + int(host["prompt_mask"].sum())
+        resp_tokens = int(arrays["response_mask"].sum())
+        total_tokens = resp_tokens + int(arrays["prompt_mask"].sum())
         out_metrics.update(M.timing_metrics(timer.seconds, response_tokens=resp_tokens, total_tokens=total_tokens))
         out_metrics.update(M.perf_metrics(total_tokens=total_tokens, step_seconds=timer.seconds["step"],
                                           update_seconds=timer.seconds.get("update_actor", 0.0), num_params=self.num_params,
@@ -357,7 +357,7 @@ class Trainer:
             host = {k: v[rows] for k, v in host.items()}
         dp = self.cfg.derived.dp_size
         packed = pack_batch(host["prompts"], host["prompt_mask"], host["responses"], host["response_mask"],
-                            dp=dp, row_len=plan.row_len, rows_per_micro=plan.rows_per_micro,
+                            dp=dp, row_len=plan.row_len, max_rows_per_micro=plan.rows_per_micro,
                             pad_token_id=int(self.c.sampling.pad_token_id))
         self._layout_metrics[f"perf/packed_tokens/{plan.name}"] = self._layout_metrics.get(
             f"perf/packed_tokens/{plan.name}", 0.0) + float(packed.padded_tokens)

@@ -17,7 +17,7 @@ import optax
 import pytest
 
 from rlhf_jax import models
-from rlhf_jax.batch import first_fit_decreasing, pack_batch
+from rlhf_jax.batch import first_fit_decreasing, micro_layout, pack_batch, row_buckets
 from rlhf_jax.parallel import make_mesh
 from rlhf_jax.train.batching import to_global
 from rlhf_jax.train.engine import Role
@@ -55,8 +55,8 @@ def setup(tmp_path_factory):
     return path, mesh, host
 
 
-def _role(path, mesh, task=None, attn="auto"):
-    model = models.from_pretrained(path, mesh=mesh, task=task, attn_impl=attn)
+def _role(path, mesh, task=None, attn="auto", dtype=jnp.float32):
+    model = models.from_pretrained(path, mesh=mesh, task=task, attn_impl=attn, dtype=dtype, param_dtype=jnp.float32)
     return Role(model, mesh, optax.sgd(1.0), lambda step: 1.0)
 
 
@@ -71,7 +71,7 @@ def _micros(mesh, host, rows=None, row_len=32, rows_per_micro=1) -> list[dict]:
     if rows is not None:
         host = {k: v[rows] for k, v in host.items()}
     packed = pack_batch(host["prompts"], host["prompt_mask"], host["responses"], host["response_mask"],
-                        dp=DP, row_len=row_len, rows_per_micro=rows_per_micro)
+                        dp=DP, row_len=row_len, max_rows_per_micro=rows_per_micro)
     assert packed.num_micro >= 2  # gradient accumulation over several packed micro-batches
     assert (packed.segment_ids.max(axis=-1) >= 2).any()  # several sequences share a row
     return [{k: to_global(mesh, v) for k, v in packed.micro(i).items()} for i in range(packed.num_micro)]
@@ -80,7 +80,7 @@ def _micros(mesh, host, rows=None, row_len=32, rows_per_micro=1) -> list[dict]:
 def test_pack_layout_puts_every_token_where_its_target_says():
     host = ragged_batch(1, vocab=50)
     packed = pack_batch(host["prompts"], host["prompt_mask"], host["responses"], host["response_mask"],
-                        dp=DP, row_len=24, rows_per_micro=2)
+                        dp=DP, row_len=24, max_rows_per_micro=2)
     per_shard = N // DP
     filled = np.zeros((N, R), int)
     for m in range(packed.num_micro):
@@ -96,6 +96,18 @@ def test_pack_layout_puts_every_token_where_its_target_says():
                 filled[i, t] += 1
     np.testing.assert_array_equal(filled, host["response_mask"])  # every response token exactly once
     assert packed.real_tokens == int(host["prompt_mask"].sum() + host["response_mask"].sum())
+
+
+def test_micro_layout_uses_few_shapes_and_little_padding():
+    assert row_buckets(16) == [1, 2, 3, 4, 6, 8, 12, 16]
+    assert row_buckets(20) == [1, 2, 3, 4, 6, 8, 12, 16, 20]
+    assert micro_layout(22, 16) == (2, 12)  # 24 rows computed for 22 needed, not 2 x 16
+    assert micro_layout(5, 48) == (1, 6)
+    assert micro_layout(1, 1) == (1, 1)
+    for needed in range(1, 200):
+        n, per = micro_layout(needed, 16)
+        assert per <= 16 and n * per >= needed and n == -(-needed // 16)
+        assert n * per <= 1.5 * needed + 1  # padding rows stay below a third (+1 for tiny counts)
 
 
 def test_first_fit_decreasing_respects_capacity():
@@ -187,3 +199,21 @@ def test_gspo_sequence_ratio_packed_equals_padded(setup):
     m_packed, g_packed = _grad_step(role, spec, mesh, host, True, key)
     assert m_packed["actor/pg_loss"] == pytest.approx(m_pad["actor/pg_loss"], rel=1e-5, abs=1e-7)
     assert_grads_close(g_pad, g_packed, role.params)
+
+
+def test_bfloat16_compute_with_float32_master_weights_matches_float32(setup):
+    """compute_dtype=bfloat16 keeps float32 parameters (so float32 optimizer state and updates); the loss and the
+    gradient agree with float32 compute within bfloat16 precision (8-bit mantissa, 2 layers)."""
+    path, mesh, host = setup
+    spec = ActorLossSpec(use_kl_loss=True, kl_loss_coef=0.04, temperature=1.0)
+    key = jax.random.key(5)
+    m32, g32 = _grad_step(_role(path, mesh), spec, mesh, host, True, key)
+    role16 = _role(path, mesh, dtype=jnp.bfloat16)
+    assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(role16.params))
+    m16, g16 = _grad_step(role16, spec, mesh, host, True, key)
+    for k in ("actor/pg_loss", "actor/entropy", "actor/kl_loss", "actor/grad_norm"):
+        assert m16[k] == pytest.approx(m32[k], rel=3e-2, abs=1e-3), k
+    flat32 = np.concatenate([x.ravel() for x in jax.tree.leaves(g32)])
+    flat16 = np.concatenate([x.ravel() for x in jax.tree.leaves(g16)])
+    cosine = flat32 @ flat16 / (np.linalg.norm(flat32) * np.linalg.norm(flat16))
+    assert cosine > 0.99, cosine
