@@ -40,10 +40,12 @@ log = logging.getLogger(__name__)
 IMPLEMENTATIONS = ("auto", "dense", "blockwise", "cudnn", "splash")
 
 # Query x key pairs up to which "auto" keeps the dense formula. Measured on a 2-core CPU with
-# SmolLM2 heads (H=9, K=3, D=64), forward and forward+backward, batch 1 and 4: the two tie at
-# T = 64 and 128 (within 20 %, either way); from T = 256 on the blockwise path is faster, and
-# increasingly so (T=1024, batch 1: dense 85 / 585 ms, blockwise 24 / 74 ms fwd / fwd+bwd).
-DENSE_MAX_PAIRS = 128 * 128
+# SmolLM2 heads (H=9, K=3, D=64): attention alone, batch 1, the two tie at T = 64 and 128 and
+# blockwise wins from T = 256 (T=1024: dense 85 / 585 ms, blockwise 24 / 74 ms fwd / fwd+bwd).
+# Inside the whole 30-layer SmolLM2 forward+backward on 24 packed rows of 256 tokens, though, dense
+# took 52 s and blockwise 74 s (its recomputing backward costs more than the 256 x 256 scores it
+# saves), so dense is kept up to 256 x 256; the memory plan accounts for the scores it keeps.
+DENSE_MAX_PAIRS = 256 * 256
 
 
 @dataclasses.dataclass(frozen=True)
