@@ -140,24 +140,29 @@ class Role:
         return {k: jax.ShapeDtypeStruct(shape, dtype, sharding=batch_sharding(self.mesh, len(shape)))
                 for k, (shape, dtype) in specs.items()}
 
-    def _compile(self, key: tuple, make: Callable[[], Callable], *example) -> Any:
+    def _compile(self, key: tuple, make: Callable[[], tuple[Callable, tuple]]) -> Any:
+        """The executable cached under ``key``; ``make`` returns (jitted function, example arguments)."""
         if key not in self._compiled:
-            self._compiled[key] = make().lower(*example).compile()
+            fn, example = make()
+            self._compiled[key] = fn.lower(*example).compile()
         return self._compiled[key]
 
     def packed_forward_program(self, kind: str, micro_shape: tuple[int, int], grid_shape: tuple[int, int], dp: int,
                                **static) -> Any:
         """The compiled forward pass ``kind`` ("logp" or "values") over one packed micro-batch."""
-        step_fn = packed_steps.forward_log_probs if kind == "logp" else packed_steps.forward_values
-        rows = batch_sharding(self.mesh, 2)
-        micro = self._abstract({k: (micro_shape, jnp.int32) for k in packed_steps.MICRO_KEYS})
-        grid = jax.ShapeDtypeStruct(grid_shape, jnp.float32, sharding=rows)
-        return self._compile(
-            ("packed_" + kind, micro_shape, grid_shape, dp, tuple(sorted(static.items()))),
-            lambda: jax.jit(functools.partial(step_fn, self.graphdef, dp=dp, **static),
-                            in_shardings=(self.param_shardings, rows, self._batch_shardings(micro)),
-                            out_shardings=rows, donate_argnums=(1,)),
-            self.params, grid, micro)
+
+        def make():
+            step_fn = packed_steps.forward_log_probs if kind == "logp" else packed_steps.forward_values
+            rows = batch_sharding(self.mesh, 2)
+            micro = self._abstract({k: (micro_shape, jnp.int32) for k in packed_steps.MICRO_KEYS})
+            grid = jax.ShapeDtypeStruct(grid_shape, jnp.float32, sharding=rows)
+            fn = jax.jit(functools.partial(step_fn, self.graphdef, dp=dp, **static),
+                         in_shardings=(self.param_shardings, rows, self._batch_shardings(micro)),
+                         out_shardings=rows, donate_argnums=(1,))
+            return fn, (self.params, grid, micro)
+
+        return self._compile(("packed_" + kind, tuple(micro_shape), tuple(grid_shape), dp, tuple(sorted(static.items()))),
+                             make)
 
     def _packed_forward(self, kind: str, micros: list[dict], grid_shape: tuple[int, int], dp: int, **static):
         grid = jax.device_put(jnp.zeros(grid_shape, jnp.float32), batch_sharding(self.mesh, 2))
@@ -178,23 +183,25 @@ class Role:
 
         ``grid_specs`` maps the mini-batch grid's arrays to (shape, dtype).
         """
-        rep = replicated(self.mesh)
         grid_specs = {k: (tuple(shape), jnp.dtype(dtype)) for k, (shape, dtype) in grid_specs.items()}
-        is_actor = self.metric_prefix == "actor"
-        grads_fn = packed_steps.actor_grads if is_actor else packed_steps.critic_grads
-        micro = self._abstract({k: (micro_shape, jnp.int32) for k in packed_steps.MICRO_KEYS})
-        grid = self._abstract(grid_specs)
-        extra = ()
-        if is_actor:
-            key = jax.eval_shape(lambda: jax.random.key(0))
-            extra = (jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=rep),)
-        return self._compile(
-            ("packed_grads", spec, micro_shape, tuple(sorted(grid_specs.items())), dp),
-            lambda: jax.jit(functools.partial(grads_fn, self.graphdef, spec, dp=dp),
-                            in_shardings=(self.param_shardings, self.param_shardings, self._batch_shardings(micro),
-                                          self._batch_shardings(grid)) + (rep,) * len(extra),
-                            out_shardings=(self.param_shardings, rep, rep), donate_argnums=(1,)),
-            self.params, self.params, micro, grid, *extra)
+
+        def make():
+            rep = replicated(self.mesh)
+            is_actor = self.metric_prefix == "actor"
+            grads_fn = packed_steps.actor_grads if is_actor else packed_steps.critic_grads
+            micro = self._abstract({k: (micro_shape, jnp.int32) for k in packed_steps.MICRO_KEYS})
+            grid = self._abstract(grid_specs)
+            extra = ()
+            if is_actor:
+                key = jax.eval_shape(lambda: jax.random.key(0))
+                extra = (jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=rep),)
+            fn = jax.jit(functools.partial(grads_fn, self.graphdef, spec, dp=dp),
+                         in_shardings=(self.param_shardings, self.param_shardings, self._batch_shardings(micro),
+                                       self._batch_shardings(grid)) + (rep,) * len(extra),
+                         out_shardings=(self.param_shardings, rep, rep), donate_argnums=(1,))
+            return fn, (self.params, self.params, micro, grid, *extra)
+
+        return self._compile(("packed_grads", spec, tuple(micro_shape), tuple(sorted(grid_specs.items())), dp), make)
 
     def _apply_program(self) -> Callable:
         rep = replicated(self.mesh)
