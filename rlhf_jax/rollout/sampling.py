@@ -1,9 +1,10 @@
 """Drawing one token per row: per-row PRNG streams, an exact inverse-CDF draw, and the reported log-prob.
 
-Randomness is a pure function of (seed key, global row index, step): each row
-folds its index into the call's key, then folds in the decode step, and draws
-one uniform. Nothing depends on how the batch is sharded or how many devices
-there are, so a run reproduces token for token on 1 or 8 devices.
+Randomness is a pure function of (seed key, sample id, token index): each
+sample folds its id into the call's key, then folds in the index of the token
+it is drawing, and draws one uniform. Nothing depends on how the batch is
+sharded, how many devices there are or which decode slot a sample ran in, so a
+run reproduces token for token on 1 or 8 devices and with any number of slots.
 
 The draw inverts the CDF of the processed distribution with one uniform per
 row. Over the whole vocabulary it goes in two levels (pick a chunk from chunk
@@ -29,14 +30,20 @@ def rollout_key(seed: int, step: int = 0) -> jax.Array:
     return jax.random.fold_in(jax.random.key(int(seed)), int(step))
 
 
+def sample_keys(key: jax.Array, sample_ids_N: jax.Array) -> jax.Array:
+    """The key of each sample id (N,), independent of where the sample runs."""
+    return jax.vmap(lambda i: jax.random.fold_in(key, i))(sample_ids_N.astype(jnp.uint32))
+
+
 def row_keys(key: jax.Array, num_rows: int) -> jax.Array:
-    """One key per global row index (N,), independent of sharding."""
-    return jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(num_rows, dtype=jnp.uint32))
+    """One key per global row index (N,): the keys of samples 0 .. num_rows - 1."""
+    return sample_keys(key, jnp.arange(num_rows, dtype=jnp.uint32))
 
 
 def row_uniforms(keys_N: jax.Array, step: jax.Array | int) -> jax.Array:
-    """One float32 uniform in [0, 1) per row for decode step ``step``."""
-    return jax.vmap(lambda k: jax.random.uniform(jax.random.fold_in(k, step), dtype=jnp.float32))(keys_N)
+    """One float32 uniform in [0, 1) per row for token index ``step`` (a scalar, or one index per row)."""
+    steps_N = jnp.broadcast_to(jnp.asarray(step, jnp.uint32), keys_N.shape)
+    return jax.vmap(lambda k, t: jax.random.uniform(jax.random.fold_in(k, t), dtype=jnp.float32))(keys_N, steps_N)
 
 
 def _pick(weights_BC: jax.Array, target_B: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -88,9 +95,18 @@ def token_logprobs(logits_BV: jax.Array, tokens_B: jax.Array, temperature: float
     return chosen - jax.nn.logsumexp(scaled, axis=-1)
 
 
+def first_argmax(logits_BV: jax.Array) -> jax.Array:
+    """``argmax`` (the first index on ties) as two plain reductions, which XLA vectorises on CPU."""
+    V = logits_BV.shape[-1]
+    best = jnp.max(logits_BV, axis=-1, keepdims=True)
+    index = jnp.min(jnp.where(logits_BV == best, jnp.arange(V, dtype=jnp.int32), V), axis=-1)
+    return jnp.minimum(index, V - 1)
+
+
 def sample_step(logits_BV: jax.Array, keys_B: jax.Array, step: jax.Array | int, params: SamplingParams):
     """Next token (B,) int32 and its log-prob (B,) float32 from last-position logits.
 
+    ``step`` is the index of the token being drawn, a scalar or one per row.
     Greedy settings take the argmax (first index on ties); otherwise the
     registered processors run and one token is drawn per row. The log-prob is
     that of the temperature-scaled distribution before top-k/top-p truncation
@@ -98,8 +114,25 @@ def sample_step(logits_BV: jax.Array, keys_B: jax.Array, step: jax.Array | int, 
     """
     logits_BV = logits_BV.astype(jnp.float32)
     if params.greedy:
-        tokens = jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
+        tokens = first_argmax(logits_BV)
     else:
         candidates = apply_processors(Candidates.full(logits_BV), params)
         tokens = draw(candidates, row_uniforms(keys_B, step))
     return tokens, token_logprobs(logits_BV, tokens, params.logprob_temperature)
+
+
+def sample_in_row_chunks(logits_BV, keys_B, step_B, params: SamplingParams, rows: int):
+    """``sample_step`` over consecutive chunks of ``rows`` rows (``lax.map``); same tokens, same log-probs.
+
+    On CPU a chunk's logits stay in cache across the passes over the
+    vocabulary (max, exp, cumulative sums, log-sum-exp): at 64 x 49152 logits
+    this is 4x faster than one pass per operation over the whole batch.
+    """
+    B = logits_BV.shape[0]
+    rows = max(r for r in range(1, min(rows, B) + 1) if B % r == 0)
+    if rows == B:
+        return sample_step(logits_BV, keys_B, step_B, params)
+    chunks = (logits_BV.reshape(B // rows, rows, -1), keys_B.reshape(B // rows, rows),
+              jnp.broadcast_to(jnp.asarray(step_B), (B,)).reshape(B // rows, rows))
+    tokens, logps = jax.lax.map(lambda c: sample_step(*c, params), chunks)
+    return tokens.reshape(B), logps.reshape(B)

@@ -9,7 +9,7 @@ import pytest
 
 from rlhf_jax.rollout import SamplingParams, inverse_cdf, register_processor, rollout_key, sample_step
 from rlhf_jax.rollout.processors import PROCESSORS, nucleus_threshold_bisect
-from rlhf_jax.rollout.sampling import row_keys
+from rlhf_jax.rollout.sampling import first_argmax, row_keys, sample_in_row_chunks, sample_keys
 
 DRAWS = 4000
 
@@ -143,3 +143,30 @@ def test_custom_processor_registers_and_composes():
     assert set(tokens.tolist()) == {0, 7}  # 3 (the best) is banned; top-2 of the rest
     with pytest.raises(ValueError, match="unknown logit processor"):
         draw_many(HAND_MADE, SamplingParams(max_new_tokens=1, processors=("nope",)))
+
+
+def test_draws_depend_on_sample_id_and_token_index_only():
+    """A row's token is a function of (key, sample id, token index): rows may come in any order, in any chunks."""
+    rng = np.random.default_rng(4)
+    logits = jnp.asarray(rng.standard_normal((48, 300)) * 2, jnp.float32)
+    steps = jnp.asarray(rng.integers(0, 50, size=48), jnp.int32)
+    params = SamplingParams(max_new_tokens=1, temperature=1.0, top_p=0.9)
+    key = rollout_key(2)
+    tokens, logps = sample_step(logits, row_keys(key, 48), steps, params)
+    perm = rng.permutation(48)
+    shuffled = sample_step(logits[perm], sample_keys(key, jnp.asarray(perm)), steps[perm], params)
+    np.testing.assert_array_equal(shuffled[0], np.asarray(tokens)[perm])
+    for rows in (16, 7):  # 7 does not divide 48: chunks of 6
+        chunked = jax.jit(lambda l, k, s, rows=rows: sample_in_row_chunks(l, k, s, params, rows))(logits, row_keys(key, 48), steps)
+        np.testing.assert_array_equal(chunked[0], tokens)
+        np.testing.assert_allclose(chunked[1], logps, atol=1e-6)
+    one_step = sample_step(logits, row_keys(key, 48), 5, params)[0]
+    np.testing.assert_array_equal(one_step, sample_step(logits, row_keys(key, 48), jnp.full((48,), 5), params)[0])
+
+
+def test_first_argmax_takes_the_first_of_ties():
+    logits = jnp.asarray([[1.0, 3.0, 3.0, 0.0], [-1.0, -1.0, -2.0, -1.0], [0.0, 0.0, 0.0, 5.0]])
+    np.testing.assert_array_equal(first_argmax(logits), [1, 0, 3])
+    rng = np.random.default_rng(0)
+    wide = jnp.asarray(np.round(rng.standard_normal((16, 5000)), 1), jnp.float32)  # many ties
+    np.testing.assert_array_equal(first_argmax(wide), np.argmax(np.asarray(wide), axis=1))
