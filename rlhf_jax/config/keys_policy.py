@@ -120,6 +120,10 @@ ROLLOUT = (
         type=int),
     Key(A + "rollout.ignore_eos", False, "Keep generating after EOS (benchmarking)."),
     Key(A + "rollout.seed", None, "Base PRNG seed of sampling; None = trainer.seed.", type=int),
+    Key(A + "rollout.max_num_seqs", None,
+        "Decode slots (sequences decoded at once; a finished one is refilled from the pending samples); "
+        "rounded down to a multiple of the data-parallel size. None = every sample of the batch, at most 256.",
+        type=int),
     Key(A + "rollout.log_prob_micro_batch_size_per_gpu", 2,
         "Sequences per old-log-prob forward pass on each data-parallel shard; -1 = all."),
     Key(A + "rollout.log_prob_use_dynamic_bsz", None,

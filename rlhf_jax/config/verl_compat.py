@@ -94,7 +94,6 @@ IGNORED: tuple[Ignored, ...] = (
     Ignored("actor_rollout_ref.rollout.layered_summon", _ENGINE),
     Ignored("actor_rollout_ref.rollout.tensor_model_parallel_size", f"sampler tensor parallelism: {_MESH}"),
     Ignored("actor_rollout_ref.rollout.max_num_batched_tokens", "vLLM scheduler setting"),
-    Ignored("actor_rollout_ref.rollout.max_num_seqs", "vLLM scheduler setting"),
     Ignored("actor_rollout_ref.rollout.max_model_len", "vLLM scheduler setting"),
     Ignored("actor_rollout_ref.rollout.enable_chunked_prefill", "vLLM scheduler setting"),
     Ignored("actor_rollout_ref.rollout.enable_prefix_caching", "vLLM scheduler setting"),

@@ -25,7 +25,9 @@ class SamplingParams:
     ``temperature == 0`` or ``do_sample=False`` means greedy decoding. ``top_k`` of
     -1 or 0 and ``top_p == 1`` switch those filters off. ``max_new_tokens`` is
     verl's ``response_length``. ``processors`` names the registered logit
-    processors applied in order before a token is drawn.
+    processors applied in order before a token is drawn. ``max_num_seqs`` caps
+    the number of decode slots (sequences decoded at once); None lets the
+    sampler choose it from the batch (see ``scheduler.num_slots``).
     """
 
     max_new_tokens: int
@@ -39,6 +41,7 @@ class SamplingParams:
     eos_token_ids: tuple[int, ...] = ()
     pad_token_id: int = 0
     processors: tuple[str, ...] = DEFAULT_PROCESSORS
+    max_num_seqs: int | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "eos_token_ids", tuple(int(t) for t in self.eos_token_ids))
@@ -53,6 +56,10 @@ class SamplingParams:
             raise ValueError(f"{_ROLLOUT}.top_k must be an integer >= -1 (-1 or 0 = off), got {self.top_k}")
         if int(self.n) < 1:
             raise ValueError(f"{_ROLLOUT}.n must be >= 1, got {self.n}")
+        if self.max_num_seqs is not None:
+            object.__setattr__(self, "max_num_seqs", int(self.max_num_seqs))
+        if self.max_num_seqs is not None and self.max_num_seqs < 1:
+            raise ValueError(f"{_ROLLOUT}.max_num_seqs must be >= 1 or None (from the batch), got {self.max_num_seqs}")
 
     @property
     def greedy(self) -> bool:
@@ -113,6 +120,7 @@ class SamplingParams:
             seed=int(base_seed),
             eos_token_ids=tuple(eos_token_ids),
             pad_token_id=int(pad_token_id),
+            max_num_seqs=get(rollout, "max_num_seqs", None),
         )
 
 

@@ -23,6 +23,10 @@ def test_from_config_reads_train_and_validation_settings():
     assert val.greedy and val.n == 1 and val.max_new_tokens == 48 and val.top_p == r.val_kwargs.top_p
     assert val.logprob_temperature == 1.0
     assert train.static_key() == train.replace(seed=123).static_key()
+    assert train.max_num_seqs is None and val.max_num_seqs is None
+    r.max_num_seqs = 32
+    assert SamplingParams.from_config(r).max_num_seqs == 32
+    assert SamplingParams.from_config(r, validation=True).max_num_seqs == 32
 
 
 def test_from_config_fallbacks_and_errors():
@@ -31,7 +35,8 @@ def test_from_config_fallbacks_and_errors():
         SamplingParams.from_config(r)
     p = SamplingParams.from_config(r, response_length=16, seed=3)
     assert p.max_new_tokens == 16 and p.seed == 3
-    for bad in (dict(top_p=0.0), dict(temperature=-1.0), dict(top_k=-2), dict(n=0), dict(max_new_tokens=0)):
+    for bad in (dict(top_p=0.0), dict(temperature=-1.0), dict(top_k=-2), dict(n=0), dict(max_new_tokens=0),
+                dict(max_num_seqs=0)):
         with pytest.raises(ValueError, match="actor_rollout_ref.rollout"):
             SamplingParams(**{"max_new_tokens": 4, **bad})
 
