@@ -1,4 +1,4 @@
-"""Sampler: prefill + decode in one jitted loop over a KV cache, n samples per prompt, sampling processors.
+"""Sampler: prefill + continuous-batching decode in one jitted loop, n samples per prompt, sampling processors.
 
 High level: ``generate(model, prompt_ids, max_new_tokens=...)`` on lists of token ids.
 Trainer level: ``Sampler`` (compiled programs keyed by static shapes) turns
@@ -8,16 +8,20 @@ built by ``SamplingParams.from_config(cfg.actor_rollout_ref.rollout)``.
 
 from rlhf_jax.rollout.api import GenerateOutput, generate, generate_with_params, sampler_for
 from rlhf_jax.rollout.buckets import bucket_batch, bucket_length, left_pad
-from rlhf_jax.rollout.decode import RolloutBatch, prefill, rollout
+from rlhf_jax.rollout.decode import DecodeStats, RolloutBatch, rollout, rollout_with_stats
 from rlhf_jax.rollout.params import DEFAULT_PROCESSORS, SamplingParams, eos_token_ids_from_dir
+from rlhf_jax.rollout.prefill import PromptCache, prefill_prompts
 from rlhf_jax.rollout.processors import PROCESSORS, Candidates, apply_processors, register_processor
 from rlhf_jax.rollout.sampler import Sampler
 from rlhf_jax.rollout.sampling import draw, inverse_cdf, rollout_key, sample_step, token_logprobs
+from rlhf_jax.rollout.scheduler import num_slots
 
 __all__ = [
     "DEFAULT_PROCESSORS",
     "PROCESSORS",
+    "PromptCache",
     "Candidates",
+    "DecodeStats",
     "GenerateOutput",
     "RolloutBatch",
     "Sampler",
@@ -31,10 +35,12 @@ __all__ = [
     "generate_with_params",
     "inverse_cdf",
     "left_pad",
-    "prefill",
+    "num_slots",
+    "prefill_prompts",
     "register_processor",
     "rollout",
     "rollout_key",
+    "rollout_with_stats",
     "sample_step",
     "sampler_for",
     "token_logprobs",

@@ -98,13 +98,15 @@ def generate(
     ignore_eos: bool = False,
     do_sample: bool = True,
     pad_token_id: int | None = None,
+    max_num_seqs: int | None = None,
     mesh: Mesh | None = None,
 ) -> GenerateOutput:
     """Sample from ``model`` for prompts given as lists of token ids.
 
     ``eos_token_ids`` None uses the checkpoint's ``eos_token_id`` (config.json);
     pass ``()`` to never stop early. ``temperature=0`` or ``do_sample=False``
-    decodes greedily. Same seed, same tokens.
+    decodes greedily. ``max_num_seqs`` caps the decode slots (None: every
+    sample at once, up to 256). Same seed, same tokens, whatever the slots.
     """
     if eos_token_ids is None:
         eos_token_ids = as_token_ids(model.config.hf_config.get("eos_token_id"))
@@ -120,5 +122,6 @@ def generate(
         seed=seed,
         eos_token_ids=eos,
         pad_token_id=default_pad_id(model, eos) if pad_token_id is None else pad_token_id,
+        max_num_seqs=max_num_seqs,
     )
     return generate_with_params(model, prompt_ids, params, key=rollout_key(seed), mesh=mesh)

@@ -1,28 +1,35 @@
-"""Prefill + decode in one traced function: KV cache, shared prompt prefill for n samples, early-exit loop.
+"""Prefill + continuous-batching decode in one traced function: n samples per prompt, outputs by sample id.
 
-Layout of the cache (per layer, keys (N, K, D, S), values (N, K, S, D); N = B * n, S = P + R - 1):
-slots [0, P) hold the left-padded prompt, slot P + t - 1 the response token t
-once it has been fed back. Each prompt is prefilled once; its cache rows are
-repeated n times (prompt-major: the n samples of prompt 0 first) into the
-decode cache. The cache lives in the ``lax.while_loop`` carry and is written
-with ``dynamic_update_slice``, which XLA performs in place: no copy per step.
+1. Prefill (``prefill.py``): every prompt once, in length-sorted groups and chunks.
+2. Each sample's first token is drawn from its prompt's logits; samples that
+   it does not end wait in their shard's queue.
+3. Decode (``scheduler.py``): M slots in a ``lax.while_loop``, one token per
+   slot per step; a slot whose sample ends takes the next pending sample of
+   its shard inside the same loop. When the queues are empty and few enough
+   slots are live, the live ones move into a loop compiled for fewer slots.
 
-Key validity never changes during decoding: prompt slots follow the prompt
-mask and response slots are all valid, because a query at slot i only sees
-slots j <= i, all of which are written by then. So the mask is built once.
+Every token lands in (N, R) buffers at (sample id, token index), so the result
+is the same prompt-major ``RolloutBatch`` whatever the slot count. A token is
+drawn with the key of (call key, sample id, token index): which slot a sample
+ran in, or when, does not change it.
 """
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from flax import struct
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import Mesh
 
-from rlhf_jax.models.decoder import positions_from_mask
-from rlhf_jax.parallel.mesh import DEFAULT_RULES, Rules, logical_to_spec
+from rlhf_jax.parallel.mesh import DEFAULT_RULES, Rules, single_device_mesh
+from rlhf_jax.rollout import scheduler
 from rlhf_jax.rollout.params import SamplingParams
-from rlhf_jax.rollout.sampling import row_keys, sample_step
+from rlhf_jax.rollout.prefill import prefill_prompts
+from rlhf_jax.rollout.sampling import row_keys, sample_in_row_chunks, sample_keys
+from rlhf_jax.rollout.scheduler import Responses
+from rlhf_jax.rollout.shards import BatchShards
 
 
 @struct.dataclass
@@ -47,43 +54,119 @@ class RolloutBatch:
         return jnp.sum(self.response_mask, axis=1)
 
 
-def _constrain(x: jax.Array, mesh: Mesh | None, axes: tuple, rules: Rules) -> jax.Array:
-    if mesh is None:
-        return x
-    spec = logical_to_spec(axes, rules, mesh, x.shape)
-    return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+@struct.dataclass
+class DecodeStats:
+    """What the decode loops executed: ``steps[i]`` steps of ``slots[i]`` slots each."""
+
+    steps: jax.Array  # (phases,) int32
+    slots: tuple[int, ...] = struct.field(pytree_node=False)
+
+    def slot_steps(self) -> int:
+        """Decode steps x slots, summed over the loops (host value)."""
+        return int(sum(int(s) * m for s, m in zip(jax.device_get(self.steps), self.slots)))
 
 
-def prefill(model, prompt_ids_BP: jax.Array, prompt_mask_BP: jax.Array):
-    """One forward over the left-padded prompts into a (B, P) cache; logits of the last position only."""
+# Rows per sampling chunk on CPU (see ``sample_in_row_chunks``); other platforms sample all rows at once.
+CPU_SAMPLE_ROWS = 16
+
+
+def _draw(logits, keys, step, params: SamplingParams, shards: BatchShards):
+    """Each row's next token and log-prob, sampled on the row's shard; ``step`` (rows,) is each row's token index."""
+    rows = CPU_SAMPLE_ROWS if shards.platform == "cpu" else logits.shape[0]
+    fn = functools.partial(sample_in_row_chunks, params=params, rows=rows)
+    r1 = shards.rows(1)
+    return shards.local(fn, (shards.rows(2), r1, r1), (r1, r1))(logits, keys, step)
+
+
+def _first_tokens(prompts, key, params: SamplingParams, shards: BatchShards):
+    """Token 0 of every sample, from its prompt's logits; buffers and queue start from it."""
+    n, R = params.n, params.max_new_tokens
+    N = prompts.rank.shape[0] * n
+    logits = scheduler.first_token_logits(prompts, n, shards)
+    tokens, logps = _draw(logits, row_keys(key, N), jnp.zeros((N,), jnp.int32), params, shards)
+    stop = scheduler.is_stop(tokens, () if params.ignore_eos else params.eos_token_ids)
+    responses = Responses(
+        tokens=jnp.full((N, R), params.pad_token_id, jnp.int32).at[:, 0].set(tokens),
+        mask=jnp.zeros((N, R), jnp.int32).at[:, 0].set(1),
+        logprobs=jnp.zeros((N, R), jnp.float32).at[:, 0].set(logps),
+        finished=stop,
+    )
+    responses = shards.constrain(responses, responses.specs(shards))
+    pending = ~stop & (R > 1)
+    return tokens, responses, scheduler.start_queue(pending, shards)
+
+
+def _decode(model, slots, queue, responses, prompts, first_token, key, params, shards, phases):
+    """The decode loops, one per slot count in ``phases``; returns the responses and steps per loop."""
+    n, R = params.n, params.max_new_tokens
+    S = slots.prompt_mask.shape[1] + R - 1
+    samples_per_shard = responses.finished.shape[0] // shards.count
+    stop_ids = () if params.ignore_eos else params.eos_token_ids
+
+    def step(carry):
+        slots, queue, responses, steps = carry
+        slots, queue = scheduler.prepare(slots, queue, prompts, first_token, n, shards)
+        hidden, cache = model.forward_cached(slots.last[:, None], slots.positions()[:, None],
+                                             slots.key_valid(R), slots.cache, S - 1)
+        logits = shards.constrain(model.logits_from_hidden(hidden)[:, 0, :], shards.rows(2))
+        keys = sample_keys(key, scheduler.global_sample_ids(slots, samples_per_shard, shards))
+        tokens, logps = _draw(logits, keys, slots.t, params, shards)
+        slots, responses = scheduler.record(slots.replace(cache=cache), responses, tokens, logps, stop_ids, shards)
+        return slots, queue, responses, steps + 1
+
+    def running(next_size: int | None):
+        def cond(carry):
+            slots, queue, _, _ = carry
+            busy = jnp.any(slots.sample >= 0) | jnp.any(queue.head < queue.count)
+            return busy if next_size is None else busy & ~scheduler.can_shrink(slots, queue, next_size, shards)
+        return cond
+
+    steps = []
+    for i, size in enumerate(phases):
+        if i:
+            slots = scheduler.shrink(slots, size, shards)
+        next_size = phases[i + 1] if i + 1 < len(phases) else None
+        slots, queue, responses, count = jax.lax.while_loop(
+            running(next_size), step, (slots, queue, responses, jnp.int32(0)))
+        steps.append(count)
+    return responses, jnp.stack(steps)
+
+
+def rollout_with_stats(
+    model,
+    prompt_ids_BP: jax.Array,
+    prompt_mask_BP: jax.Array,
+    key: jax.Array,
+    params: SamplingParams,
+    *,
+    mesh: Mesh | None = None,
+    rules: Rules = DEFAULT_RULES,
+) -> tuple[RolloutBatch, DecodeStats]:
+    """``rollout`` and what its decode loops executed."""
     B, P = prompt_ids_BP.shape
-    cache = model.init_cache(B, P)
-    positions = positions_from_mask(prompt_mask_BP)
-    hidden, cache = model.forward_cached(prompt_ids_BP, positions, prompt_mask_BP, cache, 0)
-    return model.logits_from_hidden(hidden[:, -1:, :])[:, 0, :], cache
+    n, R = params.n, params.max_new_tokens
+    shards = BatchShards(mesh if mesh is not None else single_device_mesh(), rules, model.config.num_key_value_heads)
+    ids = prompt_ids_BP.astype(jnp.int32)
+    mask = prompt_mask_BP.astype(jnp.int32)
+    prompts = prefill_prompts(model, ids, mask, shards)
+    first_token, responses, queue = _first_tokens(prompts, key, params, shards)
 
-
-def expand_cache(cache, n: int, total_slots: int, mesh: Mesh | None, rules: Rules):
-    """Repeat each prompt's cache rows n times into a zero-initialised (B * n, total_slots) cache."""
-    out = []
-    for k, v in cache:  # k (B, K, D, P), v (B, K, P, D): the slot axis is 3 for keys, 2 for values
-        pair = []
-        for x, slot_axis, axes in ((k, 3, ("batch", "kv_heads", "head_dim", "length")),
-                                   (v, 2, ("batch", "kv_heads", "length", "head_dim"))):
-            shape = list(x.shape)
-            shape[0], shape[slot_axis] = shape[0] * n, total_slots
-            full = jnp.zeros(tuple(shape), x.dtype)
-            full = jax.lax.dynamic_update_slice_in_dim(full, jnp.repeat(x, n, axis=0), 0, axis=slot_axis)
-            pair.append(_constrain(full, mesh, axes, rules))
-        out.append(tuple(pair))
-    return out
-
-
-def _is_eos(tokens_N: jax.Array, eos_ids: tuple[int, ...]) -> jax.Array:
-    hit = jnp.zeros(tokens_N.shape, bool)
-    for e in eos_ids:
-        hit = hit | (tokens_N == e)
-    return hit
+    slots = scheduler.num_slots(B * n, shards.count, params.max_num_seqs)
+    phases = scheduler.phase_sizes(slots, shards.count) if R > 1 else ()
+    if phases:
+        state = scheduler.empty_slots(model, slots, P, R, shards)
+        responses, steps = _decode(model, state, queue, responses, prompts, first_token, key, params, shards, phases)
+    else:
+        steps = jnp.zeros((0,), jnp.int32)
+    batch = RolloutBatch(
+        prompts=jnp.repeat(ids, n, axis=0),
+        prompt_mask=jnp.repeat(mask, n, axis=0),
+        responses=responses.tokens,
+        response_mask=responses.mask,
+        logprobs=responses.logprobs,
+        finished=responses.finished,
+    )
+    return batch, DecodeStats(steps=steps, slots=phases)
 
 
 def rollout(
@@ -97,59 +180,4 @@ def rollout(
     rules: Rules = DEFAULT_RULES,
 ) -> RolloutBatch:
     """Sample ``params.n`` responses of up to ``params.max_new_tokens`` tokens per prompt (traceable)."""
-    B, P = prompt_ids_BP.shape
-    n, R, pad = params.n, params.max_new_tokens, params.pad_token_id
-    N, S = B * n, P + R - 1
-    stop_ids = () if params.ignore_eos else params.eos_token_ids
-    mask_BP = prompt_mask_BP.astype(jnp.int32)
-
-    logits_BV, prompt_cache = prefill(model, prompt_ids_BP.astype(jnp.int32), mask_BP)
-    logits_NV = _constrain(jnp.repeat(logits_BV, n, axis=0), mesh, ("batch", None), rules)
-    cache = expand_cache(prompt_cache, n, S, mesh, rules)
-    mask_NP = jnp.repeat(mask_BP, n, axis=0)
-    prompt_len_N = jnp.sum(mask_NP, axis=1)
-    key_valid_NS = jnp.concatenate([mask_NP, jnp.ones((N, S - P), jnp.int32)], axis=1)
-    keys_N = row_keys(key, N)
-
-    def record(state, t, tokens, logps):
-        responses, response_mask, logprobs, finished = state
-        live = ~finished
-        tokens = jnp.where(live, tokens, pad)
-        responses = jax.lax.dynamic_update_slice_in_dim(responses, tokens[:, None], t, axis=1)
-        response_mask = jax.lax.dynamic_update_slice_in_dim(response_mask, live.astype(jnp.int32)[:, None], t, axis=1)
-        logprobs = jax.lax.dynamic_update_slice_in_dim(logprobs, jnp.where(live, logps, 0.0)[:, None], t, axis=1)
-        finished = finished | (live & _is_eos(tokens, stop_ids))
-        return tokens, (responses, response_mask, logprobs, finished)
-
-    batch_axes = ("batch", None)
-    outputs = (
-        _constrain(jnp.full((N, R), pad, jnp.int32), mesh, batch_axes, rules),
-        _constrain(jnp.zeros((N, R), jnp.int32), mesh, batch_axes, rules),
-        _constrain(jnp.zeros((N, R), jnp.float32), mesh, batch_axes, rules),
-        jnp.zeros((N,), bool),
-    )
-    tokens, logps = sample_step(logits_NV, keys_N, 0, params)
-    last, outputs = record(outputs, 0, tokens, logps)
-
-    def cond(carry):
-        t, _, _, outputs = carry
-        return (t < R) & ~jnp.all(outputs[3])
-
-    def body(carry):
-        t, last, cache, outputs = carry
-        hidden, cache = model.forward_cached(last[:, None], (prompt_len_N + t - 1)[:, None], key_valid_NS, cache, P + t - 1)
-        logits = _constrain(model.logits_from_hidden(hidden)[:, 0, :], mesh, ("batch", None), rules)
-        tokens, logps = sample_step(logits, keys_N, t, params)
-        last, outputs = record(outputs, t, tokens, logps)
-        return t + 1, last, cache, outputs
-
-    _, _, _, outputs = jax.lax.while_loop(cond, body, (jnp.int32(1), last, cache, outputs))
-    responses, response_mask, logprobs, finished = outputs
-    return RolloutBatch(
-        prompts=jnp.repeat(prompt_ids_BP.astype(jnp.int32), n, axis=0),
-        prompt_mask=mask_NP,
-        responses=responses,
-        response_mask=response_mask,
-        logprobs=logprobs,
-        finished=finished,
-    )
+    return rollout_with_stats(model, prompt_ids_BP, prompt_mask_BP, key, params, mesh=mesh, rules=rules)[0]

@@ -1,6 +1,6 @@
 """The trainer-facing sampler: compiled rollout programs keyed by static shapes, with a compile counter.
 
-``Sampler`` compiles ``decode.rollout`` ahead of time (``jit(...).lower(...).compile()``)
+``Sampler`` compiles ``decode.rollout_with_stats`` ahead of time (``jit(...).lower(...).compile()``)
 once per (batch, prompt length, sampling settings, parameter layout) and calls
 the compiled executable directly afterwards, so ``compile_count`` is exactly
 the number of XLA compilations it caused. The parameters are passed in as the
@@ -11,6 +11,7 @@ Typical trainer use::
 
     sampler = Sampler(graphdef, mesh=mesh)
     batch = sampler.generate(state, prompt_ids_BP, prompt_mask_BP, params, rollout_key(params.seed, step))
+    batch, stats = sampler.generate_with_stats(...)  # also: decode steps x slots executed
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 
 from rlhf_jax.parallel.mesh import DEFAULT_RULES, Rules, batch_sharding, data_parallel_size, replicated, single_device_mesh
-from rlhf_jax.rollout.decode import RolloutBatch, rollout
+from rlhf_jax.rollout.decode import DecodeStats, RolloutBatch, rollout_with_stats
 from rlhf_jax.rollout.params import SamplingParams
 from rlhf_jax.rollout.sampling import rollout_key
 
@@ -73,10 +74,10 @@ class Sampler:
     def _mesh(self, state: Any) -> Mesh:
         return self.mesh if self.mesh is not None else mesh_of(state)
 
-    def _traced(self, params: SamplingParams, mesh: Mesh, state, prompt_ids, prompt_mask, key) -> RolloutBatch:
+    def _traced(self, params: SamplingParams, mesh: Mesh, state, prompt_ids, prompt_mask, key):
         self.trace_count += 1  # runs only while tracing
         model = nnx.merge(self.graphdef, state)
-        return rollout(model, prompt_ids, prompt_mask, key, params, mesh=mesh, rules=self.rules)
+        return rollout_with_stats(model, prompt_ids, prompt_mask, key, params, mesh=mesh, rules=self.rules)
 
     def compiled(self, state: Any, batch: int, prompt_len: int, params: SamplingParams):
         """The compiled rollout for this shape and these settings (compiling it on first use)."""
@@ -92,7 +93,7 @@ class Sampler:
         rows = batch_sharding(mesh, 2, self.rules)
         rows1 = batch_sharding(mesh, 1, self.rules)
         state_shardings = jax.tree.map(lambda x: x.sharding, state)
-        out_shardings = RolloutBatch(rows, rows, rows, rows, rows, rows1)
+        out_shardings = (RolloutBatch(rows, rows, rows, rows, rows, rows1), replicated(mesh))
         fn = jax.jit(
             functools.partial(self._traced, params.static_key(), mesh),
             in_shardings=(state_shardings, rows, rows, replicated(mesh)),
@@ -119,6 +120,17 @@ class Sampler:
         ``key`` defaults to ``rollout_key(params.seed)``; a trainer passes
         ``rollout_key(params.seed, step)`` so every step draws fresh samples.
         """
+        return self.generate_with_stats(state, prompt_ids_BP, prompt_mask_BP, params, key)[0]
+
+    def generate_with_stats(
+        self,
+        state: Any,
+        prompt_ids_BP: Any,
+        prompt_mask_BP: Any,
+        params: SamplingParams,
+        key: jax.Array | None = None,
+    ) -> tuple[RolloutBatch, DecodeStats]:
+        """``generate`` and the decode steps each loop executed (``DecodeStats``)."""
         mesh = self._mesh(state)
         B, P = prompt_ids_BP.shape
         if tuple(prompt_mask_BP.shape) != (B, P):

@@ -1,4 +1,7 @@
-"""Same tokens on one device and on a (data=2, fsdp=2, tensor=2) mesh of 8 fake CPU devices, for the same seed."""
+"""Same tokens on one device and on a (data=2, fsdp=2, tensor=2) mesh of 8 fake CPU devices, for the same seed.
+
+The mesh has 4 data-parallel shards, each with its own slots and queue of samples.
+"""
 
 from __future__ import annotations
 
@@ -19,10 +22,15 @@ def test_tokens_do_not_depend_on_the_mesh(llama_dir):
     single = from_pretrained(llama_dir)
     sharded = from_pretrained(llama_dir, mesh=mesh)
     assert len(sharded.model.layers[0].self_attn.q_proj[...].sharding.device_set) == 8
-    prompts = ragged_prompts(seed=21, count=6)
-    for kw in (dict(temperature=0.9, top_k=40, top_p=0.9, n=2, seed=3), dict(temperature=0.0)):
-        a = generate(single, prompts, max_new_tokens=16, eos_token_ids=(1,), pad_token_id=PAD_ID, **kw)
-        b = generate(sharded, prompts, max_new_tokens=16, eos_token_ids=(1,), pad_token_id=PAD_ID, **kw)
+    prompts = ragged_prompts(seed=21, count=8)
+    # Sampled, n=8: 8 slots on one device; on the mesh the default 64 slots (16 per shard), shrinking to 12 and 9
+    # per shard. Greedy: one slot per shard on the mesh, which each shard refills from its own queue.
+    cases = ((dict(temperature=0.9, top_k=40, top_p=0.9, n=8, seed=3), 8, None), (dict(temperature=0.0), None, 4))
+    for kw, single_slots, mesh_slots in cases:
+        a = generate(single, prompts, max_new_tokens=16, eos_token_ids=(1,), pad_token_id=PAD_ID, max_num_seqs=single_slots,
+                     **kw)
+        b = generate(sharded, prompts, max_new_tokens=16, eos_token_ids=(1,), pad_token_id=PAD_ID, max_num_seqs=mesh_slots,
+                     **kw)
         assert a.tokens == b.tokens, kw
         assert a.finished == b.finished
         for x, y in zip(a.logprobs, b.logprobs):

@@ -1,4 +1,8 @@
-"""End-to-end sampler behaviour on a tiny random Llama: log-probs, EOS, lengths, seeds, n, compilation, in-place cache."""
+"""End-to-end sampler behaviour on a tiny random Llama: log-probs, EOS, lengths, seeds, n, slots, compilation, in-place cache.
+
+Most tests give the sampler fewer decode slots than samples, so they run on
+refilled slots.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ from flax import nnx
 
 from rlhf_jax.models import from_pretrained
 from rlhf_jax.rollout import Sampler, SamplingParams, generate, generate_with_params, left_pad, sampler_for
+from rlhf_jax.rollout.scheduler import phase_sizes
 
 from .rollout_testdata import PAD_ID, ragged_prompts
 
@@ -25,7 +30,7 @@ def test_sampled_logprobs_equal_teacher_forced(llama_model):
     temperature, R, n = 1.3, 20, 3
     prompts = ragged_prompts(seed=2, count=4)
     out = generate(llama_model, prompts, max_new_tokens=R, temperature=temperature, top_k=30, top_p=0.95, n=n,
-                   eos_token_ids=(1,), pad_token_id=PAD_ID, seed=4)
+                   eos_token_ids=(1,), pad_token_id=PAD_ID, seed=4, max_num_seqs=4)
     b = jax.device_get(out.batch)
     P = b.prompts.shape[1]
     logits = np.asarray(llama_model(out.batch.input_ids(), out.batch.attention_mask()))
@@ -42,13 +47,27 @@ def test_sampled_logprobs_equal_teacher_forced(llama_model):
         assert len({tuple(t) for t in out.tokens[i * n : (i + 1) * n]}) > 1
 
 
+def test_tokens_do_not_depend_on_the_slot_count(llama_model):
+    prompts = ragged_prompts(seed=13, count=8)
+    kw = dict(max_new_tokens=24, temperature=1.0, top_k=40, n=4, eos_token_ids=(1, 7), pad_token_id=PAD_ID, seed=6)
+    few = generate(llama_model, prompts, max_num_seqs=4, **kw)
+    many = generate(llama_model, prompts, max_num_seqs=16, **kw)
+    lengths = [len(t) for t in few.tokens]
+    assert len(set(lengths)) > 3 and min(lengths) < 24 and max(lengths) == 24  # 32 samples of many lengths
+    assert few.tokens == many.tokens and few.finished == many.finished
+    for a, b in zip(few.logprobs, many.logprobs):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+
+
 def test_eos_masking_ignore_eos_and_exact_length(llama_model):
     prompts = ragged_prompts(seed=5, count=3)
     R = 12
-    free = generate(llama_model, prompts, max_new_tokens=R, temperature=0.0, eos_token_ids=(), pad_token_id=PAD_ID)
+    free = generate(llama_model, prompts, max_new_tokens=R, temperature=0.0, eos_token_ids=(), pad_token_id=PAD_ID,
+                    max_num_seqs=2)
     assert [len(t) for t in free.tokens] == [R] * 3 and not any(free.finished)
     eos = free.tokens[0][4]
-    stop = generate(llama_model, prompts, max_new_tokens=R, temperature=0.0, eos_token_ids=(eos, 95), pad_token_id=PAD_ID)
+    stop = generate(llama_model, prompts, max_new_tokens=R, temperature=0.0, eos_token_ids=(eos, 95), pad_token_id=PAD_ID,
+                    max_num_seqs=2)
     b = jax.device_get(stop.batch)
     assert b.responses.shape[1] == R
     for row, (full, cut, done) in enumerate(zip(free.tokens, stop.tokens, stop.finished)):
@@ -61,12 +80,15 @@ def test_eos_masking_ignore_eos_and_exact_length(llama_model):
         assert np.all(b.responses[row, first + 1 :] == PAD_ID) and np.all(b.logprobs[row, first + 1 :] == 0)
     assert stop.finished[0] and len(stop.tokens[0]) <= 5
     keep_going = generate(llama_model, prompts, max_new_tokens=R, temperature=0.0, eos_token_ids=(eos,), ignore_eos=True,
-                          pad_token_id=PAD_ID)
+                          pad_token_id=PAD_ID, max_num_seqs=2)
     assert keep_going.tokens == free.tokens and not any(keep_going.finished)
     # every row stops on its very first token: the loop exits at once and all responses have length 1
     firsts = tuple({t[0] for t in free.tokens})
-    one = generate(llama_model, prompts, max_new_tokens=R, temperature=0.0, eos_token_ids=firsts, pad_token_id=PAD_ID)
+    one = generate(llama_model, prompts, max_new_tokens=R, temperature=0.0, eos_token_ids=firsts, pad_token_id=PAD_ID,
+                   max_num_seqs=2)
     assert one.tokens == [[t[0]] for t in free.tokens] and all(one.finished)
+    single = generate(llama_model, prompts, max_new_tokens=1, temperature=0.0, eos_token_ids=(), pad_token_id=PAD_ID)
+    assert single.tokens == [[t[0]] for t in free.tokens] and not any(single.finished)
 
 
 def test_seeds_reproduce_and_differ(llama_model):
@@ -79,10 +101,11 @@ def test_seeds_reproduce_and_differ(llama_model):
     assert a.tokens != c.tokens
 
 
-def test_second_call_with_same_shapes_does_not_compile(llama_dir, caplog):
+def test_compiles_once_per_shape_over_varying_prompts_and_lengths(llama_dir, caplog):
     model = from_pretrained(llama_dir)  # a fresh model object: a fresh sampler
     sampler = sampler_for(model)
-    params = SamplingParams(max_new_tokens=6, temperature=1.0, top_k=10, eos_token_ids=(1,), pad_token_id=PAD_ID)
+    params = SamplingParams(max_new_tokens=6, temperature=1.0, top_k=10, eos_token_ids=(1,), pad_token_id=PAD_ID,
+                            max_num_seqs=1)
     jax.config.update("jax_log_compiles", True)
     try:
         with caplog.at_level(logging.WARNING):
@@ -90,8 +113,11 @@ def test_second_call_with_same_shapes_does_not_compile(llama_dir, caplog):
         assert any("Compiling" in r.getMessage() for r in caplog.records)  # the check can see compilations
         assert sampler.compile_count == 1 and sampler.trace_count == 1
         caplog.clear()
+        rng = np.random.default_rng(0)
         with caplog.at_level(logging.WARNING):
-            generate_with_params(model, [[9] * 13, [4, 4]], params.replace(seed=3))  # same buckets, new seed
+            for seed in range(1, 5):  # new prompt lengths in the same buckets, new seeds, new response lengths
+                prompts = [[4] * int(rng.integers(1, 17)) for _ in range(2)]
+                generate_with_params(model, prompts, params.replace(seed=seed))
         assert not [r.getMessage() for r in caplog.records if "Compiling" in r.getMessage()]
     finally:
         jax.config.update("jax_log_compiles", False)
@@ -102,19 +128,28 @@ def test_second_call_with_same_shapes_does_not_compile(llama_dir, caplog):
     assert sampler.compile_count == 3 and sampler.trace_count == 3
 
 
+def _copies_of(hlo: str, shape: str) -> list[str]:
+    """Copy instructions producing ``shape``, except the one-time fill of a zero-initialised buffer."""
+    return [line for line in hlo.splitlines()
+            if " copy(" in line and shape in line.split("copy(")[0] and "broadcast" not in line.split("copy(")[1]]
+
+
 def test_kv_cache_is_updated_in_place(llama_model):
-    """No copy of a cache-sized buffer in the compiled program, and temporaries stay under two caches."""
+    """No copy of a slot cache in the compiled program, and temporaries stay under two caches of the first loop."""
     graphdef, state = nnx.split(llama_model)
     sampler = Sampler(graphdef)
-    B, P, R, n = 4, 16, 64, 2
+    B, P, R, n = 4, 16, 64, 4
     compiled = sampler.compiled(state, B, P, SamplingParams(max_new_tokens=R, n=n))
     cfg = llama_model.config
-    N, K, S, D = B * n, cfg.num_key_value_heads, P + R - 1, cfg.head_dim
+    K, S, D = cfg.num_key_value_heads, P + R - 1, cfg.head_dim
+    sizes = phase_sizes(B * n, 1)
+    assert len(sizes) > 1  # the loop shrinks: every slot count's cache is checked
     hlo = compiled.as_text()
-    for shape in (f"f32[{N},{K},{D},{S}]", f"f32[{N},{K},{S},{D}]"):  # keys (N, K, D, S), values (N, K, S, D)
-        assert shape in hlo
-        assert not [line for line in hlo.splitlines() if " copy(" in line and shape in line.split("copy(")[0]]
-    cache_bytes = cfg.num_hidden_layers * 2 * B * n * (P + R - 1) * cfg.num_key_value_heads * cfg.head_dim * 4
+    for M in sizes:
+        for shape in (f"f32[{M},{K},{D},{S}]", f"f32[{M},{K},{S},{D}]"):  # keys (M, K, D, S), values (M, K, S, D)
+            assert shape in hlo
+            assert not _copies_of(hlo, shape)
+    cache_bytes = cfg.num_hidden_layers * 2 * sizes[0] * S * K * D * 4
     assert compiled.memory_analysis().temp_size_in_bytes < 2 * cache_bytes
 
 

@@ -1,0 +1,54 @@
+"""Slot count and loop sizes, and what the decode loops execute: fewer slot-steps than the static loop."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+from flax import nnx
+
+from rlhf_jax.rollout import Sampler, SamplingParams, left_pad, num_slots
+from rlhf_jax.rollout.scheduler import MIN_SHRUNK_SLOTS, phase_sizes
+
+from .rollout_testdata import PAD_ID, ragged_prompts
+
+
+def test_slot_count_follows_the_batch_and_the_shards():
+    assert num_slots(64, 1) == 64  # every sample at once
+    assert num_slots(1024, 1) == 256  # capped
+    assert num_slots(64, 1, max_num_seqs=16) == 16
+    assert num_slots(64, 4, max_num_seqs=10) == 8  # a multiple of the shard count, at most the cap
+    assert num_slots(64, 4, max_num_seqs=2) == 4  # at least one slot per shard
+    assert num_slots(8, 1, max_num_seqs=100) == 8  # never more than the samples
+
+
+def test_loop_sizes_shrink_by_quarters_per_shard():
+    assert phase_sizes(64, 1) == (64, 48, 36, 27, 20, 15)
+    assert phase_sizes(64, 4) == (64, 48, 36)  # 16, 12, 9 per shard
+    assert phase_sizes(8, 1) == (8,)
+    for slots, shards in ((256, 1), (64, 8), (96, 2)):
+        sizes = phase_sizes(slots, shards)
+        assert all(s % shards == 0 and s // shards >= MIN_SHRUNK_SLOTS for s in sizes[1:])
+        assert list(sizes) == sorted(set(sizes), reverse=True)
+
+
+def test_loops_execute_fewer_slot_steps_than_the_static_loop(llama_model):
+    """Refills and shrinking: executed steps x slots cover the tokens, with less idle work than N x (max length - 1)."""
+    graphdef, state = nnx.split(llama_model)
+    sampler = Sampler(graphdef)
+    prompts = ragged_prompts(seed=3, count=8)
+    ids, mask = left_pad(prompts, 16, 8, PAD_ID)
+    for slots in (8, 16):
+        params = SamplingParams(max_new_tokens=32, temperature=1.0, n=4, eos_token_ids=(1, 9, 17), pad_token_id=PAD_ID,
+                                max_num_seqs=slots)
+        batch, stats = sampler.generate_with_stats(state, ids, mask, params)
+        lengths = np.asarray(jax.device_get(batch.response_mask)).sum(axis=1)
+        assert lengths.max() == 32 and lengths.min() < 8
+        steps = jax.device_get(stats.steps)
+        assert stats.slots == phase_sizes(slots, 1) and len(steps) == len(stats.slots)
+        # every token after the first comes from a decode step of a slot
+        assert stats.slot_steps() >= (lengths - 1).sum()
+        assert stats.slot_steps() < len(lengths) * (lengths.max() - 1)
+        if slots == 8:
+            assert steps[0] > 2 * 31  # refilled: the 8 slots decode 32 samples one after another
+        else:
+            assert steps[1:].sum() > 0  # the tail ran on fewer slots
