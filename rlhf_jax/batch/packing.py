@@ -24,6 +24,13 @@ up to a small set of sizes (1, 2, 3, 4, 6, 8, 12, ...: two per octave, see
 shard packs only the sequences it holds (batch rows are split over shards in
 contiguous blocks), so a micro-batch never needs another shard's data.
 
+Log-prob passes need the vocabulary projection only where a response token is
+predicted, not at prompt positions: ``logit_positions`` lists, per shard, the flat
+positions (within the shard's ``rows x row_len`` block) whose ``targets`` are set,
+padded with position 0 and target -1 to ``logit_rows x row_len`` entries
+(``logit_rows`` from the same size set as the rows), and ``logit_targets`` their
+grid cells.
+
 Everything here is host NumPy; it runs once per mini-batch on a few integers per sequence.
 """
 
@@ -46,6 +53,8 @@ class PackedBatch:
     positions: np.ndarray
     segment_ids: np.ndarray
     targets: np.ndarray  # flat index into the shard's block of the (rows, R) grid, -1 = none
+    logit_positions: np.ndarray  # (n_micro, dp x logit_rows x row_len): positions whose target is set
+    logit_targets: np.ndarray  # their grid cells (-1 on padding entries)
     real_tokens: int  # prompt + response tokens actually present
     padded_tokens: int  # cells computed: n_micro x dp x rows_per_micro x row_len
 
@@ -54,8 +63,9 @@ class PackedBatch:
         return self.input_ids.shape[0]
 
     def micro(self, i: int) -> dict[str, np.ndarray]:
-        return {"input_ids": self.input_ids[i], "positions": self.positions[i],
-                "segment_ids": self.segment_ids[i], "targets": self.targets[i]}
+        return {"input_ids": self.input_ids[i], "positions": self.positions[i], "segment_ids": self.segment_ids[i],
+                "targets": self.targets[i], "logit_positions": self.logit_positions[i],
+                "logit_targets": self.logit_targets[i]}
 
 
 def row_length(max_seq_len: int, budget: int | None = None) -> int:
@@ -163,4 +173,23 @@ def pack_batch(
                     local_row = i - s * per_shard
                     tgt[m, out_row, col + p - 1:col + p - 1 + r] = local_row * R + np.arange(r)
                     col += p + r
-    return PackedBatch(ids, pos, seg, tgt, real_tokens=int(lengths.sum()), padded_tokens=int(np.prod(shape)))
+    logit_pos, logit_tgt = compact_targets(tgt, dp, row_len, rows_per_micro)
+    return PackedBatch(ids, pos, seg, tgt, logit_pos, logit_tgt, real_tokens=int(lengths.sum()),
+                       padded_tokens=int(np.prod(shape)))
+
+
+def compact_targets(tgt: np.ndarray, dp: int, row_len: int, rows_per_micro: int) -> tuple[np.ndarray, np.ndarray]:
+    """(positions, targets) of the cells with a target, per shard, padded to a bucketed count (see module doc)."""
+    n_micro = tgt.shape[0]
+    blocks = tgt.reshape(n_micro, dp, rows_per_micro * row_len)
+    count = int((blocks >= 0).sum(-1).max(initial=1))
+    logit_rows = next(b for b in row_buckets(rows_per_micro) if b * row_len >= count)
+    size = logit_rows * row_len
+    positions = np.zeros((n_micro, dp, size), np.int32)
+    targets = np.full((n_micro, dp, size), -1, np.int32)
+    for m in range(n_micro):
+        for s in range(dp):
+            where = np.nonzero(blocks[m, s] >= 0)[0]
+            positions[m, s, :len(where)] = where
+            targets[m, s, :len(where)] = blocks[m, s, where]
+    return positions.reshape(n_micro, dp * size), targets.reshape(n_micro, dp * size)

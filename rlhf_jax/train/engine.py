@@ -147,28 +147,35 @@ class Role:
             self._compiled[key] = fn.lower(*example).compile()
         return self._compiled[key]
 
-    def packed_forward_program(self, kind: str, micro_shape: tuple[int, int], grid_shape: tuple[int, int], dp: int,
-                               **static) -> Any:
-        """The compiled forward pass ``kind`` ("logp" or "values") over one packed micro-batch."""
+    def _packed_micro(self, micro_shape: tuple[int, int], logit_size: int) -> dict:
+        shapes = {k: (micro_shape, jnp.int32) for k in packed_steps.ROW_KEYS}
+        shapes.update({k: ((logit_size,), jnp.int32) for k in packed_steps.LOGIT_KEYS})
+        return self._abstract(shapes)
+
+    def packed_forward_program(self, kind: str, micro_shape: tuple[int, int], logit_size: int,
+                               grid_shape: tuple[int, int], dp: int, **static) -> Any:
+        """The compiled forward pass ``kind`` ("logp" or "values") over one packed micro-batch of ``micro_shape``
+        rows with ``logit_size`` predicted positions."""
 
         def make():
             step_fn = packed_steps.forward_log_probs if kind == "logp" else packed_steps.forward_values
             rows = batch_sharding(self.mesh, 2)
-            micro = self._abstract({k: (micro_shape, jnp.int32) for k in packed_steps.MICRO_KEYS})
+            micro = self._packed_micro(micro_shape, logit_size)
             grid = jax.ShapeDtypeStruct(grid_shape, jnp.float32, sharding=rows)
             fn = jax.jit(functools.partial(step_fn, self.graphdef, dp=dp, **static),
                          in_shardings=(self.param_shardings, rows, self._batch_shardings(micro)),
                          out_shardings=rows, donate_argnums=(1,))
             return fn, (self.params, grid, micro)
 
-        return self._compile(("packed_" + kind, tuple(micro_shape), tuple(grid_shape), dp, tuple(sorted(static.items()))),
-                             make)
+        return self._compile(("packed_" + kind, tuple(micro_shape), logit_size, tuple(grid_shape), dp,
+                              tuple(sorted(static.items()))), make)
 
     def _packed_forward(self, kind: str, micros: list[dict], grid_shape: tuple[int, int], dp: int, **static):
         grid = jax.device_put(jnp.zeros(grid_shape, jnp.float32), batch_sharding(self.mesh, 2))
         for micro in micros:
-            grid = self.packed_forward_program(kind, micro["input_ids"].shape, grid_shape, dp, **static)(
-                self.params, grid, micro)
+            program = self.packed_forward_program(kind, micro["input_ids"].shape, micro["logit_positions"].shape[0],
+                                                  grid_shape, dp, **static)
+            grid = program(self.params, grid, micro)
         return grid
 
     def log_probs_packed(self, micros: list[dict], grid_shape: tuple[int, int], *, dp: int, temperature: float):
@@ -178,7 +185,8 @@ class Role:
     def values_packed(self, micros: list[dict], grid_shape: tuple[int, int], *, dp: int):
         return self._packed_forward("values", micros, grid_shape, dp)
 
-    def packed_grads_program(self, spec: Any, micro_shape: tuple[int, int], grid_specs: dict, dp: int) -> Any:
+    def packed_grads_program(self, spec: Any, micro_shape: tuple[int, int], logit_size: int, grid_specs: dict,
+                             dp: int) -> Any:
         """The compiled gradient of one packed micro-batch, accumulated into a donated buffer.
 
         ``grid_specs`` maps the mini-batch grid's arrays to (shape, dtype).
@@ -189,7 +197,7 @@ class Role:
             rep = replicated(self.mesh)
             is_actor = self.metric_prefix == "actor"
             grads_fn = packed_steps.actor_grads if is_actor else packed_steps.critic_grads
-            micro = self._abstract({k: (micro_shape, jnp.int32) for k in packed_steps.MICRO_KEYS})
+            micro = self._packed_micro(micro_shape, logit_size)
             grid = self._abstract(grid_specs)
             extra = ()
             if is_actor:
@@ -201,7 +209,8 @@ class Role:
                          out_shardings=(self.param_shardings, rep, rep), donate_argnums=(1,))
             return fn, (self.params, self.params, micro, grid, *extra)
 
-        return self._compile(("packed_grads", spec, tuple(micro_shape), tuple(sorted(grid_specs.items())), dp), make)
+        return self._compile(("packed_grads", spec, tuple(micro_shape), logit_size, tuple(sorted(grid_specs.items())), dp),
+                             make)
 
     def _apply_program(self) -> Callable:
         rep = replicated(self.mesh)
@@ -222,7 +231,8 @@ class Role:
         grads, per_micro, tokens = self._zero_grads(), [], []
         for i, micro in enumerate(micros):
             extra = (keys[i],) if keys is not None else ()
-            program = self.packed_grads_program(spec, micro["input_ids"].shape, grid_specs, dp)
+            program = self.packed_grads_program(spec, micro["input_ids"].shape, micro["logit_positions"].shape[0],
+                                                grid_specs, dp)
             grads, aux, count = program(self.params, grads, micro, grid, *extra)
             per_micro.append(aux)
             tokens.append(count)

@@ -23,7 +23,10 @@ from rlhf_jax import algos
 from rlhf_jax.train.steps import ActorLossSpec, Batch, CriticLossSpec, actor_denominators, actor_loss, critic_loss, token_log_probs
 
 
-MICRO_KEYS = ("input_ids", "positions", "segment_ids", "targets")  # the (dp*M, L) int32 arrays of a packed micro-batch
+# A packed micro-batch: (dp*M, L) int32 rows, and the (dp*C,) list of positions where a response token is predicted.
+ROW_KEYS = ("input_ids", "positions", "segment_ids", "targets")
+LOGIT_KEYS = ("logit_positions", "logit_targets")
+MICRO_KEYS = ROW_KEYS + LOGIT_KEYS
 
 
 def scatter_to_grid(values_BL: jax.Array, targets_BL: jax.Array, grid_shape: tuple[int, int], dp: int) -> jax.Array:
@@ -48,11 +51,19 @@ def packed_hidden(model, micro: Batch) -> jax.Array:
     return model.hidden_states(micro["input_ids"], positions=micro["positions"], segment_ids=micro["segment_ids"])
 
 
-def packed_log_probs(model, micro: Batch, temperature: float, with_entropy: bool):
-    """Log-prob (and entropy) of the next token at every packed position; (B', L) float32 each."""
-    ids = micro["input_ids"]
-    next_ids = jnp.concatenate([ids[:, 1:], jnp.zeros_like(ids[:, :1])], axis=1)
-    return token_log_probs(model, packed_hidden(model, micro), next_ids, temperature, with_entropy)
+def packed_log_probs(model, micro: Batch, temperature: float, with_entropy: bool, dp: int):
+    """Log-prob (and entropy) of the next token at each of the micro-batch's ``logit_positions``; (dp, C) float32.
+
+    Only those positions go through the vocabulary projection (prompt and padding positions do not).
+    """
+    hidden = packed_hidden(model, micro)
+    E = hidden.shape[-1]
+    hidden = hidden.reshape(dp, -1, E)
+    ids = micro["input_ids"].reshape(dp, -1)
+    where = micro["logit_positions"].reshape(dp, -1)
+    picked = jnp.take_along_axis(hidden, where[..., None], axis=1)  # (dp, C, E)
+    next_ids = jnp.take_along_axis(ids, jnp.minimum(where + 1, ids.shape[1] - 1), axis=1)
+    return token_log_probs(model, picked, next_ids, temperature, with_entropy)
 
 
 def covered_mask(micro: Batch, grid_shape: tuple[int, int], dp: int) -> jax.Array:
@@ -63,8 +74,8 @@ def covered_mask(micro: Batch, grid_shape: tuple[int, int], dp: int) -> jax.Arra
 def forward_log_probs(graphdef, params, grid_acc, micro: Batch, *, temperature: float, dp: int):
     """Add this micro-batch's response log-probs into ``grid_acc`` (rows, R) (donated, filled cell by cell)."""
     model = nnx.merge(graphdef, params)
-    logp, _ = packed_log_probs(model, micro, temperature, False)
-    return grid_acc + scatter_to_grid(logp, micro["targets"], grid_acc.shape, dp)
+    logp, _ = packed_log_probs(model, micro, temperature, False, dp)
+    return grid_acc + scatter_to_grid(logp, micro["logit_targets"], grid_acc.shape, dp)
 
 
 def forward_values(graphdef, params, grid_acc, micro: Batch, *, dp: int):
@@ -82,9 +93,9 @@ def actor_grads(graphdef, spec: ActorLossSpec, params, grad_acc, micro: Batch, g
 
     def loss_fn(p):
         model = nnx.merge(graphdef, p)
-        logp_BL, ent_BL = packed_log_probs(model, micro, spec.temperature, True)
-        logp = scatter_to_grid(logp_BL, micro["targets"], mask.shape, dp)
-        ent = scatter_to_grid(ent_BL, micro["targets"], mask.shape, dp)
+        logp_c, ent_c = packed_log_probs(model, micro, spec.temperature, True, dp)
+        logp = scatter_to_grid(logp_c, micro["logit_targets"], mask.shape, dp)
+        ent = scatter_to_grid(ent_c, micro["logit_targets"], mask.shape, dp)
         return actor_loss(spec, logp, ent, grid, m_mask, den, den_plain, key)
 
     (_, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)

@@ -297,12 +297,14 @@ class Trainer:
         grid = {k: ((rows, R), t) for k, t in grid.items()}
         spec = self.actor_spec if name == "update_actor" else self.critic_spec
         if plan.packed:
+            # At most every packed position predicts a response token: plan for the largest logit list.
             micro_shape = (dp * plan.rows_per_micro, plan.row_len)
+            logits = dp * plan.rows_per_micro * plan.row_len
             if name in ("old_log_prob", "ref"):
-                return role.packed_forward_program("logp", micro_shape, (rows, R), dp, temperature=T)
+                return role.packed_forward_program("logp", micro_shape, logits, (rows, R), dp, temperature=T)
             if name == "values":
-                return role.packed_forward_program("values", micro_shape, (rows, R), dp)
-            return role.packed_grads_program(spec, micro_shape, grid, dp)
+                return role.packed_forward_program("values", micro_shape, logits, (rows, R), dp)
+            return role.packed_grads_program(spec, micro_shape, logits, grid, dp)
         width = cfg.data.max_prompt_length + R
         inputs = {"input_ids": ((rows, width), i32), "attention_mask": ((rows, width), i32), "responses": ((rows, R), i32)}
         if name in ("old_log_prob", "ref"):
@@ -361,9 +363,12 @@ class Trainer:
                             pad_token_id=int(self.c.sampling.pad_token_id))
         self._layout_metrics[f"perf/packed_tokens/{plan.name}"] = self._layout_metrics.get(
             f"perf/packed_tokens/{plan.name}", 0.0) + float(packed.padded_tokens)
-        per_process = packed.input_ids.shape[1] // jax.process_count()
-        lo = jax.process_index() * per_process
-        return [{k: to_global(self.mesh, v[lo:lo + per_process]) for k, v in packed.micro(i).items()}
+
+        def local(x: np.ndarray) -> np.ndarray:  # this process's shards: a contiguous block of every array
+            n = x.shape[0] // jax.process_count()
+            return x[jax.process_index() * n:(jax.process_index() + 1) * n]
+
+        return [{k: to_global(self.mesh, local(v)) for k, v in packed.micro(i).items()}
                 for i in range(packed.num_micro)]
 
     def _forward_pass(self, name: str, role: Role, batch: dict, host: dict) -> jax.Array:

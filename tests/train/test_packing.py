@@ -95,6 +95,16 @@ def test_pack_layout_puts_every_token_where_its_target_says():
                 assert pos[col + 1] == host["prompt_mask"][i].sum() + t
                 filled[i, t] += 1
     np.testing.assert_array_equal(filled, host["response_mask"])  # every response token exactly once
+    # The compact list of predicted positions holds exactly the cells with a target, per shard.
+    rows, L = 2, 24
+    for m in range(packed.num_micro):
+        blocks = packed.targets[m].reshape(DP, rows * L)
+        pos, tgt = (a[m].reshape(DP, -1) for a in (packed.logit_positions, packed.logit_targets))
+        assert pos.shape[1] % L == 0
+        for shard in range(DP):
+            keep = tgt[shard] >= 0
+            np.testing.assert_array_equal(pos[shard][keep], np.nonzero(blocks[shard] >= 0)[0])
+            np.testing.assert_array_equal(tgt[shard][keep], blocks[shard][blocks[shard] >= 0])
     assert packed.real_tokens == int(host["prompt_mask"].sum() + host["response_mask"].sum())
 
 
