@@ -14,10 +14,11 @@ from rlhf_jax.train.passes import HEADROOM, compiled_bytes, free_device_memory
 from rlhf_jax.train.trainer import Trainer
 from tests.train.helpers import make_config
 
-# 128 sequences of up to 32 + 256 tokens: about 10k packed tokens per shard, several GiB of float32 activations
-# per device for the actor update, more than a CPU device's share of this machine's memory.
+# 128 sequences of up to 32 + 96 tokens: 32 per shard, about 4k packed tokens per shard, several GiB of float32
+# activations per device for the actor update, more than a CPU device's share of this machine's memory; one
+# packed row of 128 tokens needs well under it.
 BIG = {
-    "data.max_prompt_length": 32, "data.max_response_length": 256, "data.train_batch_size": 32,
+    "data.max_prompt_length": 32, "data.max_response_length": 96, "data.train_batch_size": 32,
     "actor_rollout_ref.rollout.n": 4, "actor_rollout_ref.actor.ppo_mini_batch_size": 32,
     "data.prompt_template": "raw", "data.train_files": ("builtin:arithmetic?max_value=4&train_size=64",),
 }
@@ -51,5 +52,6 @@ def test_an_automatic_micro_batch_is_sized_to_fit(tmp_path, smollm2_dir):
         assert plan.auto and 1 <= plan.rows_per_micro < whole
         need = compiled_bytes(trainer._compile_pass("update_actor", trainer.actor, plan))
         assert need <= HEADROOM * free_device_memory() * 1.05  # free memory moves a little between readings
+        print(f"automatic update micro-batch: {plan.rows_per_micro} of {whole} rows, {need / 2**30:.2f} GiB per device")
     finally:
         trainer.close()
