@@ -34,6 +34,12 @@ def main(argv: list[str] | None = None) -> int:
     except (KeyError, ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    try:  # the memory plan compiles every training pass and stops before the first step if one cannot fit
+        trainer.plan_memory()
+    except MemoryError as e:
+        trainer.close()
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     trainer.fit()
     return 0
 

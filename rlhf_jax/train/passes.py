@@ -26,6 +26,7 @@ import logging
 from typing import Callable
 
 import jax
+import jax.numpy as jnp
 
 from rlhf_jax.batch.packing import row_length
 
@@ -127,6 +128,40 @@ def plan_passes(cfg) -> dict[str, PassPlan]:
 
 
 # ---------------------------------------------------------------------------- memory
+def compile_pass(trainer, name: str, role, plan: PassPlan):
+    """The ``trainer``'s pass ``name`` (run by ``role``) compiled at its planned shape: the longest prompt
+    and response the config allows."""
+    cfg, d = trainer.cfg, trainer.cfg.derived
+    dp, R, T = d.dp_size, cfg.actor_rollout_ref.rollout.response_length, trainer.actor_spec.temperature
+    i32, f32 = jnp.int32, jnp.float32
+    rows = {"update_actor": d.actor_mini_batch_size, "update_critic": d.critic_mini_batch_size}.get(
+        name, d.rollout_batch_size)
+    if name == "update_actor":
+        grid = {"response_mask": i32, "old_log_probs": f32, "advantages": f32}
+        if trainer.actor_spec.use_kl_loss:
+            grid["ref_log_probs"] = f32
+    else:
+        grid = {"response_mask": i32, "values": f32, "returns": f32}
+    grid = {k: ((rows, R), t) for k, t in grid.items()}
+    spec = trainer.actor_spec if name == "update_actor" else trainer.critic_spec
+    if plan.packed:
+        # At most every packed position predicts a response token: plan for the largest logit list.
+        micro_shape = (dp * plan.rows_per_micro, plan.row_len)
+        logits = dp * plan.rows_per_micro * plan.row_len
+        if name in ("old_log_prob", "ref"):
+            return role.packed_forward_program("logp", micro_shape, logits, (rows, R), dp, temperature=T)
+        if name == "values":
+            return role.packed_forward_program("values", micro_shape, logits, (rows, R), dp)
+        return role.packed_grads_program(spec, micro_shape, logits, grid, dp)
+    width = cfg.data.max_prompt_length + R
+    inputs = {"input_ids": ((rows, width), i32), "attention_mask": ((rows, width), i32), "responses": ((rows, R), i32)}
+    if name in ("old_log_prob", "ref"):
+        return role.padded_program("logp", inputs, n_micro=plan.num_micro, temperature=T)
+    if name == "values":
+        return role.padded_program("values", inputs, n_micro=plan.num_micro)
+    return role.padded_program("update", {**inputs, **grid}, n_micro=plan.num_micro, spec=spec)
+
+
 def free_device_memory() -> int | None:
     """Bytes one device can still allocate: the accelerator's limit minus its use, or on CPU the host's
     available RAM shared by the local devices. None when unknown."""

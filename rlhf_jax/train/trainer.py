@@ -41,7 +41,7 @@ from rlhf_jax.train.checkpoint import Checkpointer, resolve_resume
 from rlhf_jax.train.engine import Role
 from rlhf_jax.train.loggers import MetricLogger
 from rlhf_jax.train.optim import make_optimizer
-from rlhf_jax.train.passes import PassPlan, describe, fit_pass, free_device_memory, gib, memory_hint, plan_passes
+from rlhf_jax.train.passes import PassPlan, compile_pass, describe, fit_pass, free_device_memory, gib, memory_hint, plan_passes
 from rlhf_jax.train.setup import Components, load_policy, prepare
 from rlhf_jax.train.steps import ActorLossSpec, CriticLossSpec, advantage_stage
 
@@ -281,38 +281,6 @@ class Trainer:
             return self.actor if (d.recompute_old_log_prob or cfg.algorithm.use_kl_in_reward) else None
         return {"ref": self.ref, "update_actor": self.actor, "values": self.critic, "update_critic": self.critic}[name]
 
-    def _compile_pass(self, name: str, role: Role, plan: PassPlan):
-        """The pass compiled at its planned shape (the longest prompt and response the config allows)."""
-        cfg, d = self.cfg, self.cfg.derived
-        dp, R, T = d.dp_size, cfg.actor_rollout_ref.rollout.response_length, self.actor_spec.temperature
-        i32, f32 = jnp.int32, jnp.float32
-        rows = {"update_actor": d.actor_mini_batch_size, "update_critic": d.critic_mini_batch_size}.get(
-            name, d.rollout_batch_size)
-        if name == "update_actor":
-            grid = {"response_mask": i32, "old_log_probs": f32, "advantages": f32}
-            if self.actor_spec.use_kl_loss:
-                grid["ref_log_probs"] = f32
-        else:
-            grid = {"response_mask": i32, "values": f32, "returns": f32}
-        grid = {k: ((rows, R), t) for k, t in grid.items()}
-        spec = self.actor_spec if name == "update_actor" else self.critic_spec
-        if plan.packed:
-            # At most every packed position predicts a response token: plan for the largest logit list.
-            micro_shape = (dp * plan.rows_per_micro, plan.row_len)
-            logits = dp * plan.rows_per_micro * plan.row_len
-            if name in ("old_log_prob", "ref"):
-                return role.packed_forward_program("logp", micro_shape, logits, (rows, R), dp, temperature=T)
-            if name == "values":
-                return role.packed_forward_program("values", micro_shape, logits, (rows, R), dp)
-            return role.packed_grads_program(spec, micro_shape, logits, grid, dp)
-        width = cfg.data.max_prompt_length + R
-        inputs = {"input_ids": ((rows, width), i32), "attention_mask": ((rows, width), i32), "responses": ((rows, R), i32)}
-        if name in ("old_log_prob", "ref"):
-            return role.padded_program("logp", inputs, n_micro=plan.num_micro, temperature=T)
-        if name == "values":
-            return role.padded_program("values", inputs, n_micro=plan.num_micro)
-        return role.padded_program("update", {**inputs, **grid}, n_micro=plan.num_micro, spec=spec)
-
     def plan_memory(self) -> None:
         """Compile every training pass before the first step, size automatic (-1) micro-batches to the largest that
         XLA's memory estimate fits, and stop with the keys to change when a size the user set cannot fit."""
@@ -324,7 +292,7 @@ class Trainer:
             if role is None:
                 continue
             hint = memory_hint(self.cfg, "critic" if role is self.critic else "actor")
-            plan, need = fit_pass(plan, lambda p: self._compile_pass(name, role, p), free, hint)
+            plan, need = fit_pass(plan, lambda p: compile_pass(self, name, role, p), free, hint)
             self.plans[name] = plan
             estimate = f"~{gib(need)} per device" if need is not None else "no estimate on this backend"
             self.logger.text(f"memory plan: {name}: micro-batches of {describe(plan)} per shard, {estimate}"

@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from rlhf_jax.train.passes import HEADROOM, compiled_bytes, free_device_memory
+from rlhf_jax.train.passes import HEADROOM, compile_pass, compiled_bytes, free_device_memory
 from rlhf_jax.train.trainer import Trainer
 from tests.train.helpers import make_config
 
@@ -50,8 +50,19 @@ def test_an_automatic_micro_batch_is_sized_to_fit(tmp_path, smollm2_dir):
         trainer.plan_memory()
         plan = trainer.plans["update_actor"]
         assert plan.auto and 1 <= plan.rows_per_micro < whole
-        need = compiled_bytes(trainer._compile_pass("update_actor", trainer.actor, plan))
+        need = compiled_bytes(compile_pass(trainer, "update_actor", trainer.actor, plan))
         assert need <= HEADROOM * free_device_memory() * 1.05  # free memory moves a little between readings
         print(f"automatic update micro-batch: {plan.rows_per_micro} of {whole} rows, {need / 2**30:.2f} GiB per device")
     finally:
         trainer.close()
+
+
+def test_the_command_line_reports_a_micro_batch_that_cannot_fit_in_one_line(tmp_path, smollm2_dir):
+    from tests.train.helpers import cli_args, run_main
+
+    key = "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"
+    proc = run_main(cli_args(str(tmp_path), **{"actor_rollout_ref.model.path": smollm2_dir, **BIG, key: 32}))
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and key in errors[0], proc.stderr[-2000:]
