@@ -27,9 +27,10 @@ contiguous blocks), so a micro-batch never needs another shard's data.
 Log-prob passes need the vocabulary projection only where a response token is
 predicted, not at prompt positions: ``logit_positions`` lists, per shard, the flat
 positions (within the shard's ``rows x row_len`` block) whose ``targets`` are set,
-padded with position 0 and target -1 to ``logit_rows x row_len`` entries
-(``logit_rows`` from the same size set as the rows), and ``logit_targets`` their
-grid cells.
+padded with position 0 and target -1 to a size from the same two-per-octave set in
+sixteenths of the micro-batch (``logit_list_size``), and ``logit_targets`` their grid
+cells. (A list in whole rows wasted half the vocabulary projection of a two-row
+micro-batch whose responses fill a bit more than one row's worth.)
 
 Everything here is host NumPy; it runs once per mini-batch on a few integers per sequence.
 """
@@ -178,13 +179,22 @@ def pack_batch(
                        padded_tokens=int(np.prod(shape)))
 
 
+LOGIT_STEPS = 16  # the list's granularity: sixteenths of a micro-batch's cells
+
+
+def logit_list_size(count: int, cells: int) -> int:
+    """Entries of the compact logit list for ``count`` predicted positions among a shard's ``cells``: a size
+    from ``row_buckets`` in sixteenths of the cells (1/16, 2/16, 3/16, 4/16, 6/16, ..., 16/16), so at most
+    8 sizes per micro-batch shape, and beyond 2/16 at most a third of the list is padding."""
+    unit = max(1, cells // LOGIT_STEPS)
+    return unit * next(b for b in row_buckets(-(-cells // unit)) if b * unit >= count)
+
+
 def compact_targets(tgt: np.ndarray, dp: int, row_len: int, rows_per_micro: int) -> tuple[np.ndarray, np.ndarray]:
     """(positions, targets) of the cells with a target, per shard, padded to a bucketed count (see module doc)."""
     n_micro = tgt.shape[0]
     blocks = tgt.reshape(n_micro, dp, rows_per_micro * row_len)
-    count = int((blocks >= 0).sum(-1).max(initial=1))
-    logit_rows = next(b for b in row_buckets(rows_per_micro) if b * row_len >= count)
-    size = logit_rows * row_len
+    size = logit_list_size(int((blocks >= 0).sum(-1).max(initial=1)), rows_per_micro * row_len)
     positions = np.zeros((n_micro, dp, size), np.int32)
     targets = np.full((n_micro, dp, size), -1, np.int32)
     for m in range(n_micro):

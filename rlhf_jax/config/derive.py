@@ -7,7 +7,8 @@ Here a shard is one position on the ``data`` x ``fsdp`` mesh axes (devices on
 the ``tensor`` axis share their shard's batch), so a global micro-batch is
 ``micro x dp`` sequences and a mini-batch takes
 ``mini x n / (micro x dp)`` accumulation steps. A micro-batch size of -1 means the
-whole per-shard batch in one pass (no accumulation), whatever the device count.
+whole per-shard batch in one pass (no accumulation), whatever the device count; the
+memory plan (``train/passes.py``) may then choose smaller micro-batches.
 """
 
 from __future__ import annotations

@@ -70,7 +70,7 @@ ACTOR = (
     Key(A + "actor.ppo_mini_batch_size", 8,
         "Prompts per PPO mini-batch (one optimizer step); multiplied by rollout.n like verl."),
     Key(A + "actor.ppo_micro_batch_size_per_gpu", 1,
-        "Sequences per forward/backward pass on each data-parallel shard (gradient accumulation); -1 = all."),
+        "Sequences per forward/backward on each data-parallel shard; -1 = automatic (all that fit; on CPU cache-sized)."),
     Key(A + "actor.use_dynamic_bsz", False,
         "Choose micro-batches by a token budget (ppo_max_token_len_per_gpu, log_prob_max_token_len_per_gpu) "
         "instead of a sequence count; needs model.use_remove_padding."),

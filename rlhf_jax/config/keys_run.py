@@ -50,7 +50,8 @@ CRITIC = (
         "Tokens per value forward pass on each shard; None = critic.ppo_max_token_len_per_gpu.", type=int),
     Key(_C + "ppo_mini_batch_size", None, "Prompts per critic mini-batch (x rollout.n); None = the actor's.", type=int),
     Key(_C + "ppo_micro_batch_size_per_gpu", None,
-        "Sequences per critic forward/backward on each data-parallel shard; None = the actor's; -1 = all.", type=int),
+        "Sequences per critic forward/backward on each data-parallel shard; None = the actor's; -1 = automatic "
+        "(as the actor's).", type=int),
     Key(_C + "forward_micro_batch_size_per_gpu", None,
         "Sequences per value forward pass on each data-parallel shard; None = ppo_micro_batch_size_per_gpu.",
         type=int),

@@ -112,7 +112,8 @@ class Trainer:
         self.logger = MetricLogger(self.log_dir, cfg.trainer.logger, total_steps=self.total_steps, enabled=self.is_main)
         self.step = 0
         self.num_params = sum(x.size for x in jax.tree.leaves(self.actor.params))
-        self.plans = plan_passes(cfg)
+        self.plans = plan_passes(cfg, actor_mlp_width=self.actor.config.intermediate_size,
+                                 critic_mlp_width=self.critic.config.intermediate_size if self.critic else None)
         self._memory_planned = False
         self._layout_metrics: dict[str, float] = {}
 

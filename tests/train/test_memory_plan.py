@@ -6,11 +6,16 @@ the key; left automatic (-1), the same shape is sized down to what the estimate 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
+import jax
 import pytest
 
-from rlhf_jax.train.passes import HEADROOM, compile_pass, compiled_bytes, free_device_memory
+from rlhf_jax.batch.packing import row_length
+from rlhf_jax.config.validate import finalize
+from rlhf_jax.train.passes import (HEADROOM, compile_pass, compiled_bytes, fit_pass, free_device_memory, memory_hint,
+                                   plan_passes, preferred_grad_tokens)
 from rlhf_jax.train.trainer import Trainer
 from tests.train.helpers import make_config
 
@@ -46,15 +51,54 @@ def test_a_micro_batch_that_cannot_fit_stops_before_the_first_step(tmp_path, smo
 def test_an_automatic_micro_batch_is_sized_to_fit(tmp_path, smollm2_dir):
     trainer = _trainer(tmp_path, smollm2_dir, **{"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": -1})
     try:
-        whole = trainer.plans["update_actor"].rows_per_micro
+        start = trainer.plans["update_actor"]
+        # An accelerator's automatic size starts from the whole per-shard mini-batch; that does not fit here.
+        whole_rows = -(-start.seqs_per_shard * trainer.cfg.derived.max_seq_len // start.row_len)
+        whole = dataclasses.replace(start, rows_per_micro=whole_rows)
+        free = free_device_memory()
+        plan, need = fit_pass(whole, lambda p: compile_pass(trainer, "update_actor", trainer.actor, p), free,
+                              memory_hint(trainer.cfg, "actor"))
+        assert plan.auto and 1 <= plan.rows_per_micro < whole_rows
+        assert need <= HEADROOM * free * 1.05  # free memory moves a little between readings
+        print(f"automatic update micro-batch: {plan.rows_per_micro} of {whole_rows} rows, {need / 2**30:.2f} GiB per device")
+        # The trainer's own plan (on CPU: cache-sized) fits as well.
         trainer.plan_memory()
-        plan = trainer.plans["update_actor"]
-        assert plan.auto and 1 <= plan.rows_per_micro < whole
-        need = compiled_bytes(compile_pass(trainer, "update_actor", trainer.actor, plan))
-        assert need <= HEADROOM * free_device_memory() * 1.05  # free memory moves a little between readings
-        print(f"automatic update micro-batch: {plan.rows_per_micro} of {whole} rows, {need / 2**30:.2f} GiB per device")
+        own = trainer.plans["update_actor"]
+        assert own.auto and own.rows_per_micro <= start.rows_per_micro
+        assert compiled_bytes(compile_pass(trainer, "update_actor", trainer.actor, own)) <= HEADROOM * free_device_memory() * 1.05
     finally:
         trainer.close()
+
+
+def _finalized(tmp_path, packed: bool, micro: int):
+    cfg = make_config(str(tmp_path), **BIG, **{"actor_rollout_ref.model.use_remove_padding": packed,
+                                               "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": micro})
+    return finalize(cfg, num_devices=jax.device_count(), check_paths=False)
+
+
+def test_automatic_gradient_micro_batches_are_cache_sized_on_cpu_and_whole_on_accelerators(tmp_path):
+    mlp = 1536  # SmolLM2's MLP width
+    tokens = preferred_grad_tokens(mlp, "cpu")
+    assert tokens == 512 and preferred_grad_tokens(mlp, "gpu") is None and preferred_grad_tokens(mlp, "tpu") is None
+    for packed in (True, False):
+        cfg = _finalized(tmp_path, packed, -1)
+        d = cfg.derived
+        cpu = plan_passes(cfg, actor_mlp_width=mlp, backend="cpu")
+        gpu = plan_passes(cfg, actor_mlp_width=mlp, backend="gpu")
+        per_shard = int(d.actor_mini_batch_size_per_shard)
+        if packed:
+            row_len = row_length(int(d.max_seq_len))
+            assert cpu["update_actor"].rows_per_micro == tokens // row_len
+            assert gpu["update_actor"].rows_per_micro == -(-per_shard * int(d.max_seq_len) // row_len)
+        else:
+            assert cpu["update_actor"].rows_per_micro == tokens // int(d.max_seq_len)
+            assert per_shard % cpu["update_actor"].rows_per_micro == 0
+            assert gpu["update_actor"].rows_per_micro == per_shard
+        assert cpu["ref"] == gpu["ref"]  # forward passes are not cache-bound: the whole batch on every backend
+        # A size the user sets is kept on every backend.
+        cfg = _finalized(tmp_path, packed, 16)
+        assert (plan_passes(cfg, actor_mlp_width=mlp, backend="cpu")["update_actor"]
+                == plan_passes(cfg, actor_mlp_width=mlp, backend="gpu")["update_actor"])
 
 
 def test_the_command_line_reports_a_micro_batch_that_cannot_fit_in_one_line(tmp_path, smollm2_dir):

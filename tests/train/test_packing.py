@@ -18,6 +18,7 @@ import pytest
 
 from rlhf_jax import models
 from rlhf_jax.batch import first_fit_decreasing, micro_layout, pack_batch, row_buckets
+from rlhf_jax.batch.packing import logit_list_size
 from rlhf_jax.parallel import make_mesh
 from rlhf_jax.train.batching import to_global
 from rlhf_jax.train.engine import Role
@@ -100,7 +101,7 @@ def test_pack_layout_puts_every_token_where_its_target_says():
     for m in range(packed.num_micro):
         blocks = packed.targets[m].reshape(DP, rows * L)
         pos, tgt = (a[m].reshape(DP, -1) for a in (packed.logit_positions, packed.logit_targets))
-        assert pos.shape[1] % L == 0
+        assert pos.shape[1] % (rows * L // 16) == 0
         for shard in range(DP):
             keep = tgt[shard] >= 0
             np.testing.assert_array_equal(pos[shard][keep], np.nonzero(blocks[shard] >= 0)[0])
@@ -118,6 +119,15 @@ def test_micro_layout_uses_few_shapes_and_little_padding():
         n, per = micro_layout(needed, 16)
         assert per <= 16 and n * per >= needed and n == -(-needed // 16)
         assert n * per <= 1.5 * needed + 1  # padding rows stay below a third (+1 for tiny counts)
+
+
+def test_logit_list_sizes_are_few_and_mostly_full():
+    cells = 2 * 256
+    sizes = {logit_list_size(count, cells) for count in range(1, cells + 1)}
+    assert sizes == {32 * b for b in (1, 2, 3, 4, 6, 8, 12, 16)}
+    for count in range(1, cells + 1):
+        size = logit_list_size(count, cells)
+        assert count <= size <= max(64, 1.5 * count)
 
 
 def test_first_fit_decreasing_respects_capacity():

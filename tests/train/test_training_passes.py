@@ -55,22 +55,30 @@ def test_stage_timers_wait_for_their_outputs_and_add_up_to_the_step(tmp_path):
 
 @pytest.mark.parametrize("packed", [True, False])
 def test_compiled_programs_stay_bounded_over_ten_steps_of_varying_lengths(tmp_path, early_stopping_model, packed):
-    """Packed: one program per pass (+ the zero-grad and apply programs of the update), whatever the lengths.
-    Padded: one per (prompt bucket, response bucket) of the trimmed batch; responses here fit 2 buckets (<= 16)."""
+    """Packed: per pass one micro-batch shape and at most 8 logit-list sizes (``logit_list_size``), plus the
+    zero-grad and apply programs of the update, whatever the lengths. Padded: one per (prompt bucket, response
+    bucket) of the trimmed batch; responses here fit 2 buckets (<= 16)."""
     cfg = make_config(str(tmp_path), "grpo", **{"data.max_response_length": 40,
                                                 "actor_rollout_ref.model.use_remove_padding": packed,
-                                                            "trainer.total_training_steps": 10,
-                                                            "actor_rollout_ref.model.path": early_stopping_model})
+                                                "trainer.total_training_steps": 10,
+                                                "actor_rollout_ref.model.path": early_stopping_model})
     trainer = Trainer(cfg)
     try:
         metrics = _steps(trainer, 10)
         lengths = {m["response_length/max"] for m in metrics}
         assert len(lengths) > 1, lengths  # the lengths did vary
         actor, ref = trainer.actor.num_compiled(), trainer.ref.num_compiled()
+        programs = [key for role in (trainer.actor, trainer.ref) for key in role._compiled]
     finally:
         trainer.close()
-    if packed:  # old log-probs, update (zero grads, micro-batch gradient, apply); reference log-probs
-        assert (actor, ref) == (4, 1)
+    if packed:  # actor: old log-probs and the update's micro-batch gradient (+ zero grads, apply); ref: log-probs
+        for kind in ("packed_logp", "packed_grads"):
+            for role_programs in ([k for k in programs[:actor]], [k for k in programs[actor:]]):
+                keys = [k for k in role_programs if k[0] == kind]
+                micro_shape_at = 1 if kind == "packed_logp" else 2
+                assert len({k[micro_shape_at] for k in keys}) <= 1 and len(keys) <= 8, keys
+        assert actor <= 2 * 8 + 2 and ref <= 8
+        print(f"compiled programs over 10 steps: actor {actor}, ref {ref}")
     else:  # prompts: one bucket (the loader pads them to 16); responses trim to widths 16, 32 or 40
         assert actor <= 2 * 3 and ref <= 3
 
