@@ -1,10 +1,11 @@
 """``builtin:<name>`` paths: the tiny model and synthetic data sets that need no download.
 
 ``actor_rollout_ref.model.path = "builtin:tiny"`` names the small random Llama
-of :mod:`rlhf_jax.tools.tiny`; ``data.train_files = ("builtin:arithmetic",)``
+of :mod:`rlhf_jax.tools.tiny`; ``"builtin:smollm2"`` the real SmolLM2-135M-Instruct,
+converted on first use by :mod:`rlhf_jax.tools.smollm2` (needs the ``smollm2`` extra); ``data.train_files = ("builtin:arithmetic",)``
 names a synthetic data set generated on first use by :mod:`rlhf_jax.data`.
 Checking these names never builds anything; :func:`resolve_model_path`
-builds the tiny model (once, cached) and returns its directory.
+builds the model (once, cached) and returns its directory.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 
 PREFIX = "builtin:"
 TINY_MODEL = "builtin:tiny"
-BUILTIN_MODELS = ("tiny",)
+BUILTIN_MODELS = ("tiny", "smollm2")
 # The tasks of rlhf_jax.data.synthetic, used unless that module exports its own list.
 _FALLBACK_DATASETS = ("arithmetic", "countdown")
 
@@ -51,8 +52,12 @@ def resolve_model_path(path: str) -> str:
     """
     if is_builtin(path):
         name = builtin_name(path)
-        if name != "tiny":
+        if name not in BUILTIN_MODELS:
             raise ValueError(f"unknown builtin model {path!r}; available: {', '.join(PREFIX + n for n in BUILTIN_MODELS)}")
+        if name == "smollm2":
+            from rlhf_jax.tools import smollm2
+
+            return smollm2.ensure()
         from rlhf_jax.tools import tiny
 
         return tiny.ensure()
@@ -66,6 +71,10 @@ def model_hf_config(path: str) -> dict[str, Any] | None:
     ``builtin:tiny`` answers from the tiny model's constants.
     """
     if is_builtin(path):
+        if builtin_name(path) == "smollm2":  # known once converted
+            from rlhf_jax.tools.smollm2 import DEFAULT_DIR
+
+            return model_hf_config(DEFAULT_DIR)
         if builtin_name(path) != "tiny":
             return None
         from rlhf_jax.tools import tiny

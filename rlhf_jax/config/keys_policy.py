@@ -49,7 +49,7 @@ def checkpoint_keys(prefix: str) -> tuple[Key, ...]:
 
 MODEL = (
     Key(A + "model.path", "builtin:tiny",
-        "Policy checkpoint: a local Hugging Face directory, or builtin:tiny (a small random Llama built on first use)."),
+        "Policy checkpoint: a local Hugging Face directory, builtin:tiny (a small random Llama) or builtin:smollm2 (built on first use)."),
     Key(A + "model.dtype", "float32", "Parameter (and optimizer state) dtype.", choices=DTYPES),
     Key(A + "model.compute_dtype", "float32", "Activation / matmul dtype of forward passes.", choices=DTYPES),
     Key(A + "model.enable_gradient_checkpointing", False,

@@ -277,7 +277,8 @@ def _check_paths(cfg: ConfigDict) -> None:
     for key, path in models:
         if builtin.is_builtin(path):
             if builtin.builtin_name(path) not in builtin.BUILTIN_MODELS:
-                raise ValueError(f"{key}: unknown builtin model {path!r}; available: builtin:tiny")
+                raise ValueError(f"{key}: unknown builtin model {path!r}; available: "
+                                 + ", ".join("builtin:" + n for n in builtin.BUILTIN_MODELS))
         elif builtin.looks_local(path) and not os.path.isfile(os.path.join(os.path.expanduser(path), "config.json")):
             raise ValueError(f"{key}: {path!r} is not a Hugging Face model directory (no config.json)")
     custom = cfg.custom_reward_function.path

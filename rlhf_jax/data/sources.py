@@ -12,8 +12,8 @@ can name them in errors:
 - CSV with a header row (cells stay strings),
 - a directory: its supported files, restricted to those whose name starts with
   the split name when any does (the layout of Trinity-RFT's file tasksets),
-- ``builtin:arithmetic`` / ``builtin:countdown``: the synthetic tasks of
-  :mod:`rlhf_jax.data.synthetic`, generated in memory (split ``train``: 1000 rows,
+- ``builtin:arithmetic`` / ``builtin:countdown`` / ``builtin:word_problems``: the
+  synthetic tasks of :mod:`rlhf_jax.data.synthetic`, generated in memory (split ``train``: 1000 rows,
   seed 0; any other split: 100 rows, seed 1). Generator knobs can follow as a
   query, e.g. ``builtin:arithmetic?max_value=20&ops=+-&train_size=5000``.
 """
@@ -147,7 +147,7 @@ def _expand_directory(path: str, split: str | None) -> list[str]:
 
 
 BUILTIN_PREFIX = "builtin:"
-_INT_KNOBS = ("min_value", "max_value", "num_terms", "num_numbers", "max_number", "max_target", "seed",
+_INT_KNOBS = ("min_value", "max_value", "num_terms", "num_numbers", "max_number", "max_target", "max_steps", "seed",
               "train_size", "test_size")
 
 
@@ -155,7 +155,7 @@ def _read_builtin(spec: str, split: str | None) -> list[dict[str, Any]]:
     from rlhf_jax.data import synthetic
 
     task, _, query = spec[len(BUILTIN_PREFIX):].partition("?")
-    makers = {"arithmetic": synthetic.make_arithmetic, "countdown": synthetic.make_countdown}
+    makers = synthetic.GENERATORS
     if task not in makers:
         raise DataError(f"{spec}: unknown builtin dataset {task!r}; known: {sorted(makers)}")
     knobs: dict[str, Any] = {}

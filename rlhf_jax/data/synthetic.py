@@ -9,6 +9,8 @@ Generation is deterministic from the seed.
   drawn from ``ops`` (+ - *, usual precedence); ground truth is the integer value
   as a string. ``style="bare"`` prompts are just ``"3+4="`` (for tiny models),
   ``style="instruct"`` asks for the answer after ``####``.
+- word_problems: grade-school word problems in GSM8K's format, see
+  :mod:`rlhf_jax.data.word_problems`.
 - countdown: ``num_numbers`` integers in [1, max_number] and a target in
   [1, max_target] that is reachable using each number exactly once with ``ops``;
   ground truth ``{"target": int, "numbers": [...]}``, answer in ``<answer>`` tags.
@@ -25,6 +27,7 @@ import random
 from fractions import Fraction
 from typing import Any
 
+from rlhf_jax.data.word_problems import make_word_problems
 from rlhf_jax.rewards.expression import evaluate
 
 ARITHMETIC_OPS = ("+", "-", "*")
@@ -145,37 +148,43 @@ def write_parquet(rows: list[dict[str, Any]], path: str) -> str:
     return path
 
 
+GENERATORS = {"arithmetic": make_arithmetic, "countdown": make_countdown, "word_problems": make_word_problems}
+
+
 def generate(task: str, out_dir: str, *, train_size: int, test_size: int, seed: int, **knobs: Any) -> list[str]:
     """Write DIR/train.parquet and DIR/test.parquet for `task` (test uses seed + 1)."""
-    makers = {"arithmetic": make_arithmetic, "countdown": make_countdown}
-    if task not in makers:
-        raise ValueError(f"task must be one of {sorted(makers)}, got {task!r}")
+    if task not in GENERATORS:
+        raise ValueError(f"task must be one of {sorted(GENERATORS)}, got {task!r}")
     paths = []
     for split, size, s in (("train", train_size, seed), ("test", test_size, seed + 1)):
-        rows = makers[task](size, s, split=split, **knobs)
+        rows = GENERATORS[task](size, s, split=split, **knobs)
         paths.append(write_parquet(rows, os.path.join(out_dir, f"{split}.parquet")))
     return paths
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--task", required=True, choices=["arithmetic", "countdown"])
+    p.add_argument("--task", required=True, choices=sorted(GENERATORS))
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--train-size", type=int, default=1000)
     p.add_argument("--test-size", type=int, default=100)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--ops", default=None, help="operators, e.g. '+-*' (arithmetic default '+', countdown '+-*/')")
     p.add_argument("--min-value", type=int, default=0, help="arithmetic: smallest operand")
-    p.add_argument("--max-value", type=int, default=9, help="arithmetic: largest operand")
+    p.add_argument("--max-value", type=int, default=None,
+                   help="arithmetic: largest operand (default 9); word_problems: largest story number (default 50)")
     p.add_argument("--num-terms", type=int, default=2, help="arithmetic: operands per expression")
     p.add_argument("--style", default="bare", choices=["bare", "instruct"], help="arithmetic prompt style")
+    p.add_argument("--max-steps", type=int, default=2, help="word_problems: operations per problem (1 or 2)")
     p.add_argument("--num-numbers", type=int, default=3, help="countdown: numbers given")
     p.add_argument("--max-number", type=int, default=20, help="countdown: largest given number")
     p.add_argument("--max-target", type=int, default=100, help="countdown: largest target")
     a = p.parse_args(argv)
     if a.task == "arithmetic":
-        knobs = dict(min_value=a.min_value, max_value=a.max_value, num_terms=a.num_terms,
+        knobs = dict(min_value=a.min_value, max_value=9 if a.max_value is None else a.max_value, num_terms=a.num_terms,
                      ops=tuple(a.ops or "+"), style=a.style)
+    elif a.task == "word_problems":
+        knobs = dict(max_steps=a.max_steps, max_value=50 if a.max_value is None else a.max_value)
     else:
         knobs = dict(num_numbers=a.num_numbers, max_number=a.max_number, max_target=a.max_target,
                      ops=tuple(a.ops or "+-*/"))

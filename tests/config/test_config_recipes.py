@@ -73,3 +73,23 @@ def test_recipe_switches_estimator_by_override():
     assert out.algorithm.adv_estimator == "rloo"
     with pytest.raises(ValueError, match=r"algorithm\.adv_estimator=gae needs a value model"):
         finalize(load("grpo", "--config.algorithm.adv_estimator=gae", "--config.critic.enable=false"), num_devices=1)
+
+
+def test_smollm2_recipe_finalizes_with_a_tiny_model_standing_in(hf_checkpoint):
+    """configs/grpo_smollm2.py validates as written for a local model directory, and on 8 devices by changing
+    only the mesh and dtype keys (what a GPU/TPU run changes)."""
+    path, _ = hf_checkpoint("llama", max_position_embeddings=512)  # a tiny Llama in place of the converted SmolLM2
+    cpu = finalize(load("grpo_smollm2", f"--config.actor_rollout_ref.model.path={path}"), num_devices=1)
+    assert cpu.algorithm.adv_estimator == "grpo" and not cpu.derived.need_ref
+    assert cpu.data.train_batch_size == 8 and cpu.actor_rollout_ref.rollout.n == 8
+    assert 128 <= cpu.actor_rollout_ref.rollout.response_length <= 256
+    assert cpu.data.prompt_template == "native" and cpu.data.val_files == ("builtin:word_problems?test_size=200",)
+    assert not cpu.derived.recompute_old_log_prob  # one mini-batch, one epoch: the sampler's log-probs
+    accel = finalize(load("grpo_smollm2", f"--config.actor_rollout_ref.model.path={path}", "--config.mesh.data=-1",
+                          "--config.actor_rollout_ref.model.compute_dtype=bfloat16"), num_devices=8)
+    assert accel.derived.dp_size == 8
+
+
+def test_smollm2_recipe_names_the_builtin_model():
+    cfg = load("grpo_smollm2")
+    assert cfg.actor_rollout_ref.model.path == "builtin:smollm2"

@@ -46,6 +46,10 @@ def test_default_recipe_cli_writes_metrics_tensorboard_and_checkpoint(tmp_path):
     assert glob.glob(os.path.join(out, "tensorboard", "events.out.tfevents.*"))
     assert os.path.isdir(os.path.join(out, "checkpoints", "2"))
     assert os.path.exists(os.path.join(out, "hf", "global_step_2", "model.safetensors"))
+    # The plot command on the run's directory, as a user would type it after the run.
+    plot = subprocess.run([sys.executable, "-m", "rlhf_jax.plot", out], capture_output=True, text=True, timeout=300)
+    assert plot.returncode == 0, plot.stderr
+    assert plot.stdout.strip() == os.path.join(out, "curve.png") and os.path.getsize(plot.stdout.strip()) > 10_000
 
 
 @pytest.mark.parametrize("recipe", ["ppo", "rloo", "reinforce_pp"])

@@ -1,0 +1,64 @@
+"""``python -m rlhf_jax.plot``: a metrics file becomes one PNG of the documented size; bad input is one line."""
+
+import json
+import struct
+import subprocess
+import sys
+
+import numpy as np
+
+from rlhf_jax.plot import DPI, FIGSIZE_IN, read_metrics, series
+
+
+def _png_size(path: str) -> tuple[int, int]:
+    with open(path, "rb") as f:
+        head = f.read(24)
+    assert head[:8] == b"\x89PNG\r\n\x1a\n"
+    return struct.unpack(">II", head[16:24])
+
+
+def _write_metrics(path, steps: int = 12) -> None:
+    rng = np.random.default_rng(0)
+    with open(path, "w") as f:
+        for step in range(0, steps + 1):
+            record = {"step": step}
+            if step % 4 == 0:
+                record["val-core/gsm8k/reward/mean@1"] = float(rng.uniform())
+            if step > 0:
+                record.update({"critic/score/mean": float(rng.uniform()), "response_length/mean": float(rng.uniform(20, 90)),
+                               "actor/entropy": float(rng.uniform(0.5, 2.0)), "timing_s/step": 1.0})
+            f.write(json.dumps(record) + "\n")
+        # a resumed run re-logs step 12: the last record wins
+        f.write(json.dumps({"step": 12, "critic/score/mean": 0.5, "actor/entropy": 1.0}) + "\n")
+
+
+def test_the_plot_command_writes_a_png_of_the_expected_size(tmp_path):
+    _write_metrics(tmp_path / "metrics.jsonl")
+    out = tmp_path / "figs" / "curve.png"
+    proc = subprocess.run([sys.executable, "-m", "rlhf_jax.plot", str(tmp_path), "--out", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == str(out)
+    assert _png_size(str(out)) == (int(FIGSIZE_IN[0] * DPI), int(FIGSIZE_IN[1] * DPI))
+    # default output: next to the metrics
+    proc = subprocess.run([sys.executable, "-m", "rlhf_jax.plot", str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and (tmp_path / "curve.png").stat().st_size > 10_000
+
+
+def test_the_plotted_series_are_the_logged_values(tmp_path):
+    _write_metrics(tmp_path / "metrics.jsonl")
+    by_step = read_metrics(str(tmp_path / "metrics.jsonl"))
+    val = series(by_step, ("val-core/",))
+    assert list(val) == ["val-core/gsm8k/reward/mean@1"] and val["val-core/gsm8k/reward/mean@1"][0] == [0, 4, 8, 12]
+    steps, reward = series(by_step, ("critic/score/mean",))["critic/score/mean"]
+    assert steps == list(range(1, 13)) and reward[-1] == 0.5  # the re-logged step replaced the first record
+    assert "timing_s/step" not in series(by_step, ("critic/score/mean", "val-core/"))
+
+
+def test_a_directory_without_metrics_is_one_line(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "rlhf_jax.plot", str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.startswith("error:") and "metrics.jsonl" in proc.stderr
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\nnot json\n')
+    proc = subprocess.run([sys.executable, "-m", "rlhf_jax.plot", str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "line 2" in proc.stderr
