@@ -49,7 +49,7 @@ def test_the_plotted_series_are_the_logged_values(tmp_path):
     _write_metrics(tmp_path / "metrics.jsonl")
     by_step = read_metrics(str(tmp_path / "metrics.jsonl"))
     val = series(by_step, ("val-core/",))
-    assert list(val) == ["val-core/gsm8k/reward/mean@1"] and val["val-core/gsm8k/reward/mean@1"][0] == [0, 4, 8, 12]
+    assert list(val) == ["val-core/gsm8k/reward/mean@1"] and val["val-core/gsm8k/reward/mean@1"][0] == [0, 4, 8]  # step 12 re-logged without it
     steps, reward = series(by_step, ("critic/score/mean",))["critic/score/mean"]
     assert steps == list(range(1, 13)) and reward[-1] == 0.5  # the re-logged step replaced the first record
     assert "timing_s/step" not in series(by_step, ("critic/score/mean", "val-core/"))
