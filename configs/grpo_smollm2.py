@@ -7,8 +7,10 @@
 The task (``builtin:word_problems``, :mod:`rlhf_jax.data.word_problems`): one- and two-step
 whole-number word problems generated with fixed seeds, GSM8K's format: the question plus
 ``Let's think step by step and output the final answer after "####".`` in the model's chat
-template, graded by the GSM8K scorer in its strict mode (1 when the number after the last
-``####`` is the answer, else 0). Training draws from 4,000 problems; validation is 200
+template, graded by the GSM8K scorer in its flexible mode (1 when the last number of the
+response is the answer, after ``####`` or not, else 0). The strict mode (only ``####``) gives
+no signal to start from: the untrained model wrote ``####`` in none of 64 samples and scored
+0.02 greedy on the 200 held-out problems. Training draws from 4,000 problems; validation is 200
 held-out problems (disjoint by construction), greedy, before training and every 4 steps.
 
 Why these settings, for a short run on a 2-core CPU (about 30-40 minutes):

@@ -3,7 +3,8 @@
 Each problem is one or two steps of whole-number arithmetic in a short story
 ("Mia has 12 stickers. She buys 3 packs with 5 stickers in each. How many
 stickers does she have now?"). Rows follow verl's preprocessed GSM8K schema:
-``data_source`` ``"gsm8k"`` (so the built-in GSM8K scorer grades them), the
+``data_source`` ``"word_problems"`` (graded by the GSM8K scorer in its flexible mode: the
+last number of the response is its answer, whether after ``####`` or not), the
 question plus verl's GSM8K instruction (``Let's think step by step and output the
 final answer after "####".``) as the user message, the integer answer as
 ``reward_model.ground_truth``, and in ``extra_info`` the worked solution written as
@@ -119,7 +120,7 @@ def make_word_problems(n: int, seed: int = 0, *, max_steps: int = 2, max_value: 
         seen.add(question)
         i = len(rows)
         rows.append({
-            "data_source": "gsm8k",
+            "data_source": "word_problems",
             "prompt": [{"role": "user", "content": f"{question} {INSTRUCTION}"}],
             "ability": "math",
             "reward_model": {"style": "rule", "ground_truth": str(answer)},

@@ -65,3 +65,10 @@ def compute_score(
     if answer is None:
         return 0.0
     return score if answers_match(answer, ground_truth) else format_score
+
+
+def compute_flexible_score(solution_str: str, ground_truth: Any, format_score: float = 0.0, score: float = 1.0,
+                           clip_chars: int = 300) -> float:
+    """``compute_score`` in flexible mode: the last number of the response is the answer (after ``####`` or not)."""
+    return compute_score(solution_str, ground_truth, method="flexible", format_score=format_score, score=score,
+                         clip_chars=clip_chars)

@@ -2,7 +2,7 @@
 
 ``data_source`` is matched exactly, then lower-cased, then by its last path
 component (``openai/gsm8k`` -> ``gsm8k``, ``lighteval/MATH`` -> ``math``).
-Built-ins: gsm8k, math, arithmetic, countdown. Add your own with
+Built-ins: gsm8k, word_problems (GSM8K's flexible mode), math, arithmetic, countdown. Add your own with
 ``@register_scorer("name", aliases=(...))``; a scorer is called as
 ``fn(solution_str, ground_truth, **kwargs)`` (plus ``extra_info=`` when its
 signature has that parameter), where kwargs come from
@@ -39,6 +39,7 @@ def register_scorer(name: str, aliases: tuple[str, ...] = ()) -> Callable[[Score
 
 
 register_scorer("gsm8k", aliases=("openai/gsm8k",))(gsm8k.compute_score)
+register_scorer("word_problems")(gsm8k.compute_flexible_score)
 register_scorer(
     "math",
     aliases=("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500", "math-500",

@@ -8,6 +8,7 @@ from rlhf_jax.data.sources import read_file
 from rlhf_jax.data.word_problems import INSTRUCTION, make_word_problems
 from rlhf_jax.rewards.registry import scorer_name
 from rlhf_jax.rewards.gsm8k import compute_score
+from rlhf_jax.rewards.registry import default_compute_score
 
 
 def test_deterministic_distinct_and_disjoint_splits():
@@ -34,10 +35,13 @@ def test_answers_follow_from_the_worked_solution_and_score_as_gsm8k():
         assert eval(first.replace("/", "//")) == int(truth)  # noqa: S307 - generator output
         numbers = [int(x) for x in re.findall(r"\d+", r["extra_info"]["question"])]
         assert max(numbers) <= 40 * 40  # products (a total to share, money to spend) stay within max_value^2
-        assert r["prompt"][0]["content"].endswith(INSTRUCTION) and r["data_source"] == "gsm8k"
+        assert r["prompt"][0]["content"].endswith(INSTRUCTION) and r["data_source"] == "word_problems"
         assert compute_score(r["extra_info"]["answer"], truth) == 1.0  # strict: the reference solution passes
         assert compute_score(work, truth) == 0.0  # no "####": no answer in strict mode
-    assert scorer_name("gsm8k") == "gsm8k"
+        # the data source's scorer takes the final number
+        assert default_compute_score("word_problems", work, truth) == 1.0
+        assert default_compute_score("word_problems", work + f" or maybe {int(truth) + 1}", truth) == 0.0
+    assert scorer_name("word_problems") == "word_problems"
     assert {len(make_word_problems(50, 0, max_steps=1))} == {50}
     assert {r["extra_info"]["template"] for r in make_word_problems(200, 0, max_steps=1)} == {
         "buy_more", "give_away", "packs", "share"}
