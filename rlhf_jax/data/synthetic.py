@@ -27,7 +27,7 @@ import random
 from fractions import Fraction
 from typing import Any
 
-from rlhf_jax.data.word_problems import make_word_problems
+from rlhf_jax.data import word_problems
 from rlhf_jax.rewards.expression import evaluate
 
 ARITHMETIC_OPS = ("+", "-", "*")
@@ -146,6 +146,34 @@ def write_parquet(rows: list[dict[str, Any]], path: str) -> str:
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     pq.write_table(pa.Table.from_pylist(rows), path)
     return path
+
+
+def make_word_problems(n: int, seed: int = 0, *, max_steps: int = 2, max_value: int = 50,
+                       split: str = "train") -> list[dict[str, Any]]:
+    """``n`` distinct word problems of ``split`` (see :mod:`rlhf_jax.data.word_problems`)."""
+    templates = word_problems.templates(max_steps)
+    if max_value < 5:
+        raise ValueError(f"word_problems: max_value must be >= 5, got {max_value}")
+    rng = random.Random(seed)
+    rows: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    misses = 0  # draws in a row that gave nothing new: the pool is exhausted well before this many
+    while len(rows) < n and misses < 20000:
+        template = rng.choice(templates)
+        name, item = rng.choice(word_problems.NAMES), rng.choice(word_problems.ITEMS)
+        question, work, answer = template(rng, max_value, name, word_problems.PRONOUN.get(name, "he"), item)
+        if not word_problems.in_split(question, split) or question in seen:
+            misses += 1
+            continue
+        misses = 0
+        seen.add(question)
+        rows.append(_row("word_problems", "math", f"{question} {word_problems.INSTRUCTION}", str(answer),
+                         {"split": split, "index": len(rows), "question": question,
+                          "answer": f"{work}\n#### {answer}", "template": template.__name__.lstrip("_")}))
+    if len(rows) < n:
+        raise ValueError(f"word_problems: only {len(rows)} distinct {split} problems with max_value={max_value} "
+                         f"and max_steps={max_steps}; ask for fewer or raise max_value")
+    return rows
 
 
 GENERATORS = {"arithmetic": make_arithmetic, "countdown": make_countdown, "word_problems": make_word_problems}

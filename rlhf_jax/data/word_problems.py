@@ -1,4 +1,4 @@
-"""Grade-school arithmetic word problems, generated from templates with a fixed seed (GSM8K's format).
+"""Templates of grade-school arithmetic word problems (``synthetic.make_word_problems`` draws from them).
 
 Each problem is one or two steps of whole-number arithmetic in a short story
 ("Mia has 12 stickers. She buys 3 packs with 5 stickers in each. How many
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import random
 import zlib
-from typing import Any, Callable
+from typing import Callable
 
 INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
 NAMES = ("Mia", "Noah", "Ava", "Liam", "Emma", "Omar", "Sofia", "Ravi", "Lena", "Kenji", "Zoe", "Diego")
@@ -95,39 +95,12 @@ ONE_STEP: tuple[Template, ...] = (_buy_more, _give_away, _packs, _share)
 TWO_STEP: tuple[Template, ...] = (_buy_packs, _sell_twice, _wage, _two_friends)
 
 
-def make_word_problems(n: int, seed: int = 0, *, max_steps: int = 2, max_value: int = 50,
-                       split: str = "train") -> list[dict[str, Any]]:
-    """``n`` distinct word problems of ``split``; one- and two-step templates drawn at random (two-step only when
-    ``max_steps`` >= 2)."""
+def templates(max_steps: int) -> tuple[Template, ...]:
     if max_steps not in (1, 2):
         raise ValueError(f"word_problems: max_steps must be 1 or 2, got {max_steps}")
-    if max_value < 5:
-        raise ValueError(f"word_problems: max_value must be >= 5, got {max_value}")
-    templates = ONE_STEP + (TWO_STEP if max_steps == 2 else ())
-    rng = random.Random(seed)
-    held_out = split != "train"
-    rows: list[dict[str, Any]] = []
-    seen: set[str] = set()
-    misses = 0  # draws in a row that gave nothing new: the pool is exhausted well before this many
-    while len(rows) < n and misses < 20000:
-        template = rng.choice(templates)
-        name, item = rng.choice(NAMES), rng.choice(ITEMS)
-        question, work, answer = template(rng, max_value, name, PRONOUN.get(name, "he"), item)
-        if (zlib.crc32(question.encode()) % 5 == 0) != held_out or question in seen:
-            misses += 1
-            continue
-        misses = 0
-        seen.add(question)
-        i = len(rows)
-        rows.append({
-            "data_source": "word_problems",
-            "prompt": [{"role": "user", "content": f"{question} {INSTRUCTION}"}],
-            "ability": "math",
-            "reward_model": {"style": "rule", "ground_truth": str(answer)},
-            "extra_info": {"split": split, "index": i, "question": question, "answer": f"{work}\n#### {answer}",
-                           "template": template.__name__.lstrip("_")},
-        })
-    if len(rows) < n:
-        raise ValueError(f"word_problems: only {len(rows)} distinct {split} problems with max_value={max_value} "
-                         f"and max_steps={max_steps}; ask for fewer or raise max_value")
-    return rows
+    return ONE_STEP + (TWO_STEP if max_steps == 2 else ())
+
+
+def in_split(question: str, split: str) -> bool:
+    """Whether ``question`` belongs to ``split``: held out (any split but train) iff its CRC-32 is divisible by 5."""
+    return (zlib.crc32(question.encode()) % 5 == 0) == (split != "train")

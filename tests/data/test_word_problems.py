@@ -5,7 +5,8 @@ import re
 import pytest
 
 from rlhf_jax.data.sources import read_file
-from rlhf_jax.data.word_problems import INSTRUCTION, make_word_problems
+from rlhf_jax.data.synthetic import make_word_problems
+from rlhf_jax.data.word_problems import INSTRUCTION
 from rlhf_jax.rewards.registry import scorer_name
 from rlhf_jax.rewards.gsm8k import compute_score
 from rlhf_jax.rewards.registry import default_compute_score
