@@ -120,6 +120,7 @@ TRAINER = (
     Key(_T + "save_freq", -1, "Save a checkpoint every N steps (and at the end); -1 = only at the end."),
     Key(_T + "test_freq", -1, "Validate every N steps (and at the end); -1 = only at the end; 0 = never."),
     Key(_T + "val_before_train", True, "Validate once before the first step."),
+    Key(_T + "val_only", False, "Validate the (loaded or resumed) model once and stop without training."),
     Key(_T + "critic_warmup", 0, "Steps at the start that update only the critic."),
     Key(_T + "resume_mode", "auto",
         "auto (latest checkpoint in default_local_dir, if any), disable, or resume_path (resume_from_path).",

@@ -137,7 +137,6 @@ IGNORED: tuple[Ignored, ...] = (
     Ignored("trainer.esi_redundant_time", "no elastic-instance preemption handling; checkpoints resume instead"),
     Ignored("trainer.rollout_data_dir", "dumping rollouts is not implemented (see trainer.log_val_generations)", _off),
     Ignored("trainer.validation_data_dir", "dumping validation generations is not implemented", _off),
-    Ignored("trainer.val_only", "validation-only runs are not implemented", _off),
 )
 
 

@@ -441,14 +441,18 @@ class Trainer:
     def fit(self) -> dict[str, Any]:
         t = self.cfg.trainer
         self.maybe_resume()
-        self.plan_memory()
+        if not t.val_only:  # validation-only runs compile no training program
+            self.plan_memory()
         last: dict[str, Any] = {}
-        if t.val_before_train and self.step == 0 and t.test_freq != 0:
+        if t.val_only or (t.val_before_train and self.step == 0 and t.test_freq != 0):
             start = time.perf_counter()
             val = self.validate()
             if val:
                 val["timing_s/testing"] = time.perf_counter() - start
-                self.logger.log(0, val)
+                self.logger.log(self.step, val)
+            if t.val_only:
+                self.close()
+                return val
         while self.step < self.total_steps:
             pb = next(self.loader)
             metrics = self.train_step(pb)

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -129,3 +130,17 @@ def test_export_cli_for_any_saved_step(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "rlhf_jax.export", "--checkpoint", ckpt_root, "--out", str(tmp_path / "x"),
                           "--step", "7"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "no step 7" in bad.stderr
+
+
+def test_val_only_validates_once_and_trains_nothing(tmp_path):
+    cfg = make_config(str(tmp_path), "grpo", **{"trainer.val_only": True, "trainer.test_freq": 0,
+                                                 "trainer.val_before_train": False})
+    trainer = Trainer(cfg)
+    before = jax.tree.map(np.asarray, trainer.actor.params)
+    val = trainer.fit()
+    assert any(k.startswith("val-core/arithmetic/reward/mean@") for k in val)
+    assert [r["step"] for r in read_metrics(str(tmp_path))] == [0]
+    ckpt = os.path.join(str(tmp_path), "checkpoints")
+    assert not os.path.isdir(ckpt) or not os.listdir(ckpt)
+    after = jax.tree.map(np.asarray, trainer.actor.params)
+    assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(after)))
