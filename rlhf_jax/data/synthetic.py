@@ -149,9 +149,13 @@ def write_parquet(rows: list[dict[str, Any]], path: str) -> str:
 
 
 def make_word_problems(n: int, seed: int = 0, *, max_steps: int = 2, max_value: int = 50,
-                       split: str = "train") -> list[dict[str, Any]]:
+                       instruction: str = "gsm8k", split: str = "train") -> list[dict[str, Any]]:
     """``n`` distinct word problems of ``split`` (see :mod:`rlhf_jax.data.word_problems`)."""
     templates = word_problems.templates(max_steps)
+    if instruction not in word_problems.INSTRUCTIONS:
+        raise ValueError(f"word_problems: instruction must be one of {sorted(word_problems.INSTRUCTIONS)}, "
+                         f"got {instruction!r}")
+    sentence = word_problems.INSTRUCTIONS[instruction]
     if max_value < 5:
         raise ValueError(f"word_problems: max_value must be >= 5, got {max_value}")
     rng = random.Random(seed)
@@ -167,7 +171,7 @@ def make_word_problems(n: int, seed: int = 0, *, max_steps: int = 2, max_value: 
             continue
         misses = 0
         seen.add(question)
-        rows.append(_row("word_problems", "math", f"{question} {word_problems.INSTRUCTION}", str(answer),
+        rows.append(_row("word_problems", "math", f"{question} {sentence}", str(answer),
                          {"split": split, "index": len(rows), "question": question,
                           "answer": f"{work}\n#### {answer}", "template": template.__name__.lstrip("_")}))
     if len(rows) < n:

@@ -16,7 +16,7 @@ validation question is ever trained on, whatever the seeds and sizes.
 
 Every answer is a non-negative integer (divisions are exact, subtractions stay >= 0).
 ``max_steps`` (1 or 2) caps the number of operations; ``max_value`` the size of the
-numbers in the story. Deterministic: the same (n, seed, knobs) give the same rows.
+numbers in the story; ``instruction`` picks the sentence after the question (:data:`INSTRUCTIONS`). Deterministic: the same (n, seed, knobs) give the same rows.
 """
 
 from __future__ import annotations
@@ -25,7 +25,13 @@ import random
 import zlib
 from typing import Callable
 
-INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
+# The sentence appended to each question (knob ``instruction``): verl's GSM8K sentence, or a
+# request for the bare answer (short responses: a GRPO step costs about its response length).
+INSTRUCTIONS = {
+    "gsm8k": 'Let\'s think step by step and output the final answer after "####".',
+    "answer_only": "Answer with just the final number.",
+}
+INSTRUCTION = INSTRUCTIONS["gsm8k"]
 NAMES = ("Mia", "Noah", "Ava", "Liam", "Emma", "Omar", "Sofia", "Ravi", "Lena", "Kenji", "Zoe", "Diego")
 PRONOUN = {"Mia": "she", "Ava": "she", "Emma": "she", "Sofia": "she", "Lena": "she", "Zoe": "she"}
 ITEMS = ("apples", "stickers", "marbles", "pencils", "cookies", "books", "shells", "cards", "stamps", "eggs")

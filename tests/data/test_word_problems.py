@@ -51,6 +51,11 @@ def test_answers_follow_from_the_worked_solution_and_score_as_gsm8k():
 def test_builtin_spec_and_bad_knobs():
     rows = read_file("builtin:word_problems?train_size=7&max_steps=1", "train")
     assert len(rows) == 7 and rows[0].data["extra_info"]["split"] == "train"
+    short = read_file("builtin:word_problems?train_size=7&max_steps=1&instruction=answer_only", "train")
+    assert [r.data["extra_info"] for r in short] == [r.data["extra_info"] for r in rows]  # same problems
+    assert short[0].data["prompt"][0]["content"].endswith(" Answer with just the final number.")
+    with pytest.raises(ValueError, match="instruction must be one of"):
+        make_word_problems(5, instruction="shout")
     assert len(read_file("builtin:word_problems?test_size=5", "test")) == 5
     with pytest.raises(ValueError, match="max_steps"):
         make_word_problems(5, max_steps=3)
