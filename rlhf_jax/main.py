@@ -27,20 +27,22 @@ def main(argv: list[str] | None = None) -> int:
     except (KeyError, ValueError, FileNotFoundError, AttributeError) as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
+    from rlhf_jax.train.preemption import STOP
     from rlhf_jax.train.trainer import Trainer
 
-    try:  # everything that checks the config, data and checkpoints runs here, before any compilation
-        trainer = Trainer(cfg)
-    except (KeyError, ValueError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    try:  # the memory plan compiles every training pass and stops before the first step if one cannot fit
-        trainer.plan_memory()
-    except MemoryError as e:
-        trainer.close()
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    trainer.fit()
+    with STOP.installed():  # from here SIGTERM/SIGINT stop the run cleanly (train/preemption.py)
+        try:  # everything that checks the config, data and checkpoints runs here, before any compilation
+            trainer = Trainer(cfg)
+        except (KeyError, ValueError, FileNotFoundError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        try:  # the memory plan compiles every training pass and stops before the first step if one cannot fit
+            trainer.plan_memory()
+        except MemoryError as e:
+            trainer.close()
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        trainer.fit()  # a signal received during the set-up stops it before the first step
     return 0
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import multiprocessing as mp
+import signal
 import threading
 import time
 import traceback
@@ -66,6 +67,8 @@ def run_in_threads(fn: ComputeScore, calls: Sequence[tuple], timeout_s: float | 
 
 def _worker_main(conn: Connection, spec: ScoreSpec) -> None:
     """Worker process: load the function once, then answer (task_id, args) requests until told to stop."""
+    # Ctrl-C reaches the whole process group: the trainer handles it and stops its workers itself.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         fn = spec.load()
     except BaseException:  # noqa: BLE001

@@ -4,7 +4,8 @@
 epochs' worth), validating every ``trainer.test_freq`` steps, checkpointing every
 ``trainer.save_freq`` steps and at the end, and exporting a Hugging Face
 directory per ``trainer.save_hf_checkpoint``. A run resumes from the latest
-complete checkpoint (``trainer.resume_mode=auto``).
+complete checkpoint (``trainer.resume_mode=auto``). SIGTERM or SIGINT ends the run
+cleanly with a checkpoint of the last finished step (``train/preemption.py``).
 
 Randomness is a pure function of (trainer.seed, step): the sampler's key and the
 update key are derived from them, so a resumed run draws what the uninterrupted
@@ -17,6 +18,7 @@ import functools
 import json
 import logging
 import os
+import sys
 import time
 from typing import Any
 
@@ -41,6 +43,7 @@ from rlhf_jax.train.checkpoint import Checkpointer, resolve_resume
 from rlhf_jax.train.engine import Role
 from rlhf_jax.train.loggers import MetricLogger
 from rlhf_jax.train.optim import make_optimizer
+from rlhf_jax.train.preemption import STOP, StepAbandoned, StopRequest
 from rlhf_jax.train.passes import PassPlan, compile_pass, describe, fit_pass, free_device_memory, gib, memory_hint, plan_passes
 from rlhf_jax.train.setup import Components, load_policy, prepare
 from rlhf_jax.train.steps import ActorLossSpec, CriticLossSpec, advantage_stage
@@ -65,7 +68,8 @@ def actor_loss_spec(cfg: ConfigDict, recompute_old: bool, temperature: float) ->
 
 
 class Trainer:
-    def __init__(self, cfg: ConfigDict, components: Components | None = None):
+    def __init__(self, cfg: ConfigDict, components: Components | None = None, stop: StopRequest = STOP):
+        self.stop = stop  # SIGTERM/SIGINT: see train/preemption.py
         c = components or prepare(cfg)
         self.c, self.cfg, self.mesh, self.tok = c, c.cfg, c.mesh, c.tokenizer
         cfg, d = self.cfg, self.cfg.derived
@@ -208,6 +212,7 @@ class Trainer:
                 out, _ = self._generate(pb, self.c.sampling, self._rollout_key(self.c.sampling.seed, self.step))
                 responses, rmask = to_local(out.responses), to_local(out.response_mask)
                 host = {k: gather_all(getattr(out, k)) for k in ("prompts", "prompt_mask", "responses", "response_mask")}
+            self._abandon_if_stopping()
             with timer("reward"):
                 scores, reward_metrics, _ = self._score(pb, responses, rmask, n)
                 out_metrics.update(reward_metrics)
@@ -230,6 +235,7 @@ class Trainer:
                 with timer("values"):
                     batch["values"] = jax.block_until_ready(
                         self._forward_pass("values", self.critic, batch, host))
+            self._abandon_if_stopping()  # the last point before the step changes state (KL controller, weights)
             with timer("adv"):
                 group_ids = to_global(self.mesh, np.repeat(np.arange(len(pb)) + jax.process_index() * len(pb), n).astype(np.int32))
                 token_scores = token_scores[:, :batch["response_mask"].shape[1]]
@@ -269,6 +275,10 @@ class Trainer:
         out_metrics["training/global_step"] = self.step + 1
         out_metrics["training/epoch"] = pb.epoch
         return out_metrics
+
+    def _abandon_if_stopping(self) -> None:
+        if self.stop.agreed():
+            raise StepAbandoned
 
     def _permutation(self, n: int, epoch: int, salt: int, shuffle: bool) -> np.ndarray:
         if not shuffle:
@@ -406,6 +416,8 @@ class Trainer:
         by_source: dict[str, list[float]] = {}
         examples = []
         for pb in loader:
+            if self.stop.agreed():  # a stop request abandons validation: partial scores would mislead
+                return {}
             out, keep = self._generate(pb, sampling, self._rollout_key(sampling.seed, 0))
             responses, rmask = to_local(out.responses)[:keep], to_local(out.response_mask)[:keep]
             scores, _, texts = self._score(pb, responses, rmask, sampling.n)
@@ -439,8 +451,13 @@ class Trainer:
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> dict[str, Any]:
+        with self.stop.installed():
+            return self._fit()
+
+    def _fit(self) -> dict[str, Any]:
         t = self.cfg.trainer
         self.maybe_resume()
+        saved_step = self.step  # the step whose state is on disk (a resumed one, or none yet at step 0)
         if not t.val_only:  # validation-only runs compile no training program
             self.plan_memory()
         last: dict[str, Any] = {}
@@ -453,25 +470,43 @@ class Trainer:
             if t.val_only:
                 self.close()
                 return val
-        while self.step < self.total_steps:
+        stopping = self.stop.agreed()
+        while self.step < self.total_steps and not stopping:
+            data_state = self.loader.get_state()
             pb = next(self.loader)
-            metrics = self.train_step(pb)
+            try:
+                metrics = self.train_step(pb)
+            except StepAbandoned:
+                self.loader.set_state(data_state)  # the abandoned step's prompts come first after a resume
+                stopping = True
+                break
             self.step += 1
             is_last = self.step == self.total_steps
-            # test_freq: N > 0 every N steps and at the end; -1 only at the end; 0 never.
-            if t.test_freq != 0 and ((t.test_freq > 0 and self.step % t.test_freq == 0) or is_last):
+            stopping = self.stop.agreed()
+            # test_freq: N > 0 every N steps and at the end; -1 only at the end; 0 never (nor when stopping).
+            if t.test_freq != 0 and not stopping and ((t.test_freq > 0 and self.step % t.test_freq == 0) or is_last):
                 start = time.perf_counter()
                 metrics.update(self.validate())
                 metrics["timing_s/testing"] = time.perf_counter() - start
-            if (t.save_freq > 0 and self.step % t.save_freq == 0) or is_last:
+                stopping = self.stop.agreed()  # validation stops early on a signal
+            if (t.save_freq > 0 and self.step % t.save_freq == 0) or is_last or stopping:
                 start = time.perf_counter()
                 self.save_checkpoint()
+                saved_step = self.step
                 hf_always = t.save_hf_checkpoint == "always" or "hf_model" in self.cfg.actor_rollout_ref.actor.checkpoint.save_contents
                 if hf_always or (t.save_hf_checkpoint == "last" and is_last):
                     metrics["hf_export_dir"] = self.export_hf()
                 metrics["timing_s/save_checkpoint"] = time.perf_counter() - start
             self.logger.log(self.step, metrics)
             last = metrics
+        if stopping:
+            if saved_step != self.step:
+                self.save_checkpoint()
+            where = (f"checkpoint of step {self.step} in {self.checkpointer.directory}" if self.step
+                     else "no step had finished, nothing to save")
+            if self.is_main:
+                print(f"stopped by {self.stop.name} at step {self.step}/{self.total_steps}: {where}; "
+                      "the same command resumes", file=sys.stderr, flush=True)
         self.close()
         return last
 
