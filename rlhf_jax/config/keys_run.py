@@ -13,11 +13,12 @@ DATA = (
     Key("data.train_split", "train", "Split read from split-keyed JSON, split-named files in a directory, or builtin sets."),
     Key("data.val_split", "test", "Split read for validation (see train_split)."),
     Key("data.tokenizer", None, "Tokenizer directory; None = the one in actor_rollout_ref.model.path.", type=str),
-    Key("data.prompt_key", "prompt", "Column holding the prompt: a string or a list of chat messages."),
-    Key("data.ground_truth_key", "reward_model.ground_truth",
-        "Dotted path of the ground truth inside a row (verl's parquet layout); empty = none."),
+    Key("data.prompt_key", None, "Prompt column (a string or chat messages); None = first of prompt, messages, question, "
+        "query, problem, instruction (any case).", type=str),
+    Key("data.ground_truth_key", None, "Dotted path of the ground truth in a row; None = first of "
+        "reward_model.ground_truth, ground_truth, answer, solution, target, label; '' = none.", type=str),
     Key("data.default_data_source", None,
-        "data_source for rows without one (selects the rule-based scorer); None = required per row.", type=str),
+        "data_source for rows without one (selects the rule-based scorer); None = the file's name.", type=str),
     Key("data.prompt_template", "native",
         "native (the tokenizer's chat template), raw (text as is) or a str.format template with {prompt}."),
     Key("data.system_prompt", None, "System message added to every prompt; None = none.", type=str),
@@ -77,6 +78,9 @@ REWARD = (
     Key(_R + "timeout_s", 10.0, "Seconds one scoring call may take before it scores 0 (or fails, see fail_on_error)."),
     Key(_R + "scorer_kwargs", None,
         "Options per built-in scorer, e.g. {'arithmetic': {'format_score': 0.0}}; None = their defaults.", type=object),
+    Key(_R + "answer_match", "any",
+        "Scorer of data sources with no scorer of their own: the response matches the ground truth exactly, "
+        "as a number, by its last number, or any.", choices=("any", "exact", "numeric", "last_number")),
     Key(_R + "fail_on_error", False, "Stop training when a scorer raises or times out; False = score 0 and count it."),
     Key(_R + "overlong_buffer.enable", False, "DAPO overlong penalty on responses near the length limit."),
     Key(_R + "overlong_buffer.len", 4, "Buffer length L_buf before the limit where the penalty ramps up."),

@@ -65,8 +65,8 @@ def build_dataset(
     tokenizer: Any,
     *,
     split: str | None = None,
-    prompt_key: str = "prompt",
-    ground_truth_key: str | None = "reward_model.ground_truth",
+    prompt_key: str | None = None,
+    ground_truth_key: str | None = None,
     default_data_source: str | None = None,
     max_prompt_length: int = 512,
     prompt_template: str = "native",
@@ -191,12 +191,11 @@ def dataset_from_config(data_cfg: Any, tokenizer: Any, which: str = "train") -> 
     files = _cfg_get(data_cfg, f"{which}_files")
     if not files:
         raise DataError(f"data.{which}_files is not set")
-    gt_key = data_cfg.get("ground_truth_key", "reward_model.ground_truth")
     return build_dataset(
         list(files) if not isinstance(files, str) else files, tokenizer,
         split=_cfg_get(data_cfg, f"{which}_split", "train" if which == "train" else "test"),
-        prompt_key=_cfg_get(data_cfg, "prompt_key", "prompt"),
-        ground_truth_key=gt_key if gt_key else None,
+        prompt_key=_cfg_get(data_cfg, "prompt_key"),  # None: recognised by name
+        ground_truth_key=data_cfg.get("ground_truth_key"),  # None: recognised by name; "": none
         default_data_source=_cfg_get(data_cfg, "default_data_source"),
         max_prompt_length=int(_cfg_get(data_cfg, "max_prompt_length", 512)),
         prompt_template=_cfg_get(data_cfg, "prompt_template", "native"),

@@ -3,21 +3,30 @@
 The prompt column (``data.prompt_key``) holds either a string or a list of chat
 messages (``[{"role": ..., "content": ...}, ...]``, verl's and ROLL's
 ``messages`` layout). The ground truth is read with a dotted path
-(``data.ground_truth_key``, default ``reward_model.ground_truth`` as in verl's
-preprocessed parquet). All other columns travel to the reward function inside
-``extra_info`` (a row's own ``extra_info`` keys win on name clashes).
+(``data.ground_truth_key``, e.g. ``reward_model.ground_truth`` as in verl's
+preprocessed parquet). Left unset, both columns are recognised by name (see
+``PROMPT_COLUMNS`` and ``GROUND_TRUTH_COLUMNS``, any case), so a plain
+``{"Question": ..., "Answer": ...}`` file needs no keys. A row without a
+``data_source`` takes ``data.default_data_source``, else its file's name.
+All other columns travel to the reward function inside ``extra_info`` (a row's
+own ``extra_info`` keys win on name clashes).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from collections.abc import Sequence
 from typing import Any
 
-from rlhf_jax.data.sources import DataError, Row, get_path
+from rlhf_jax.data.sources import SUPPORTED_SUFFIXES, DataError, Row, get_path
 
 Messages = list[dict[str, str]]
+
+# Columns tried, in order, when data.prompt_key / data.ground_truth_key are unset (names match in any case).
+PROMPT_COLUMNS = ("prompt", "messages", "question", "query", "problem", "instruction")
+GROUND_TRUTH_COLUMNS = ("reward_model.ground_truth", "ground_truth", "answer", "solution", "target", "label")
 
 
 @dataclasses.dataclass
@@ -69,14 +78,46 @@ def parse_prompt(value: Any, where: str, key: str, from_csv: bool = False) -> st
     )
 
 
+def _recognise(data: dict[str, Any], candidates: Sequence[str]) -> str | None:
+    """The first candidate column present in ``data`` (a dotted path, or a top-level name in any case)."""
+    by_lower = {str(k).lower(): k for k in data}
+    for name in candidates:
+        if "." in name:
+            try:
+                get_path(data, name)
+                return name
+            except KeyError:
+                continue
+        if name in by_lower:
+            return by_lower[name]
+    return None
+
+
+def _file_stem(file: str) -> str:
+    """``/data/qa.json`` -> ``qa``: the data_source of rows that name none."""
+    base = os.path.basename(str(file).rstrip("/"))
+    for suffix in SUPPORTED_SUFFIXES:
+        if base.lower().endswith(suffix):
+            return base[: -len(suffix)]
+    return base
+
+
 def to_example(
     row: Row,
-    prompt_key: str = "prompt",
-    ground_truth_key: str | None = "reward_model.ground_truth",
+    prompt_key: str | None = None,
+    ground_truth_key: str | None = None,
     default_data_source: str | None = None,
 ) -> Example:
-    """Build an Example from a raw row, failing with the file, row and key on anything missing or malformed."""
+    """Build an Example from a raw row, failing with the file, row and key on anything missing or malformed.
+
+    ``prompt_key`` / ``ground_truth_key`` None: recognise the column by name; ``ground_truth_key=""``: no ground truth.
+    """
     data = row.data
+    if prompt_key is None:
+        prompt_key = _recognise(data, PROMPT_COLUMNS)
+        if prompt_key is None:
+            raise DataError(f"{row.where}: no prompt column (tried {', '.join(PROMPT_COLUMNS)}, any case); row has "
+                            f"columns {sorted(data)}; name it with data.prompt_key")
     try:
         raw_prompt = get_path(data, prompt_key)
     except KeyError:
@@ -86,21 +127,22 @@ def to_example(
     prompt = parse_prompt(raw_prompt, row.where, prompt_key, from_csv=row.file.lower().endswith(".csv"))
 
     ground_truth = None
+    if ground_truth_key is None:
+        ground_truth_key = _recognise(data, GROUND_TRUTH_COLUMNS)
+        if ground_truth_key is None:
+            raise DataError(
+                f"{row.where}: no ground-truth column (tried {', '.join(GROUND_TRUTH_COLUMNS)}, any case); row has "
+                f"columns {sorted(data)}; name it with data.ground_truth_key (or set it to '' for data without one)")
     if ground_truth_key:
         try:
             ground_truth = get_path(data, ground_truth_key)
         except KeyError:
             raise DataError(
                 f"{row.where}: missing ground-truth column {ground_truth_key!r} (data.ground_truth_key; set it to "
-                f"null for data without one); row has columns {sorted(data)}"
+                f"'' for data without one); row has columns {sorted(data)}"
             ) from None
 
-    data_source = data.get("data_source", default_data_source)
-    if data_source is None:
-        raise DataError(
-            f"{row.where}: no 'data_source' column and data.default_data_source is not set; the reward "
-            "function is chosen by data_source"
-        )
+    data_source = data.get("data_source", default_data_source or _file_stem(row.file))
     if not isinstance(data_source, str):
         raise DataError(f"{row.where}: 'data_source' must be a string, got {type(data_source).__name__}")
 
@@ -115,8 +157,8 @@ def to_example(
 
 def to_examples(
     rows: Sequence[Row],
-    prompt_key: str = "prompt",
-    ground_truth_key: str | None = "reward_model.ground_truth",
+    prompt_key: str | None = None,
+    ground_truth_key: str | None = None,
     default_data_source: str | None = None,
 ) -> list[Example]:
     """Convert all rows (eagerly, so that bad data fails before training starts)."""

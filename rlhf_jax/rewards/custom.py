@@ -94,9 +94,12 @@ def normalize_result(result: Any) -> tuple[float, dict[str, float]]:
 
 
 def spec_from_config(custom_cfg: Any = None, reward_cfg: Any = None) -> ScoreSpec:
-    """ScoreSpec from `cfg.custom_reward_function` (path, name) and `cfg.reward_model.scorer_kwargs`."""
+    """ScoreSpec from `cfg.custom_reward_function` (path, name) and `cfg.reward_model` (scorer_kwargs, answer_match)."""
     path = custom_cfg.get("path") if custom_cfg is not None else None
     name = (custom_cfg.get("name") if custom_cfg is not None else None) or "compute_score"
     kwargs = reward_cfg.get("scorer_kwargs") if reward_cfg is not None else None
     kwargs = {k: dict(v) for k, v in dict(kwargs or {}).items()}
+    mode = reward_cfg.get("answer_match") if reward_cfg is not None else None
+    if mode:
+        kwargs.setdefault("answer_match", {}).setdefault("mode", mode)
     return ScoreSpec(path=path or None, name=name, scorer_kwargs=kwargs)

@@ -2,7 +2,8 @@
 
 ``data_source`` is matched exactly, then lower-cased, then by its last path
 component (``openai/gsm8k`` -> ``gsm8k``, ``lighteval/MATH`` -> ``math``).
-Built-ins: gsm8k, word_problems (GSM8K's flexible mode), math, arithmetic, countdown. Add your own with
+Built-ins: gsm8k, word_problems (GSM8K's flexible mode), math, arithmetic, countdown, and answer_match,
+which also scores every data_source that has no scorer of its own. Add your own with
 ``@register_scorer("name", aliases=(...))``; a scorer is called as
 ``fn(solution_str, ground_truth, **kwargs)`` (plus ``extra_info=`` when its
 signature has that parameter), where kwargs come from
@@ -15,7 +16,7 @@ import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from rlhf_jax.rewards import arithmetic, countdown, gsm8k, math_boxed
+from rlhf_jax.rewards import answer_match, arithmetic, countdown, gsm8k, math_boxed
 
 ScoreFn = Callable[..., float]
 
@@ -47,6 +48,8 @@ register_scorer(
 )(math_boxed.compute_score)
 register_scorer("arithmetic")(arithmetic.compute_score)
 register_scorer("countdown", aliases=("countdown-tasks-3to4",))(countdown.compute_score)
+register_scorer("answer_match")(answer_match.compute_score)
+FALLBACK_SCORER = "answer_match"
 
 
 def scorer_name(data_source: str) -> str | None:
@@ -78,11 +81,8 @@ def default_compute_score(
     extra_info: Mapping[str, Any] | None = None,
     scorer_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> float:
-    """Score one response with the built-in scorer for its data_source."""
-    name = scorer_name(data_source)
-    if name is None:
-        check_data_sources([data_source])
-    assert name is not None
+    """Score one response with the built-in scorer for its data_source (answer_match for unknown ones)."""
+    name = scorer_name(data_source) or FALLBACK_SCORER
     kwargs = dict((scorer_kwargs or {}).get(name, {}) or {})
     if _WANTS_EXTRA[name]:
         kwargs["extra_info"] = extra_info

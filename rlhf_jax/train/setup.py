@@ -60,6 +60,7 @@ def prepare(cfg: ConfigDict) -> Components:
     val_dataset = dataset_from_config(cfg.data, tokenizer, "val") if cfg.data.val_files else None
     cfg = finalize(cfg, num_devices=jax.device_count(), num_processes=jax.process_count(),
                    train_dataset_size=len(train_dataset))
+    _note_fallback_scorer(cfg, train_dataset, val_dataset)
     d = cfg.derived
     mesh = make_mesh(*d.mesh_shape)
     rules = tuple((name, tuple(axes) if isinstance(axes, (list, tuple)) else axes)
@@ -71,6 +72,19 @@ def prepare(cfg: ConfigDict) -> Components:
     sampling = SamplingParams.from_config(rollout, **common)
     val_sampling = SamplingParams.from_config(rollout, validation=True, **common)
     return Components(cfg, model_path, tokenizer, train_dataset, val_dataset, mesh, rules, sampling, val_sampling)
+
+
+def _note_fallback_scorer(cfg: ConfigDict, *datasets) -> None:
+    """Say which data sources the built-in scorers do not know, and so are scored by answer matching."""
+    from rlhf_jax.rewards import scorer_name
+
+    if cfg.custom_reward_function.path:
+        return
+    unknown = sorted({e.data_source for ds in datasets if ds is not None for e in ds.examples
+                      if scorer_name(e.data_source) is None})
+    if unknown and jax.process_index() == 0:
+        log.warning("data_source %s: no built-in scorer, scored by answer_match (reward_model.answer_match=%s)",
+                    ", ".join(unknown), cfg.reward_model.answer_match)
 
 
 def load_policy(cfg: ConfigDict, model_path: str, mesh, rules, *, role: str = "actor", task: str | None = None,

@@ -92,7 +92,7 @@ def test_roll_messages_column_in_jsonl_and_csv(tmp_path):
         w.writerow(["messages", "tag"])
         w.writerow([json.dumps(msgs), "x"])
     for path in (jl, cs):
-        (ex,) = to_examples(read_files(str(path)), "messages", None, default_data_source="chat")
+        (ex,) = to_examples(read_files(str(path)), "messages", "", default_data_source="chat")
         assert ex.prompt == msgs and ex.ground_truth is None and ex.extra_info == {"tag": "x"}
 
 
@@ -152,6 +152,9 @@ def test_bad_rows_name_file_row_and_key(tmp_path):
             {"question": "no prompt column", "data_source": "gsm8k"}]
     path.write_text("\n".join(json.dumps(r) for r in rows))
     with pytest.raises(DataError, match=r"rows\.jsonl row 1: missing prompt column 'prompt'"):
+        to_examples(read_files(str(path)), "prompt")
+    path.write_text(json.dumps({"text": "no known prompt column", "answer": "1"}))
+    with pytest.raises(DataError, match=r"rows\.jsonl row 0: no prompt column \(tried prompt, messages.*data\.prompt_key"):
         to_examples(read_files(str(path)))
 
     path.write_text(json.dumps({"prompt": 42, "data_source": "gsm8k", "reward_model": {"ground_truth": "1"}}))
@@ -164,11 +167,34 @@ def test_bad_rows_name_file_row_and_key(tmp_path):
 
     path.write_text(json.dumps({"prompt": "hi", "data_source": "gsm8k"}))
     with pytest.raises(DataError, match=r"row 0: missing ground-truth column 'reward_model.ground_truth'"):
+        to_examples(read_files(str(path)), "prompt", "reward_model.ground_truth")
+    with pytest.raises(DataError, match=r"row 0: no ground-truth column \(tried reward_model\.ground_truth.*ground_truth_key"):
         to_examples(read_files(str(path)))
 
-    path.write_text(json.dumps({"prompt": "hi", "answer": "1"}))
-    with pytest.raises(DataError, match=r"row 0: no 'data_source' column and data.default_data_source"):
-        to_examples(read_files(str(path)), "prompt", "answer")
+    path.write_text(json.dumps({"prompt": "hi", "data_source": 3, "answer": "1"}))
+    with pytest.raises(DataError, match=r"row 0: 'data_source' must be a string"):
+        to_examples(read_files(str(path)))
+
+
+def test_columns_recognised_by_name_and_data_source_from_the_file_name(tmp_path):
+    """Seed 003's Question/Answer JSON, ROLL's messages column and plain prompt/solution rows need no keys."""
+    path = tmp_path / "qa.json"
+    path.write_text(json.dumps(QA))
+    train = to_examples(read_files(str(path), "train"))
+    assert [(e.prompt, e.ground_truth, e.data_source) for e in train] == [
+        ("What is 2+2?", "4", "qa"), ("Capital of France?", "Paris", "qa")]
+    assert "Question" not in train[0].extra_info  # the prompt column is not repeated in extra_info
+    roll = tmp_path / "roll_math.jsonl"
+    msgs = [{"role": "user", "content": "1+1?"}]
+    roll.write_text(json.dumps({"messages": msgs, "ground_truth": "2"}) + "\n")
+    (ex,) = to_examples(read_files(str(roll)))
+    assert (ex.prompt, ex.ground_truth, ex.data_source) == (msgs, "2", "roll_math")
+    plain = tmp_path / "plain.jsonl"
+    plain.write_text(json.dumps({"problem": "p", "solution": "s", "data_source": "math"}) + "\n")
+    (ex,) = to_examples(read_files(str(plain)), default_data_source="ignored: the row names its own")
+    assert (ex.prompt, ex.ground_truth, ex.data_source) == ("p", "s", "math")
+    (ex,) = to_examples(read_files(str(roll)), default_data_source="gsm8k")
+    assert ex.data_source == "gsm8k"
 
 
 def test_builtin_sources():

@@ -2,7 +2,7 @@
 
 import pytest
 
-from rlhf_jax.rewards import arithmetic, countdown, gsm8k, math_boxed
+from rlhf_jax.rewards import answer_match, arithmetic, countdown, gsm8k, math_boxed
 from rlhf_jax.rewards.expression import UnsafeExpression, evaluate
 from rlhf_jax.rewards.registry import check_data_sources, default_compute_score, register_scorer, scorer_name
 
@@ -156,8 +156,10 @@ def test_dispatch_by_data_source():
     assert scorer_name("someone/unknown") is None
     assert default_compute_score("openai/gsm8k", "#### 3", "3") == 1.0
     assert default_compute_score("lighteval/MATH", r"\boxed{3}", "3") == 1.0
-    with pytest.raises(KeyError, match="no built-in reward for data_source"):
-        default_compute_score("someone/unknown", "x", "y")
+    # A data_source with no scorer of its own is scored by answer_match.
+    assert default_compute_score("someone/unknown", "so it is 12", "12") == 1.0
+    assert default_compute_score("someone/unknown", "x", "y") == 0.0
+    assert default_compute_score("qa", "the answer is 12", "12", None, {"answer_match": {"mode": "exact"}}) == 0.0
     with pytest.raises(KeyError, match="unknown"):
         check_data_sources({"gsm8k", "unknown"})
 
@@ -166,3 +168,21 @@ def test_dispatch_by_data_source():
         return float(solution_str == ground_truth) + bonus + extra_info["w"]
 
     assert default_compute_score("org/echo", "a", "a", {"w": 0.5}, {"test_echo_task": {"bonus": 1.0}}) == 2.5
+
+
+@pytest.mark.parametrize("response, truth, expected", [
+    # (response, ground truth, {mode: score})
+    ("Paris", "Paris.", dict(exact=1, numeric=0, last_number=0, any=1)),
+    ("  the   answer  ", "The answer", dict(exact=1, numeric=0, last_number=0, any=1)),
+    ("1,234.0", "1234", dict(exact=0, numeric=1, last_number=1, any=1)),
+    ("So 3 + 4 = 7.", "7", dict(exact=0, numeric=0, last_number=1, any=1)),
+    ("7 or maybe 8", "7", dict(exact=0, numeric=0, last_number=0, any=0)),
+    ("72", "She pays 8 * 9 = 72 dollars.\n#### 72", dict(exact=0, numeric=1, last_number=1, any=1)),
+    ("inf", "inf", dict(exact=1, numeric=0, last_number=0, any=1)),
+    ("", "4", dict(exact=0, numeric=0, last_number=0, any=0)),
+])
+def test_answer_match_modes(response, truth, expected):
+    for mode, score in expected.items():
+        assert answer_match.compute_score(response, truth, mode=mode) == score, mode
+    with pytest.raises(ValueError, match="reward_model.answer_match"):
+        answer_match.compute_score("1", "1", mode="fuzzy")
