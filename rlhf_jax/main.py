@@ -27,6 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     except (KeyError, ValueError, FileNotFoundError, AttributeError) as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
+    from rlhf_jax.rewards import RewardFunctionError, RewardLoadError
     from rlhf_jax.train.preemption import STOP
     from rlhf_jax.train.trainer import Trainer
 
@@ -42,7 +43,12 @@ def main(argv: list[str] | None = None) -> int:
             trainer.close()
             print(f"error: {e}", file=sys.stderr)
             return 2
-        trainer.fit()  # a signal received during the set-up stops it before the first step
+        try:
+            trainer.fit()  # a signal received during the set-up stops it before the first step
+        except (RewardLoadError, RewardFunctionError) as e:  # found by a reward worker, or fail_on_error=True
+            trainer.close()
+            print(f"error: {e}", file=sys.stderr)
+            return 2
     return 0
 
 

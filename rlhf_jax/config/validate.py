@@ -155,6 +155,12 @@ def _check_ranges(cfg: ConfigDict) -> None:
     for path in ("algorithm.kl_ctrl.kl_coef", a + "actor.kl_loss_coef", a + "actor.entropy_coeff"):
         if schema.get_path(cfg, path) < 0:
             raise ValueError(f"{path}={schema.get_path(cfg, path)} must be >= 0")
+    for role in (a + "actor", "critic"):  # a negative rate ascends the loss; NaN/inf wreck the weights
+        optim = schema.get_path(cfg, role + ".optim")
+        for name in ("lr", "weight_decay", "eps", "min_lr_ratio"):
+            value = optim[name]
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{role}.optim.{name}={value} must be a finite number >= 0")
     if cfg.trainer.total_training_steps is not None and cfg.trainer.total_training_steps < 1:
         raise ValueError(f"trainer.total_training_steps={cfg.trainer.total_training_steps} must be >= 1 (or None)")
     buckets = cfg.data.prompt_length_buckets

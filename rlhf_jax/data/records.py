@@ -70,8 +70,12 @@ def parse_prompt(value: Any, where: str, key: str, from_csv: bool = False) -> st
             value = decoded
     messages = _as_messages(value, where, key)
     if messages is not None:
+        if not any(m["content"].strip() for m in messages):
+            raise DataError(f"{where}: prompt column {key!r} is empty (every message's content is blank)")
         return messages
     if isinstance(value, str):
+        if not value.strip():  # nothing to condition on: the model would sample from the template alone
+            raise DataError(f"{where}: prompt column {key!r} is empty")
         return value
     raise DataError(
         f"{where}: prompt column {key!r} must be a string or a list of chat messages, got {type(value).__name__}"

@@ -7,7 +7,8 @@ reward manager import it); the array helpers (``place_on_last_token``,
 
 from typing import Any
 
-from rlhf_jax.rewards.custom import ScoreSpec, load_function_from_file, normalize_result, spec_from_config
+from rlhf_jax.rewards.custom import (RewardLoadError, ScoreSpec, load_function_from_file, normalize_result,
+                                     spec_from_config)
 from rlhf_jax.rewards.manager import RewardFunctionError, RewardManager, RewardResult
 from rlhf_jax.rewards.registry import check_data_sources, default_compute_score, register_scorer, scorer_name
 
@@ -27,7 +28,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "RewardFunctionError", "RewardManager", "RewardModelScorer", "RewardResult", "ScoreSpec",
+    "RewardFunctionError", "RewardLoadError", "RewardManager", "RewardModelScorer", "RewardResult", "ScoreSpec",
     "check_data_sources", "default_compute_score", "load_function_from_file", "normalize_result",
     "overlong_penalty", "place_on_last_token", "register_scorer", "scorer_name", "spec_from_config",
 ]

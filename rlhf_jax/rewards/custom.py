@@ -8,6 +8,7 @@ the function in a picklable way, so that worker processes can load it themselves
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import functools
 import hashlib
@@ -23,6 +24,64 @@ from rlhf_jax.rewards.registry import default_compute_score
 ComputeScore = Callable[[str, str, Any, dict], Any]
 
 
+class RewardLoadError(ValueError):
+    """The custom reward file cannot be loaded: a one-line message naming the file, line and key."""
+
+
+def _top_level_names(body: list[ast.stmt]) -> set[str] | None:
+    """Names a module body binds (descending into if/try/with blocks); None after ``from x import *``."""
+    names: set[str] = set()
+    for node in body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name))
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            if any(a.name == "*" for a in node.names):
+                return None
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        for block in ("body", "orelse", "finalbody", "handlers"):
+            inner = getattr(node, block, None)
+            if inner and not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                stmts = [s for h in inner for s in h.body] if block == "handlers" else inner
+                found = _top_level_names(stmts)
+                if found is None:
+                    return None
+                names |= found
+    return names
+
+
+def check_reward_file(path: str, name: str = "compute_score") -> None:
+    """Fail with one line when ``path`` is missing, does not parse, or defines no ``name``, without running it."""
+    path = os.path.abspath(os.path.expanduser(path))
+    try:
+        with open(path, "rb") as f:
+            tree = ast.parse(f.read(), filename=path)
+    except FileNotFoundError:
+        raise RewardLoadError(f"custom_reward_function.path: file not found: {path}") from None
+    except OSError as e:
+        raise RewardLoadError(f"custom_reward_function.path: cannot read {path}: {e.strerror}") from None
+    except (SyntaxError, ValueError) as e:  # ValueError: null bytes
+        line = f" line {e.lineno}" if getattr(e, "lineno", None) else ""
+        raise RewardLoadError(f"custom_reward_function.path: {path}{line}: {type(e).__name__}: "
+                              f"{getattr(e, 'msg', None) or e}") from None
+    names = _top_level_names(tree.body)
+    if names is not None and name not in names:
+        raise RewardLoadError(f"custom_reward_function.name: {path} defines no function named {name!r}")
+
+
+def _line_in(error: BaseException, path: str) -> str:
+    """' line N' of the deepest frame of ``error``'s traceback that is in ``path``."""
+    line = ""
+    tb = error.__traceback__
+    while tb is not None:
+        if os.path.abspath(tb.tb_frame.f_code.co_filename) == path:
+            line = f" line {tb.tb_lineno}"
+        tb = tb.tb_next
+    return line
+
+
 def load_function_from_file(path: str, name: str = "compute_score") -> ComputeScore:
     """Import `path` as a module (once per path) and return its attribute `name`."""
     path = os.path.abspath(os.path.expanduser(path))
@@ -33,17 +92,19 @@ def load_function_from_file(path: str, name: str = "compute_score") -> ComputeSc
     if module is None:
         spec = importlib.util.spec_from_file_location(module_name, path)
         if spec is None or spec.loader is None:
-            raise ImportError(f"custom_reward_function.path: cannot import {path}")
+            raise RewardLoadError(f"custom_reward_function.path: cannot import {path}")
         module = importlib.util.module_from_spec(spec)
         sys.modules[module_name] = module
         try:
             spec.loader.exec_module(module)
-        except BaseException:
+        except BaseException as e:  # noqa: BLE001 - whatever the user's module does on import (even sys.exit)
             del sys.modules[module_name]
-            raise
+            message = str(e).splitlines()[0] if str(e) else ""
+            raise RewardLoadError(f"custom_reward_function.path: {path}{_line_in(e, path)}: "
+                                  f"{type(e).__name__}: {message}") from None
     fn = getattr(module, name, None)
     if not callable(fn):
-        raise AttributeError(f"custom_reward_function.name: {path} has no function named {name!r}")
+        raise RewardLoadError(f"custom_reward_function.name: {path} has no function named {name!r}")
     return fn
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from rlhf_jax.rewards.custom import ScoreSpec, spec_from_config
+from rlhf_jax.rewards.custom import ScoreSpec, check_reward_file, spec_from_config
 from rlhf_jax.rewards.pool import Outcome, ProcessPool, run_in_threads
 
 log = logging.getLogger(__name__)
@@ -77,6 +77,8 @@ class RewardManager:
         self.overlong = (int(overlong_buffer_len), float(overlong_penalty_factor), max_response_length)
         self.total_errors = 0
         self.total_timeouts = 0
+        if self.spec.path:  # a broken file stops here, before any model is built
+            check_reward_file(self.spec.path, self.spec.name)
         self._fn = self.spec.load() if reward_manager == "naive" else None
         self._pool = ProcessPool(self.spec, self.num_workers) if reward_manager == "prime" else None
 

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from rlhf_jax.rewards.custom import ComputeScore, ScoreSpec, normalize_result
+from rlhf_jax.rewards.custom import ComputeScore, RewardLoadError, ScoreSpec, normalize_result
 
 WORKER_START_TIMEOUT_S = 120.0
 
@@ -71,6 +71,9 @@ def _worker_main(conn: Connection, spec: ScoreSpec) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         fn = spec.load()
+    except RewardLoadError as e:  # already one line naming the file
+        conn.send(("init_error", str(e)))
+        return
     except BaseException:  # noqa: BLE001
         conn.send(("init_error", traceback.format_exc()))
         return
@@ -151,7 +154,7 @@ class ProcessPool:
                         w.ready = True
                     elif msg[0] == "init_error":
                         self.close()
-                        raise RuntimeError(f"reward worker could not load the scoring function:\n{msg[1]}")
+                        raise RewardLoadError(f"reward worker could not load the scoring function: {msg[1]}")
                     else:
                         task_id, status, score, extras, message = msg
                         outcomes[task_id] = Outcome(status, score, extras, message)

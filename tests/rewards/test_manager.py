@@ -8,7 +8,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from rlhf_jax.rewards import RewardFunctionError, RewardManager, ScoreSpec, load_function_from_file
+from rlhf_jax.rewards import RewardFunctionError, RewardLoadError, RewardManager, ScoreSpec, load_function_from_file
 
 CUSTOM = textwrap.dedent(
     """
@@ -121,11 +121,18 @@ def test_builtin_scorers_through_prime_and_config(reward_file):
 def test_load_errors(tmp_path, reward_file):
     with pytest.raises(FileNotFoundError, match="custom_reward_function.path"):
         load_function_from_file(str(tmp_path / "missing.py"))
-    with pytest.raises(AttributeError, match="no function named 'nope'"):
+    with pytest.raises(RewardLoadError, match="no function named 'nope'"):
         load_function_from_file(reward_file, "nope")
     broken = tmp_path / "broken.py"
     broken.write_text("def compute_score(:\n")
-    with pytest.raises(RuntimeError, match="could not load the scoring function"):
-        RewardManager(ScoreSpec(path=str(broken)), reward_manager="prime", num_workers=1).score(["a"], ["b"], ["c"])
+    for kind in ("naive", "prime"):  # found by parsing, before any worker starts
+        with pytest.raises(RewardLoadError, match=r"broken\.py line 1: SyntaxError"):
+            RewardManager(ScoreSpec(path=str(broken)), reward_manager=kind, num_workers=1)
+    failing = tmp_path / "failing.py"
+    failing.write_text("import os\n\nos.environ['X']\n\ndef compute_score(*a):\n    return 1.0\n")
+    with pytest.raises(RewardLoadError, match=r"failing\.py line 3: KeyError"):
+        load_function_from_file(str(failing))
+    with pytest.raises(RewardLoadError, match=r"could not load the scoring function: .*failing\.py line 3: KeyError"):
+        RewardManager(ScoreSpec(path=str(failing)), reward_manager="prime", num_workers=1).score(["a"], ["b"], ["c"])
     with pytest.raises(ValueError, match="reward_manager must be one of"):
         RewardManager(reward_manager="dapo")
