@@ -28,12 +28,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"config error: {e}", file=sys.stderr)
         return 2
     from rlhf_jax.rewards import RewardFunctionError, RewardLoadError
+    from rlhf_jax.train.checkpoint import CheckpointError
     from rlhf_jax.train.preemption import STOP
     from rlhf_jax.train.trainer import Trainer
 
     with STOP.installed():  # from here SIGTERM/SIGINT stop the run cleanly (train/preemption.py)
         try:  # everything that checks the config, data and checkpoints runs here, before any compilation
-            trainer = Trainer(cfg)
+            trainer = Trainer(cfg, lock_dir=True)
         except (KeyError, ValueError, FileNotFoundError) as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
@@ -45,7 +46,8 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         try:
             trainer.fit()  # a signal received during the set-up stops it before the first step
-        except (RewardLoadError, RewardFunctionError) as e:  # found by a reward worker, or fail_on_error=True
+        except (RewardLoadError, RewardFunctionError, CheckpointError) as e:  # a reward worker found the file broken,
+            # a reward call failed under fail_on_error=True, or the checkpoint to resume from cannot be read
             trainer.close()
             print(f"error: {e}", file=sys.stderr)
             return 2

@@ -16,17 +16,25 @@ killed at any moment leaves the last complete checkpoint intact.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
+import sys
+import time
 from typing import Any
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 
 log = logging.getLogger(__name__)
 
 ARRAY_ITEMS = ("actor_params", "actor_opt", "critic_params", "critic_opt")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint cannot be read or written; the message names the directory."""
 
 
 def _key_name(path) -> str:
@@ -63,10 +71,25 @@ class Checkpointer:
 
     def __init__(self, directory: str, *, max_to_keep: int | None = None, async_save: bool = True):
         self.directory = os.path.abspath(os.path.expanduser(directory))
-        options = ocp.CheckpointManagerOptions(
+        self._options = ocp.CheckpointManagerOptions(
             max_to_keep=max_to_keep, create=True, enable_async_checkpointing=async_save, cleanup_tmp_directories=True
         )
-        self.manager = ocp.CheckpointManager(self.directory, options=options)
+        self.manager = ocp.CheckpointManager(self.directory, options=self._options)
+
+    def set_aside(self, step: int) -> str:
+        """Rename an unreadable step to ``<step>.unreadable[.N]`` (kept for inspection, no longer a step)."""
+        from rlhf_jax.train.batching import sum_over_processes
+
+        src = os.path.join(self.directory, str(step))
+        dst, n = src + ".unreadable", 1
+        while os.path.exists(dst):
+            dst, n = f"{src}.unreadable.{n}", n + 1
+        if jax.process_index() == 0:
+            os.rename(src, dst)
+        sum_over_processes(np.zeros(1))  # every process waits for the rename before listing steps again
+        self.manager.close()
+        self.manager = ocp.CheckpointManager(self.directory, options=self._options)
+        return dst
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
@@ -98,6 +121,57 @@ class Checkpointer:
     def close(self) -> None:
         self.manager.wait_until_finished()
         self.manager.close()
+
+
+# What the storage library prints when reads still in flight after a failed restore complete into Orbax's
+# already closed event loop: harmless, and not the user's concern (the failure itself is reported).
+_CLOSED_LOOP_NOISE = re.compile(
+    r"Traceback \(most recent call last\):|File \"[^\"]*asyncio/base_events\.py\", line \d+, in \w+|"
+    r"self\._check_closed\(\)|raise RuntimeError\('Event loop is closed'\)|RuntimeError: Event loop is closed|"
+    r"RuntimeError|: Event loop is closed")
+
+
+class _NoiseFilter:
+    """A stand-in for sys.stderr that drops lines made only of closed-event-loop noise."""
+
+    def __init__(self, stream):
+        self.stream, self.pending = stream, ""
+
+    def write(self, text: str) -> int:
+        self.pending += text
+        *lines, self.pending = self.pending.split("\n")
+        for line in lines:
+            if _CLOSED_LOOP_NOISE.sub("", line).strip():
+                self.stream.write(line + "\n")
+        return len(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+    def drain(self, seconds: float = 1.0) -> None:
+        """Give the reads still in flight time to finish while their noise is dropped."""
+        time.sleep(seconds)
+
+    def close(self) -> None:
+        if _CLOSED_LOOP_NOISE.sub("", self.pending).strip():
+            self.stream.write(self.pending)
+        self.pending = ""
+        self.stream.flush()
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+
+@contextlib.contextmanager
+def quiet_failed_reads():
+    """While restoring, drop the storage library's closed-event-loop noise from stderr (see _CLOSED_LOOP_NOISE)."""
+    noise = _NoiseFilter(sys.stderr)
+    sys.stderr = noise
+    try:
+        yield noise
+    finally:
+        sys.stderr = noise.stream
+        noise.close()
 
 
 def _concrete(tree: Any) -> bool:

@@ -39,10 +39,11 @@ from rlhf_jax.batch import pack_batch, trim_columns
 from rlhf_jax.rollout.buckets import bucket_batch
 from rlhf_jax.train import metrics as M
 from rlhf_jax.train.batching import gather_all, mini_batches, sum_over_processes, to_global, to_local
-from rlhf_jax.train.checkpoint import Checkpointer, resolve_resume
+from rlhf_jax.train.checkpoint import CheckpointError, Checkpointer, quiet_failed_reads, resolve_resume
 from rlhf_jax.train.engine import Role
 from rlhf_jax.train.loggers import MetricLogger
 from rlhf_jax.train.optim import make_optimizer
+from rlhf_jax.train import run_lock
 from rlhf_jax.train.preemption import STOP, StepAbandoned, StopRequest
 from rlhf_jax.train.passes import PassPlan, compile_pass, describe, fit_pass, free_device_memory, gib, memory_hint, plan_passes
 from rlhf_jax.train.setup import Components, load_policy, prepare
@@ -68,7 +69,9 @@ def actor_loss_spec(cfg: ConfigDict, recompute_old: bool, temperature: float) ->
 
 
 class Trainer:
-    def __init__(self, cfg: ConfigDict, components: Components | None = None, stop: StopRequest = STOP):
+    def __init__(self, cfg: ConfigDict, components: Components | None = None, stop: StopRequest = STOP,
+                 lock_dir: bool = False):
+        """``lock_dir``: refuse at once if another run uses the output directory (``fit`` always checks)."""
         self.stop = stop  # SIGTERM/SIGINT: see train/preemption.py
         c = components or prepare(cfg)
         self.c, self.cfg, self.mesh, self.tok = c, c.cfg, c.mesh, c.tokenizer
@@ -76,6 +79,10 @@ class Trainer:
         self.total_steps = int(d.total_training_steps)
         self.is_main = jax.process_index() == 0
         self.out_dir = os.path.abspath(os.path.expanduser(cfg.trainer.default_local_dir))
+        self._locks = 0
+        if lock_dir:  # before any model is loaded
+            run_lock.acquire(self.out_dir)
+            self._locks += 1
         self.log_dir = os.path.abspath(os.path.expanduser(cfg.trainer.log_dir or self.out_dir))
         arr = cfg.actor_rollout_ref
 
@@ -145,20 +152,35 @@ class Trainer:
         self.checkpointer.save(self.step, arrays, {**self._extra_state(), "items": sorted(arrays)})
 
     def maybe_resume(self) -> None:
+        """Restore the checkpoint resume_mode names. Under ``auto`` a checkpoint that cannot be read (deleted
+        files, damaged data) is moved aside as ``<step>.unreadable`` and the previous complete one is used."""
         t = self.cfg.trainer
         root, step = resolve_resume(self.checkpointer.directory, t.resume_mode, t.resume_from_path)
+        own = root == self.checkpointer.directory
+        while step is not None:
+            ckpt = self.checkpointer if own else Checkpointer(root, async_save=False)
+            with quiet_failed_reads() as quiet:
+                try:
+                    extra, restored = self._read_checkpoint(ckpt, step)
+                    problem = None
+                except Exception as e:  # noqa: BLE001 - any damage, whatever layer of Orbax notices it
+                    first_line = (str(e).strip().splitlines() or [""])[0].split(" [tensorstore_spec")[0]
+                    problem = f"{type(e).__name__}: {first_line[:300]}"
+                    quiet.drain()
+            if not sum_over_processes(np.asarray([problem is not None], np.int64))[0]:
+                break
+            problem = problem or "on another process"
+            if not (own and t.resume_mode == "auto"):
+                raise CheckpointError(f"checkpoint {root}/{step} cannot be read ({problem})")
+            aside = self.checkpointer.set_aside(step)
+            previous = self.checkpointer.latest_step()
+            if self.is_main:
+                print(f"warning: checkpoint {root}/{step} cannot be read ({problem}); moved to {aside}, "
+                      + (f"resuming from step {previous}" if previous is not None else "starting from step 0"),
+                      file=sys.stderr, flush=True)
+            step = previous
         if step is None:
             return
-        ckpt = self.checkpointer if root == self.checkpointer.directory else Checkpointer(root, async_save=False)
-        extra = ckpt.restore_extra(step)
-        saved = set(extra.get("items", ["actor_params", "actor_opt"]))
-        load = self.cfg.actor_rollout_ref.actor.checkpoint.load_contents
-        templates = {"actor_params": self.actor.params}
-        if "optimizer" in load and "actor_opt" in saved:
-            templates["actor_opt"] = self.actor.opt_state
-        if self.critic is not None and "critic_params" in saved:
-            templates.update(critic_params=self.critic.params, critic_opt=self.critic.opt_state)
-        restored = ckpt.restore_arrays(step, templates)
         self.actor.params = restored["actor_params"]
         self.actor.opt_state = restored.get("actor_opt", self.actor.opt_state)
         if "critic_params" in restored:
@@ -167,6 +189,18 @@ class Trainer:
         self.loader.set_state(extra["data_state"])
         self.step = int(extra["step"])
         self.logger.text(f"resumed from {root}/{step} (step {self.step})")
+
+    def _read_checkpoint(self, ckpt: Checkpointer, step: int) -> tuple[dict, dict]:
+        """(extra, arrays) of one checkpoint; changes nothing, so a failure leaves the trainer as it was."""
+        extra = ckpt.restore_extra(step)
+        saved = set(extra.get("items", ["actor_params", "actor_opt"]))
+        load = self.cfg.actor_rollout_ref.actor.checkpoint.load_contents
+        templates = {"actor_params": self.actor.params}
+        if "optimizer" in load and "actor_opt" in saved:
+            templates["actor_opt"] = self.actor.opt_state
+        if self.critic is not None and "critic_params" in saved:
+            templates.update(critic_params=self.critic.params, critic_opt=self.critic.opt_state)
+        return extra, ckpt.restore_arrays(step, templates)
 
     def export_hf(self) -> str:
         out = os.path.join(self.out_dir, "hf", f"global_step_{self.step}")
@@ -456,6 +490,8 @@ class Trainer:
 
     def _fit(self) -> dict[str, Any]:
         t = self.cfg.trainer
+        run_lock.acquire(self.out_dir)
+        self._locks += 1
         self.maybe_resume()
         saved_step = self.step  # the step whose state is on disk (a resumed one, or none yet at step 0)
         if not t.val_only:  # validation-only runs compile no training program
@@ -514,5 +550,8 @@ class Trainer:
         self.checkpointer.close()
         self.reward_manager.close()
         self.logger.close()
+        for _ in range(self._locks):
+            run_lock.release(self.out_dir)
+        self._locks = 0
 
 

@@ -196,3 +196,92 @@ def test_bad_config(tmp_path, finished_run, case):
     overrides, extra, needles = CONFIG_CASES[case]
     overrides = {k: (v(tmp_path) if callable(v) else v) for k, v in overrides.items()}
     _stops_cleanly(tmp_path, finished_run, overrides, needles, extra_args=extra)
+
+
+# ---------------------------------------------------------------------------------------------- faults
+@pytest.fixture(scope="module")
+def two_checkpoints(tmp_path_factory):
+    """A run directory with complete checkpoints of steps 1 and 2."""
+    out = str(tmp_path_factory.mktemp("two") / "run")
+    proc = run_main(cli_args(out, **{"trainer.total_training_steps": 2, "trainer.save_freq": 1, **ONE_DEVICE}), devices=1)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out
+
+
+def _garble(paths):
+    for path in paths:
+        with open(path, "r+b") as f:
+            size = max(os.path.getsize(path), 16)
+            f.write(os.urandom(size))
+
+
+def _files(directory):
+    return [os.path.join(root, name) for root, _, names in os.walk(directory) for name in names]
+
+
+CHECKPOINT_DAMAGE = {
+    "actor_params_deleted": lambda step: shutil.rmtree(os.path.join(step, "actor_params")),
+    "array_data_garbled": lambda step: _garble(f for f in _files(os.path.join(step, "actor_params"))
+                                               if os.sep + "d" + os.sep in f),
+    "extra_garbled": lambda step: _garble(_files(os.path.join(step, "extra"))),
+    "optimizer_manifest_deleted": lambda step: os.remove(os.path.join(step, "actor_opt", "manifest.ocdbt")),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CHECKPOINT_DAMAGE))
+def test_unreadable_latest_checkpoint_falls_back_to_the_previous_one(tmp_path, two_checkpoints, case):
+    out = str(tmp_path / "run")
+    shutil.copytree(two_checkpoints, out)
+    ckpt = os.path.join(out, "checkpoints")
+    CHECKPOINT_DAMAGE[case](os.path.join(ckpt, "2"))
+    proc = run_main(cli_args(out, **{"trainer.total_training_steps": 3, "trainer.save_freq": 1, **ONE_DEVICE}),
+                    devices=1, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    warning = [line for line in proc.stderr.splitlines() if "cannot be read" in line]
+    assert len(warning) == 1 and f"{ckpt}/2 cannot be read" in warning[0] and "resuming from step 1" in warning[0]
+    assert os.path.isdir(os.path.join(ckpt, "2.unreadable"))  # set aside, not deleted
+    rows = read_metrics(out)
+    assert [r["step"] for r in rows] == [1, 2, 2, 3]  # step 2 ran again from checkpoint 1 ...
+    from tests.train.test_resume import _assert_same_rows
+
+    _assert_same_rows(rows[1], rows[2])  # ... exactly as the first time
+    c = Checkpointer(ckpt, async_save=False)
+    assert c.all_steps() == [1, 2, 3]
+    c.close()
+
+
+def test_second_run_on_the_same_directory_refuses(tmp_path, finished_run):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.train.helpers import REPO
+
+    out = str(tmp_path / "run")
+    args = cli_args(out, **{"trainer.total_training_steps": 200, "trainer.save_freq": -1, **ONE_DEVICE})
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1")
+    first = subprocess.Popen([sys.executable, "-m", "rlhf_jax.main", *args], env=env, cwd=REPO, text=True,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 300
+        while not os.path.exists(os.path.join(out, "metrics.jsonl")) and time.time() < deadline:
+            assert first.poll() is None, first.stderr.read()[-3000:]
+            time.sleep(0.1)
+        second = run_main(args, devices=1, timeout=300)
+        assert first.poll() is None, "the first run ended before the second started"
+        assert second.returncode == 2 and "Traceback" not in second.stderr, second.stderr[-3000:]
+        error = second.stderr.strip().splitlines()[-1]
+        assert error.startswith("error: ") and out in error and "in use by another run" in error, error
+        assert f"pid {first.pid}" in error
+        first.send_signal(signal.SIGTERM)
+        assert first.wait(timeout=120) == 0, first.stderr.read()[-3000:]
+    finally:
+        if first.poll() is None:
+            first.kill()
+    steps = [r["step"] for r in read_metrics(out)]
+    assert steps == list(range(1, len(steps) + 1))  # only the first run wrote metrics
+    # The lock went with the first run: a third run resumes.
+    third = run_main(cli_args(out, **{"trainer.total_training_steps": steps[-1] + 1, **ONE_DEVICE}), devices=1)
+    assert third.returncode == 0, third.stderr[-3000:]
