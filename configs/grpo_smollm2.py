@@ -4,28 +4,33 @@
     python -m rlhf_jax.main --config=configs/grpo_smollm2.py
     python -m rlhf_jax.plot runs/rlhf_jax/grpo_smollm2_word_problems    # reward, val accuracy, length, entropy
 
-The task (``builtin:word_problems``, :mod:`rlhf_jax.data.word_problems`): one- and two-step
-whole-number word problems generated with fixed seeds, GSM8K's format: the question plus
-``Let's think step by step and output the final answer after "####".`` in the model's chat
-template, graded by the GSM8K scorer in its flexible mode (1 when the last number of the
-response is the answer, after ``####`` or not, else 0). The strict mode (only ``####``) gives
-no signal to start from: the untrained model wrote ``####`` in none of 64 samples and scored
-0.02 greedy on the 200 held-out problems. Training draws from 4,000 problems; validation is 200
-held-out problems (disjoint by construction), greedy, before training and every 4 steps.
+The task (``builtin:word_problems``, :mod:`rlhf_jax.data.word_problems`): one-step whole-number
+word problems (add, take away, packs of, share equally; small numbers) generated with fixed
+seeds, the question plus ``Answer with just the final number.`` in the model's chat template,
+graded by the GSM8K scorer in its flexible mode (1 when the last number of the response is the
+answer, else 0). Training draws from 4,000 problems; validation is 200 held-out problems
+(disjoint by construction), greedy, before training and every 4 steps.
+
+Why this task, measured on the untrained model (greedy, 200 held-out problems each):
+two-step problems with verl's GSM8K sentence (``... output the final answer after "####".``)
+and 256 new tokens score 0.095 and take 4 minutes to validate (long worked solutions, many cut
+at the limit); strict ``####`` grading scores 0.02 and gave 0 of 64 samples a reward. One-step
+problems with the short instruction score 0.215 at 128 new tokens: the model still reasons in
+a line or two, and a step costs about its response length.
 
 Why these settings, for a short run on a 2-core CPU (about 30-40 minutes):
 
 - 8 prompts x 8 samples, one optimizer step per batch (``ppo_mini_batch_size=8``): strictly
   on-policy, so the old log-probs are the sampler's (no extra forward pass) and the clip
-  never binds; 8 samples give a usable group baseline even when most answers are wrong.
+  never binds; 8 samples give a usable group baseline when only a few answers are right
+  (at temperature 1.0 the untrained model answers 3-5 % of samples right).
 - ``lr=1e-5`` (constant, gradient clip 1.0): verl's 1e-6 is tuned for 0.5-7B models over
-  hundreds of steps; a 135M model over ~20 steps needs ten times that to move, and 3e-5
-  made the response length collapse in trials of this kind.
+  hundreds of steps; a 135M model over 16 steps needs ten times that to move.
 - No KL term (``use_kl_loss=False``, as DAPO): over a few dozen steps the drift stays small,
   and dropping it saves the reference forward pass (about a sixth of a step).
 - Temperature 1.0 (the samples must differ for GRPO to see a signal), no entropy bonus.
-- Up to 256 new tokens: room for a worked solution; a response cut at the limit has no
-  final answer and scores 0, which teaches the model to finish.
+- Up to 128 new tokens: a right answer takes 20-60; a response cut at the limit (a third of
+  them at first: the model loops) has no final answer and scores 0, which teaches it to stop.
 
 On a GPU/TPU change only the mesh and dtype keys, e.g.
 ``--config.mesh.data=-1 --config.actor_rollout_ref.model.compute_dtype=bfloat16``.
@@ -39,11 +44,12 @@ from rlhf_jax.config import base_config
 def get_config() -> ConfigDict:
     cfg = base_config()
     cfg.trainer.experiment_name = "grpo_smollm2_word_problems"
-    cfg.data.train_files = ("builtin:word_problems?train_size=4000",)
-    cfg.data.val_files = ("builtin:word_problems?test_size=200",)
+    task = "builtin:word_problems?max_steps=1&instruction=answer_only"
+    cfg.data.train_files = (task + "&train_size=4000",)
+    cfg.data.val_files = (task + "&test_size=200",)
     cfg.data.prompt_template = "native"  # the model's chat template
     cfg.data.max_prompt_length = 128
-    cfg.data.max_response_length = 256
+    cfg.data.max_response_length = 128
     cfg.data.train_batch_size = 8
     cfg.data.val_batch_size = None  # the 200 problems in one batch
 
@@ -67,7 +73,7 @@ def get_config() -> ConfigDict:
     cfg.algorithm.use_kl_in_reward = False
 
     cfg.trainer.total_epochs = 1
-    cfg.trainer.total_training_steps = 24
+    cfg.trainer.total_training_steps = 16
     cfg.trainer.test_freq = 4
     cfg.trainer.val_before_train = True
     cfg.trainer.save_freq = -1  # the final checkpoint (and its HF export) only
