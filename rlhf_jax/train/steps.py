@@ -191,7 +191,11 @@ def actor_loss(spec: ActorLossSpec, logp, ent, m: Batch, m_mask, den, den_plain,
         loss_agg_mode=spec.loss_agg_mode, clip_ratio_low=spec.clip_ratio_low, clip_ratio_high=spec.clip_ratio_high,
         clip_ratio_c=spec.clip_ratio_c, denominator=den, norm_constant=spec.norm_constant, **options,
     )
-    # Entropy is always computed: it is the actor/entropy metric even without a bonus.
+    # Entropy is always computed: it is the actor/entropy metric even without a bonus. Without a bonus
+    # its gradient is cut here: 0 * entropy would still differentiate a softmax over the vocabulary
+    # (about a tenth of the vocabulary projection's backward), for a gradient of exactly zero.
+    if not spec.entropy_coeff:
+        ent = jax.lax.stop_gradient(ent)
     entropy = algos.agg_loss(ent, m_mask, spec.loss_agg_mode, denominator=den_plain, norm_constant=spec.norm_constant)
     loss = pg_loss - spec.entropy_coeff * entropy
     aux = {"actor/pg_loss": pg_loss, "actor/entropy": entropy}
