@@ -119,6 +119,8 @@ ROLLOUT = (
     Key(A + "rollout.response_length", None, "Tokens generated per response; None = data.max_response_length.",
         type=int),
     Key(A + "rollout.ignore_eos", False, "Keep generating after EOS (benchmarking)."),
+    Key(A + "rollout.min_new_tokens", 0,
+        "No EOS before this many response tokens (HF's min_new_tokens), in training and validation; 0 = off."),
     Key(A + "rollout.seed", None, "Base PRNG seed of sampling; None = trainer.seed.", type=int),
     Key(A + "rollout.max_num_seqs", None,
         "Decode slots (sequences decoded at once; a finished one is refilled from the pending samples); "

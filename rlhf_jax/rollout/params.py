@@ -24,13 +24,15 @@ class SamplingParams:
 
     ``temperature == 0`` or ``do_sample=False`` means greedy decoding. ``top_k`` of
     -1 or 0 and ``top_p == 1`` switch those filters off. ``max_new_tokens`` is
-    verl's ``response_length``. ``processors`` names the registered logit
+    verl's ``response_length``; ``min_new_tokens`` keeps EOS from being drawn before that many tokens
+    (HF's ``min_new_tokens``, vLLM's ``min_tokens``). ``processors`` names the registered logit
     processors applied in order before a token is drawn. ``max_num_seqs`` caps
     the number of decode slots (sequences decoded at once); None lets the
     sampler choose it from the batch (see ``scheduler.num_slots``).
     """
 
     max_new_tokens: int
+    min_new_tokens: int = 0
     temperature: float = 1.0
     top_k: int = -1
     top_p: float = 1.0
@@ -48,6 +50,9 @@ class SamplingParams:
         object.__setattr__(self, "processors", tuple(self.processors))
         if int(self.max_new_tokens) < 1:
             raise ValueError(f"{_ROLLOUT}.response_length (max_new_tokens) must be >= 1, got {self.max_new_tokens}")
+        if not 0 <= int(self.min_new_tokens) <= int(self.max_new_tokens):
+            raise ValueError(f"{_ROLLOUT}.min_new_tokens must be in [0, response_length={self.max_new_tokens}], "
+                             f"got {self.min_new_tokens}")
         if not self.temperature >= 0:
             raise ValueError(f"{_ROLLOUT}.temperature must be >= 0, got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
@@ -111,6 +116,7 @@ class SamplingParams:
         base_seed = get(rollout, "seed", seed if seed is not None else 0)
         return cls(
             max_new_tokens=int(length),
+            min_new_tokens=int(get(rollout, "min_new_tokens", 0)),
             temperature=float(get(source, "temperature", 1.0)),
             top_k=int(get(source, "top_k", -1)),
             top_p=float(get(source, "top_p", 1.0)),

@@ -113,12 +113,23 @@ def sample_step(logits_BV: jax.Array, keys_B: jax.Array, step: jax.Array | int, 
     (what verl and vLLM report, and what a trainer recomputes by teacher forcing).
     """
     logits_BV = logits_BV.astype(jnp.float32)
+    choose_BV = _forbid_early_eos(logits_BV, step, params)
     if params.greedy:
-        tokens = first_argmax(logits_BV)
+        tokens = first_argmax(choose_BV)
     else:
-        candidates = apply_processors(Candidates.full(logits_BV), params)
+        candidates = apply_processors(Candidates.full(choose_BV), params)
         tokens = draw(candidates, row_uniforms(keys_B, step))
     return tokens, token_logprobs(logits_BV, tokens, params.logprob_temperature)
+
+
+def _forbid_early_eos(logits_BV: jax.Array, step: jax.Array | int, params: SamplingParams) -> jax.Array:
+    """EOS logits at -inf in rows still short of ``min_new_tokens`` (HF's min_new_tokens). Log-probs stay those of
+    the unmasked distribution, like top-k/top-p truncation: what the trainer recomputes by teacher forcing."""
+    if params.min_new_tokens <= 0 or params.ignore_eos or not params.eos_token_ids:
+        return logits_BV
+    early_B = jnp.broadcast_to(jnp.asarray(step) < params.min_new_tokens, logits_BV.shape[:1])
+    eos_V = jnp.zeros(logits_BV.shape[-1], bool).at[jnp.asarray(params.eos_token_ids)].set(True)
+    return jnp.where(early_B[:, None] & eos_V[None, :], -jnp.inf, logits_BV)
 
 
 def sample_in_row_chunks(logits_BV, keys_B, step_B, params: SamplingParams, rows: int):

@@ -91,6 +91,30 @@ def test_eos_masking_ignore_eos_and_exact_length(llama_model):
     assert single.tokens == [[t[0]] for t in free.tokens] and not any(single.finished)
 
 
+def test_min_new_tokens_holds_eos_back(llama_model):
+    prompts = ragged_prompts(seed=5, count=3)
+    R, m = 12, 4
+    free = generate(llama_model, prompts, max_new_tokens=R, temperature=0.0, eos_token_ids=(), pad_token_id=PAD_ID)
+    # EOS = every row's greedy first token: without min_new_tokens every response would be that one token.
+    eos = tuple({t[0] for t in free.tokens})
+    for temperature, n in ((0.0, 1), (1.0, 3)):
+        params = SamplingParams(max_new_tokens=R, min_new_tokens=m, temperature=temperature, n=n, eos_token_ids=eos,
+                                pad_token_id=PAD_ID, seed=3, max_num_seqs=2)
+        out = generate_with_params(llama_model, prompts, params)
+        b = jax.device_get(out.batch)
+        for row, tokens in enumerate(out.tokens):
+            assert len(tokens) >= m and not set(tokens[:m]) & set(eos), (temperature, row, tokens)
+            stop = next((i for i, t in enumerate(tokens) if t in eos), None)
+            assert out.finished[row] == (stop is not None) and (stop is None or stop == len(tokens) - 1)
+            assert np.all(np.isfinite(b.logprobs[row, : len(tokens)]))  # log-probs of the unmasked distribution
+    # min_new_tokens = response_length: no row can stop early.
+    whole = generate_with_params(llama_model, prompts, SamplingParams(
+        max_new_tokens=R, min_new_tokens=R, temperature=0.0, eos_token_ids=eos, pad_token_id=PAD_ID))
+    assert all(len(t) == R for t in whole.tokens) and not any(whole.finished)
+    with pytest.raises(ValueError, match="min_new_tokens must be in"):
+        SamplingParams(max_new_tokens=4, min_new_tokens=5)
+
+
 def test_seeds_reproduce_and_differ(llama_model):
     prompts = ragged_prompts(seed=8, count=3)
     kw = dict(max_new_tokens=10, temperature=1.5, n=2, eos_token_ids=(), pad_token_id=PAD_ID)
