@@ -260,7 +260,8 @@ def test_second_run_on_the_same_directory_refuses(tmp_path, finished_run):
     from tests.train.helpers import REPO
 
     out = str(tmp_path / "run")
-    args = cli_args(out, **{"trainer.total_training_steps": 200, "trainer.save_freq": -1, **ONE_DEVICE})
+    # Far more steps than the test lasts: the first run must still be training when it is signalled.
+    args = cli_args(out, **{"trainer.total_training_steps": 100_000, "trainer.save_freq": -1, **ONE_DEVICE})
     env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1")
     first = subprocess.Popen([sys.executable, "-m", "rlhf_jax.main", *args], env=env, cwd=REPO, text=True,
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
