@@ -55,4 +55,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    from rlhf_jax.hostmem import reexec_with_hugepages
+
+    reexec_with_hugepages()  # once, before JAX is imported: huge pages for XLA:CPU's buffers (hostmem.py)
     sys.exit(main())
