@@ -30,6 +30,10 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
+if __name__ == "__main__" and "--trl" not in sys.argv:  # rlhf_jax's side runs as rlhf_jax.main does
+    from rlhf_jax.hostmem import reexec_with_hugepages
+
+    reexec_with_hugepages()
 
 PROMPTS, SAMPLES, NEW_TOKENS, STEPS = 8, 8, 128, 4
 KL_COEF, LR = 0.04, 1e-6
@@ -250,8 +254,13 @@ def main(argv=None) -> int:
     if not args.skip_trl:
         print("TRL GRPOTrainer (subprocess)...", flush=True)
         trl_json = os.path.join(work, "trl.json")
+        # TRL as its users run it: without the huge-page malloc tunable rlhf_jax.main adds for itself.
+        env = dict(os.environ)
+        tunables = [t for t in env.pop("GLIBC_TUNABLES", "").split(":") if t and not t.startswith("glibc.malloc.hugetlb")]
+        if tunables:
+            env["GLIBC_TUNABLES"] = ":".join(tunables)
         proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--trl", trl_json, "--steps", str(STEPS)],
-                              cwd=REPO)
+                              cwd=REPO, env=env)
         if proc.returncode != 0:
             print("TRL run failed", file=sys.stderr)
             return proc.returncode

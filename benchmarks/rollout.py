@@ -25,6 +25,10 @@ import sys
 import time
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+if __name__ == "__main__":  # as rlhf_jax.main does; transformers, in this process, gets the same malloc
+    from rlhf_jax.hostmem import reexec_with_hugepages
+
+    reexec_with_hugepages()
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
