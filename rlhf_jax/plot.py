@@ -1,7 +1,7 @@
 """Learning curves of a run: ``python -m rlhf_jax.plot RUN_DIR [--out curve.png]``.
 
-Reads ``RUN_DIR/metrics.jsonl`` (what the ``jsonl`` logger writes; ``RUN_DIR`` may
-also be the file itself) and draws one PNG with four panels against the step:
+Reads ``RUN_DIR/metrics.jsonl`` (what the ``jsonl`` logger writes; ``RUN_DIR`` is the
+run's ``trainer.default_local_dir``, or ``trainer.log_dir`` where that was set, or the file itself) and draws one PNG with four panels against the step:
 the training reward (``critic/score/mean``), the validation accuracy (each
 ``val-core/<data source>/reward/mean@<n>``: greedy when validation does not sample,
 ``actor_rollout_ref.rollout.val_kwargs``), the mean response length and the
@@ -107,7 +107,7 @@ def plot(run: str, out: str | None = None) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m rlhf_jax.plot", description=__doc__.split("\n\n")[0])
-    p.add_argument("run", help="run directory (trainer.default_local_dir, or trainer.log_dir) or a metrics.jsonl")
+    p.add_argument("run", help="run directory (trainer.default_local_dir, or trainer.log_dir if set) or a metrics.jsonl")
     p.add_argument("--out", default=None, help="PNG to write (default RUN_DIR/curve.png)")
     args = p.parse_args(argv)
     try:

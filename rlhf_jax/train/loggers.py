@@ -1,7 +1,13 @@
 """Metric sinks: a compact console line (plus a progress bar), metrics.jsonl, tensorboard event files.
 
 ``trainer.logger`` picks any of ``console``, ``jsonl``, ``tensorboard``. Only
-process 0 writes. Files live under ``trainer.default_local_dir``.
+process 0 writes. Files live in ``trainer.log_dir`` (by default the run's
+``trainer.default_local_dir``, next to its checkpoints).
+
+A directory's files belong to one run: :meth:`MetricLogger.open` is called with
+the step the run starts from. A fresh run (step 0) moves files left by an earlier
+run aside (``metrics.jsonl`` -> ``metrics.jsonl.1``); a resumed run keeps the
+records up to its checkpoint's step and drops those of the steps it re-runs.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import time
 from typing import Any, Iterable
 
 LOGGERS = ("console", "jsonl", "tensorboard")
+VAL_GENERATIONS = "val_generations.jsonl"
 # The metrics the console line shows, in order (when present).
 CONSOLE_KEYS = (
     ("critic/score/mean", "score"),
@@ -46,21 +53,43 @@ class MetricLogger:
         self.backends = backends
         self.total_steps = total_steps
         self.start = time.time()
+        self.log_dir = log_dir
         self._jsonl = None
         self._tb = None
-        if not enabled:
+        self._start_step: int | None = None
+
+    def open(self, step: int) -> None:
+        """Open the sinks for a run that starts at ``step`` (0: fresh, else resumed from that checkpoint)."""
+        self._start_step = step
+        if not self.enabled:
             return
-        os.makedirs(log_dir, exist_ok=True)
-        if "jsonl" in backends:
-            self._jsonl = open(os.path.join(log_dir, "metrics.jsonl"), "a", buffering=1)
-        if "tensorboard" in backends:
+        os.makedirs(self.log_dir, exist_ok=True)
+        if "jsonl" in self.backends:
+            path = own_file(os.path.join(self.log_dir, "metrics.jsonl"), step)
+            self._jsonl = open(path, "a", buffering=1)
+        own_file(os.path.join(self.log_dir, VAL_GENERATIONS), step)
+        if "tensorboard" in self.backends:
             from tensorboardX import SummaryWriter
 
-            self._tb = SummaryWriter(os.path.join(log_dir, "tensorboard"))
+            tb_dir = os.path.join(self.log_dir, "tensorboard")
+            if step == 0:
+                _move_aside(tb_dir)
+            # purge_step: TensorBoard drops the earlier events of the steps this run logs again.
+            self._tb = SummaryWriter(tb_dir, purge_step=step + 1 if step else None)
+
+    def val_generations(self, step: int, examples: list[dict]) -> None:
+        """Append one validation's examples (prompt, response, score, ground truth) to val_generations.jsonl."""
+        if not self.enabled:
+            return
+        os.makedirs(self.log_dir, exist_ok=True)
+        with open(os.path.join(self.log_dir, VAL_GENERATIONS), "a") as f:
+            f.write(json.dumps({"step": step, "examples": examples}, ensure_ascii=False) + "\n")
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         if not self.enabled:
             return
+        if self._start_step is None:
+            self.open(0)
         metrics = {k: _clean(v) for k, v in sorted(metrics.items())}
         if self._jsonl is not None:
             self._jsonl.write(json.dumps({"step": step, **metrics}) + "\n")
@@ -93,6 +122,44 @@ class MetricLogger:
             self._jsonl.close()
         if self._tb is not None:
             self._tb.close()
+
+
+def _move_aside(path: str) -> str | None:
+    """Rename ``path`` (a file or directory left by an earlier run) to ``path.N``, the first free N."""
+    if not os.path.exists(path):
+        return None
+    n = 1
+    while os.path.exists(f"{path}.{n}"):
+        n += 1
+    os.replace(path, f"{path}.{n}")
+    print(f"{path} belongs to an earlier run: moved to {path}.{n}", file=sys.stderr, flush=True)
+    return f"{path}.{n}"
+
+
+def own_file(path: str, step: int) -> str:
+    """Make the jsonl file ``path`` this run's: moved aside for a fresh run (step 0), cut to the records of
+    steps <= ``step`` for a run resumed at ``step`` (the steps after it run again and are logged again)."""
+    if step == 0:
+        _move_aside(path)
+        return path
+    if not os.path.exists(path):
+        return path
+    with open(path) as f:
+        lines = f.readlines()
+    kept = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line cut short by a crash
+        if isinstance(record, dict) and isinstance(record.get("step"), int) and record["step"] <= step:
+            kept.append(line if line.endswith("\n") else line + "\n")
+    if len(kept) != len(lines):
+        tmp = path + ".tmp"
+        with open(tmp, "w") as f:
+            f.writelines(kept)
+        os.replace(tmp, path)  # atomic: a crash here leaves the old file or the new one
+    return path
 
 
 def progress_bar(step: int, total: int, elapsed: float, width: int = 20) -> str:

@@ -479,8 +479,7 @@ class Trainer:
         if examples and self.is_main:
             for ex in examples:
                 self.logger.text(f"[val] {json.dumps(ex, ensure_ascii=False)}")
-            with open(os.path.join(self.log_dir, "val_generations.jsonl"), "a") as f:
-                f.write(json.dumps({"step": self.step, "examples": examples}, ensure_ascii=False) + "\n")
+            self.logger.val_generations(self.step, examples)
         return metrics
 
     # ------------------------------------------------------------------ the loop
@@ -493,6 +492,7 @@ class Trainer:
         run_lock.acquire(self.out_dir)
         self._locks += 1
         self.maybe_resume()
+        self.logger.open(self.step)  # after the resume: its step decides which logged records stay
         saved_step = self.step  # the step whose state is on disk (a resumed one, or none yet at step 0)
         if not t.val_only:  # validation-only runs compile no training program
             self.plan_memory()

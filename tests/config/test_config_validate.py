@@ -39,7 +39,7 @@ def test_base_defaults_finalize_with_derived_values():
     assert out.critic.forward_micro_batch_size_per_gpu == out.critic.ppo_micro_batch_size_per_gpu
     assert arr.actor.checkpoint.load_contents == arr.actor.checkpoint.save_contents
     assert out.trainer.default_local_dir == "checkpoints/rlhf_jax/default"
-    assert out.trainer.log_dir == "runs/rlhf_jax/default"
+    assert out.trainer.log_dir == "checkpoints/rlhf_jax/default"  # logs live next to the checkpoints
     assert (out.mesh.data, out.mesh.fsdp, out.mesh.tensor) == (1, 1, 1)
     assert out.derived.model_max_position_embeddings == 512 and out.derived.model_vocab_size == 264
     with pytest.raises(AttributeError):

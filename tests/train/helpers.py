@@ -52,7 +52,7 @@ def load_recipe(name: str = "grpo"):
 def make_config(out_dir: str, recipe: str = "grpo", **overrides):
     """The recipe with FAST overrides, then ``overrides`` (dotted keys with '__' for '.')."""
     cfg = load_recipe(recipe)
-    settings = {**FAST, "trainer.default_local_dir": out_dir, "trainer.log_dir": out_dir}
+    settings = {**FAST, "trainer.default_local_dir": out_dir}
     settings.update({k.replace("__", "."): v for k, v in overrides.items()})
     for path, value in settings.items():
         node = cfg
@@ -64,7 +64,7 @@ def make_config(out_dir: str, recipe: str = "grpo", **overrides):
 
 
 def cli_args(out_dir: str, recipe: str = "grpo", **overrides) -> list[str]:
-    settings = {**FAST, "trainer.default_local_dir": out_dir, "trainer.log_dir": out_dir}
+    settings = {**FAST, "trainer.default_local_dir": out_dir}
     settings.update({k.replace("__", "."): v for k, v in overrides.items()})
     args = [f"--config={os.path.join(REPO, 'configs', recipe + '.py')}"]
     for path, value in settings.items():

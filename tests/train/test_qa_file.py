@@ -19,7 +19,7 @@ def test_question_answer_json_runs_with_only_the_file_names(tmp_path):
     # The default recipe, two steps, this run's directory, and nothing else but the data files.
     proc = run_main([f"--config={os.path.join(REPO, 'configs', 'grpo.py')}", f"--config.data.train_files={qa}",
                      f"--config.data.val_files={qa}", "--config.trainer.total_training_steps=2",
-                     f"--config.trainer.default_local_dir={out}", f"--config.trainer.log_dir={out}"], devices=1)
+                     f"--config.trainer.default_local_dir={out}"], devices=1)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
     assert "data_source qa: no built-in scorer, scored by answer_match" in proc.stderr
