@@ -76,6 +76,6 @@ def get_config() -> ConfigDict:
     cfg.trainer.total_training_steps = 16
     cfg.trainer.test_freq = 4
     cfg.trainer.val_before_train = True
-    cfg.trainer.save_freq = -1  # the final checkpoint (and its HF export) only
+    cfg.trainer.save_freq = None  # the final checkpoint (and its HF export) only
     cfg.trainer.log_val_generations = 4
     return cfg

@@ -121,9 +121,11 @@ TRAINER = (
     Key(_T + "log_val_generations", 0, "Validation samples (prompt, response, score) logged per validation."),
     Key(_T + "default_local_dir", "checkpoints/${trainer.project_name}/${trainer.experiment_name}",
         "Checkpoint directory (${...} refers to other keys)."),
-    Key(_T + "save_freq", -1, "Save a checkpoint every N steps (and at the end); -1 = only at the end."),
-    Key(_T + "test_freq", -1, "Validate every N steps (and at the end); -1 = only at the end; 0 = never."),
-    Key(_T + "val_before_train", True, "Validate once before the first step."),
+    Key(_T + "save_freq", None, "Save a checkpoint every N steps and at the last step; <= 0 = never (verl, also on a "
+        "stop signal); None = only at the last step.", type=int),
+    Key(_T + "test_freq", None, "Validate every N steps and at the last step; <= 0 = never (verl); None = only at "
+        "the last step.", type=int),
+    Key(_T + "val_before_train", True, "Validate once before the first step of a fresh run (whatever test_freq is)."),
     Key(_T + "val_only", False, "Validate the (loaded or resumed) model once and stop without training."),
     Key(_T + "critic_warmup", 0, "Steps at the start that update only the critic."),
     Key(_T + "resume_mode", "auto",
@@ -134,7 +136,7 @@ TRAINER = (
     Key(_T + "max_actor_ckpt_to_keep", None, "Keep at most this many checkpoints; None = all.", type=int),
     Key(_T + "max_critic_ckpt_to_keep", None, "Critic checkpoints kept: each checkpoint holds actor and critic, so only None or max_actor_ckpt_to_keep is valid.", type=int),
     Key(_T + "save_hf_checkpoint", "last",
-        "Export a Hugging Face directory of the actor: at the last step, at every save, or never.",
+        "Export a Hugging Face directory of the actor with the last step's checkpoint, with every checkpoint, or never.",
         choices=("last", "always", "never")),
     Key(_T + "seed", 42, "Seed of new parameters (value head), sampling and every other random choice."),
 )

@@ -1,9 +1,10 @@
 """The training loop: sample, score, old/ref log-probs and values, advantages, critic and actor updates.
 
 ``Trainer(cfg).fit()`` runs ``trainer.total_training_steps`` steps (or the
-epochs' worth), validating every ``trainer.test_freq`` steps, checkpointing every
-``trainer.save_freq`` steps and at the end, and exporting a Hugging Face
-directory per ``trainer.save_hf_checkpoint``. A run resumes from the latest
+epochs' worth), validating every ``trainer.test_freq`` steps and checkpointing
+every ``trainer.save_freq`` steps, both also at the last step (verl's meaning:
+<= 0 never; None, the default, only at the end), and exporting a Hugging Face
+directory per ``trainer.save_hf_checkpoint`` when it saves. A run resumes from the latest
 complete checkpoint (``trainer.resume_mode=auto``). SIGTERM or SIGINT ends the run
 cleanly with a checkpoint of the last finished step (``train/preemption.py``).
 
@@ -66,6 +67,14 @@ def actor_loss_spec(cfg: ConfigDict, recompute_old: bool, temperature: float) ->
                                   kl_cov_ratio=pl.kl_cov_ratio, ppo_kl_coef=pl.ppo_kl_coef).items()))
         if pl.loss_mode in ("clip_cov", "kl_cov") else (),
     )
+
+
+def _due(freq: int | None, step: int, is_last: bool) -> bool:
+    """verl's rule for test_freq / save_freq: N > 0 every N steps and at the last step, <= 0 never;
+    None (rlhf_jax's default) only at the last step."""
+    if freq is None:
+        return is_last
+    return freq > 0 and (is_last or step % freq == 0)
 
 
 class Trainer:
@@ -497,7 +506,7 @@ class Trainer:
         if not t.val_only:  # validation-only runs compile no training program
             self.plan_memory()
         last: dict[str, Any] = {}
-        if t.val_only or (t.val_before_train and self.step == 0 and t.test_freq != 0):
+        if t.val_only or (t.val_before_train and self.step == 0):  # as in verl, whatever test_freq says
             start = time.perf_counter()
             val = self.validate()
             if val:
@@ -507,6 +516,7 @@ class Trainer:
                 self.close()
                 return val
         stopping = self.stop.agreed()
+        saves = t.save_freq is None or t.save_freq > 0  # save_freq <= 0: no checkpoint at all, not even on a stop
         while self.step < self.total_steps and not stopping:
             data_state = self.loader.get_state()
             pb = next(self.loader)
@@ -519,13 +529,12 @@ class Trainer:
             self.step += 1
             is_last = self.step == self.total_steps
             stopping = self.stop.agreed()
-            # test_freq: N > 0 every N steps and at the end; -1 only at the end; 0 never (nor when stopping).
-            if t.test_freq != 0 and not stopping and ((t.test_freq > 0 and self.step % t.test_freq == 0) or is_last):
+            if _due(t.test_freq, self.step, is_last) and not stopping:
                 start = time.perf_counter()
                 metrics.update(self.validate())
                 metrics["timing_s/testing"] = time.perf_counter() - start
                 stopping = self.stop.agreed()  # validation stops early on a signal
-            if (t.save_freq > 0 and self.step % t.save_freq == 0) or is_last or stopping:
+            if _due(t.save_freq, self.step, is_last) or (stopping and saves):
                 start = time.perf_counter()
                 self.save_checkpoint()
                 saved_step = self.step
@@ -536,9 +545,10 @@ class Trainer:
             self.logger.log(self.step, metrics)
             last = metrics
         if stopping:
-            if saved_step != self.step:
+            if saved_step != self.step and saves:
                 self.save_checkpoint()
-            where = (f"checkpoint of step {self.step} in {self.checkpointer.directory}" if self.step
+            where = (f"checkpoint of step {self.step} in {self.checkpointer.directory}" if self.step and saves
+                     else "trainer.save_freq <= 0, nothing saved" if self.step
                      else "no step had finished, nothing to save")
             if self.is_main:
                 print(f"stopped by {self.stop.name} at step {self.step}/{self.total_steps}: {where}; "

@@ -20,7 +20,7 @@ def _free_port() -> int:
 
 
 def test_two_processes_match_one_process(tmp_path):
-    overrides = {"trainer.total_training_steps": 2, "trainer.test_freq": -1, "mesh.data": -1, "mesh.fsdp": 1,
+    overrides = {"trainer.total_training_steps": 2, "trainer.test_freq": 2, "mesh.data": -1, "mesh.fsdp": 1,
                  "mesh.tensor": 1, "trainer.logger": ("console", "jsonl")}
     single = str(tmp_path / "single")
     proc = run_main(cli_args(single, **overrides), devices=4)

@@ -17,7 +17,7 @@ from tests.train.test_resume import _assert_same_rows
 TOTAL = 20
 ONE_DEVICE = {"mesh.data": 1, "mesh.fsdp": 1, "mesh.tensor": 1}
 # Checkpoints only at the end: the one a stopped run leaves is the stop's own.
-LONG = {"trainer.total_training_steps": TOTAL, "trainer.save_freq": -1, **ONE_DEVICE}
+LONG = {"trainer.total_training_steps": TOTAL, "trainer.save_freq": TOTAL, **ONE_DEVICE}
 
 
 def _env(devices: int, **extra) -> dict:
@@ -78,7 +78,7 @@ def test_signal_at_a_random_step_checkpoints_and_resumes_exactly(tmp_path, unint
     logged = read_metrics(out)
     stopped_at = logged[-1]["step"]
     assert [r["step"] for r in logged] == list(range(1, stopped_at + 1)) and at <= stopped_at < TOTAL
-    # A checkpoint of the step it stopped at, and no other (save_freq=-1 saves only at the end).
+    # A checkpoint of the step it stopped at, and no other (save_freq=TOTAL saves only at the end).
     assert _latest(out) == (stopped_at, [stopped_at])
     assert took < 60, f"stopping took {took:.0f}s"
 
@@ -148,7 +148,7 @@ def test_sigterm_during_scoring_abandons_the_step_and_resumes_exactly(tmp_path, 
         rewards[name] = str(tmp_path / f"reward_{name}.py")
         with open(rewards[name], "w") as f:
             f.write(SIGNALLING_REWARD)
-    common = {"trainer.total_training_steps": total, "trainer.save_freq": -1}
+    common = {"trainer.total_training_steps": total, "trainer.save_freq": total}
     full = str(tmp_path / "full")
     Trainer(make_config(full, **common, custom_reward_function__path=rewards["full"]), stop=StopRequest()).fit()
     common["custom_reward_function.path"] = rewards["split"]
