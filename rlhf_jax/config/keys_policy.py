@@ -86,7 +86,7 @@ ACTOR = (
     Key(A + "actor.entropy_coeff", 0.0, "Weight of the entropy bonus subtracted from the policy loss."),
     Key(A + "actor.use_kl_loss", False, "Add a KL(actor || ref) loss term (GRPO style); loads the reference."),
     Key(A + "actor.kl_loss_coef", 0.001, "Weight of the KL loss."),
-    Key(A + "actor.kl_loss_type", "low_var_kl", "KL estimator of the KL loss: kl|k1, abs, mse|k2, low_var_kl|k3, full."),
+    Key(A + "actor.kl_loss_type", "low_var_kl", "KL estimator of the KL loss: kl|k1, abs, mse|k2, low_var_kl|k3 (full is not supported)."),
     Key(A + "actor.loss_agg_mode", "token-mean",
         "Loss aggregation: token-mean, seq-mean-token-sum, seq-mean-token-mean, seq-mean-token-sum-norm."),
     Key(A + "actor.loss_scale_factor", None,

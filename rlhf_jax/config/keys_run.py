@@ -102,7 +102,7 @@ ALGORITHM = (
     Key(_G + "lam", 1.0, "GAE lambda (bias/variance trade-off)."),
     Key(_G + "norm_adv_by_std_in_grpo", True, "GRPO: divide by the group std; False = Dr.GRPO (mean-centred only)."),
     Key(_G + "use_kl_in_reward", False, "Subtract kl_coef * KL(actor || ref) from token rewards; loads the reference."),
-    Key(_G + "kl_penalty", "kl", "KL estimator of the in-reward penalty: kl|k1, abs, mse|k2, low_var_kl|k3, full."),
+    Key(_G + "kl_penalty", "kl", "KL estimator of the in-reward penalty: kl|k1, abs, mse|k2, low_var_kl|k3 (full is not supported)."),
     Key(_G + "kl_ctrl.type", "fixed", "In-reward KL coefficient controller.", choices=("fixed", "adaptive")),
     Key(_G + "kl_ctrl.kl_coef", 0.001, "(Initial) in-reward KL coefficient beta."),
     Key(_G + "kl_ctrl.horizon", 10000, "Adaptive controller horizon."),

@@ -203,6 +203,12 @@ def _check_algorithm(cfg: ConfigDict) -> None:
     check_name("kl", actor.kl_loss_type, a + "kl_loss_type")
     check_name("loss_agg_mode", actor.loss_agg_mode, a + "loss_agg_mode")
     check_name("loss_agg_mode", cfg.critic.loss_agg_mode, "critic.loss_agg_mode")
+    for path, kind, used in (("algorithm.kl_penalty", alg.kl_penalty, alg.use_kl_in_reward),
+                             (a + "kl_loss_type", actor.kl_loss_type, actor.use_kl_loss)):
+        if used and kind == "full":  # verl raises NotImplementedError for it too
+            raise ValueError(f"{path}=full (KL over the whole vocabulary) is not supported: it needs the reference's "
+                             "distribution at every response position, not only its log-prob of the sampled token; "
+                             "use low_var_kl (k3, unbiased and low-variance), kl (k1) or mse (k2)")
     n = cfg.actor_rollout_ref.rollout.n
     if alg.adv_estimator in GROUP_ESTIMATORS and n < 2:
         raise ValueError(f"algorithm.adv_estimator={alg.adv_estimator} compares the samples of one prompt: set "

@@ -102,11 +102,12 @@ def forward_values(graphdef, params, batch: Batch, *, n_micro: int):
     return merge_micro(jax.lax.map(lambda m: response_values(model, m["input_ids"], m["attention_mask"], R), micro))
 
 
-def advantage_stage(token_scores, response_mask, group_ids, old_log_probs, ref_log_probs, values, kl_coef, *,
-                    estimator: str, gamma: float, lam: float, norm_adv_by_std_in_grpo: bool,
+def advantage_stage(token_scores, response_mask, group_ids, old_log_probs, ref_log_probs, values, kl_coef,
+                    reward_baselines=None, *, estimator: str, gamma: float, lam: float, norm_adv_by_std_in_grpo: bool,
                     use_kl_in_reward: bool, kl_penalty: str):
     """Token rewards (with the optional in-reward KL), advantages and returns; jitted once per run.
 
+    ``reward_baselines`` (N,): ReMax's greedy-rollout score of each sample's prompt (None for other estimators).
     Returns (token_level_rewards, advantages, returns, current_kl).
     """
     mask = response_mask.astype(jnp.float32)
@@ -115,7 +116,7 @@ def advantage_stage(token_scores, response_mask, group_ids, old_log_probs, ref_l
         rewards, current_kl = algos.apply_kl_in_reward(token_scores, old_log_probs, ref_log_probs, mask, kl_coef, kl_penalty)
     adv, returns = algos.compute_advantages(
         estimator, token_level_rewards=rewards, response_mask=mask, group_ids=group_ids, values=values,
-        gamma=gamma, lam=lam, norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo,
+        gamma=gamma, lam=lam, norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo, reward_baselines=reward_baselines,
     )
     return rewards, adv, returns, current_kl
 

@@ -15,6 +15,7 @@ run would have drawn.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -244,6 +245,13 @@ class Trainer:
             scores = scores + self.reward_model.score_texts(rep(pb.raw_prompt), texts)
         return scores, result.metrics(), texts
 
+    def _greedy_baselines(self, pb: PromptBatch, n: int) -> jax.Array:
+        """ReMax's baseline: the score of one greedy response per prompt, repeated for the prompt's n samples."""
+        greedy = dataclasses.replace(self.c.sampling, n=1, do_sample=False)
+        out, keep = self._generate(pb, greedy, self._rollout_key(greedy.seed, self.step))
+        scores, _, _ = self._score(pb, to_local(out.responses)[:keep], to_local(out.response_mask)[:keep], 1)
+        return to_global(self.mesh, np.repeat(scores, n).astype(np.float32))
+
     # ------------------------------------------------------------------ one step
     def train_step(self, pb: PromptBatch) -> dict[str, Any]:
         self.plan_memory()
@@ -260,6 +268,10 @@ class Trainer:
                 scores, reward_metrics, _ = self._score(pb, responses, rmask, n)
                 out_metrics.update(reward_metrics)
                 token_scores = jax.block_until_ready(place_on_last_token(to_global(self.mesh, scores), out.response_mask))
+            baselines = None
+            if cfg.algorithm.adv_estimator == "remax":
+                with timer("gen_max"):  # verl's name for ReMax's greedy baseline rollout
+                    baselines = self._greedy_baselines(pb, n)
             batch, rollout_logprobs = self._training_batch(out, host)
             need_old = d.recompute_old_log_prob or cfg.algorithm.use_kl_in_reward
             if need_old:
@@ -284,7 +296,7 @@ class Trainer:
                 token_scores = token_scores[:, :batch["response_mask"].shape[1]]
                 rewards, adv, returns, current_kl = self._advantage_fn(
                     token_scores, batch["response_mask"], group_ids, batch.get("old_log_probs"), batch.get("ref_log_probs"),
-                    batch.get("values"), self.kl_ctrl["value"])
+                    batch.get("values"), self.kl_ctrl["value"], baselines)
                 batch["advantages"], batch["returns"] = jax.block_until_ready((adv, returns))
                 if cfg.algorithm.use_kl_in_reward:
                     out_metrics["actor/reward_kl_penalty"] = float(current_kl)
