@@ -95,6 +95,11 @@ def load_config_from_argv(argv: Sequence[str], *, name: str = "config", default:
     if len(rest) > 1:
         raise ValueError(f"unexpected command-line arguments: {' '.join(rest[1:])}")
     cfg = fv[name].value
+    paths = override_paths(argv[1:], name)
+    if source.endswith((".yaml", ".yml")) and paths:
+        # Again with the overrides inside the file's ${...} references, which verl resolves after its overrides
+        # (overriding actor.ppo_mini_batch_size also changes a critic.ppo_mini_batch_size that refers to it).
+        cfg = load_yaml(source, overrides={p: schema.get_path(cfg, p) for p in paths}, warn=False)
     if not isinstance(cfg, ConfigDict):
         raise ValueError(f"--{name}={source}: get_config() must return an ml_collections.ConfigDict")
     schema.check_known_keys(cfg)

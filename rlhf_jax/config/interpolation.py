@@ -4,7 +4,9 @@ A value that is exactly one reference takes the referenced value with its type
 (``response_length: ${data.max_response_length}`` gives an int); references
 inside a longer string are substituted as text
 (``checkpoints/${trainer.project_name}/${trainer.experiment_name}``).
-``${oc.env:NAME}`` and ``${oc.env:NAME,default}`` read environment variables.
+``${oc.env:NAME}`` and ``${oc.env:NAME,default}`` read environment variables;
+``${oc.select:a.b.c,default}`` is a key reference with a fallback for a key set nowhere;
+``${.x}`` / ``${..x}`` refer to ``x`` in the key's own section / the one above it.
 References may chain; a cycle is an error naming the keys involved.
 """
 
@@ -14,6 +16,8 @@ import os
 import re
 from collections.abc import Callable
 from typing import Any
+
+import yaml
 
 _REF = re.compile(r"\$\{([^${}]+)\}")
 _KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
@@ -59,6 +63,19 @@ def resolve(
         expr = expr.strip()
         if expr.startswith("oc.env:"):
             return _env(expr[len("oc.env:"):], key)
+        if expr.startswith("oc.select:"):
+            path, sep, default = expr[len("oc.select:"):].partition(",")
+            try:
+                target = lookup(path.strip())
+            except KeyError:
+                if not sep:
+                    return None  # OmegaConf's oc.select without a default gives null
+                return yaml.safe_load(default.strip()) if default.strip() else None
+            return resolve(target, lookup, path.strip(), stack)
+        if expr.startswith("."):  # OmegaConf's relative reference: "." is the key's own section, each further "." one up
+            dots = len(expr) - len(expr.lstrip("."))
+            section = key.split(".")[:-dots]
+            expr = ".".join(section + [expr[dots:]]) if expr[dots:] else ""
         if not _KEY.match(expr):
             raise InterpolationError(
                 f"{key}: unsupported reference ${{{expr}}}; only ${{a.b.c}} key references and ${{oc.env:NAME}} "

@@ -12,6 +12,9 @@ DATA = (
     Key("data.val_files", ("builtin:arithmetic",), "Validation prompts, same forms as train_files."),
     Key("data.train_split", "train", "Split read from split-keyed JSON, split-named files in a directory, or builtin sets."),
     Key("data.val_split", "test", "Split read for validation (see train_split)."),
+    Key("data.train_max_samples", -1, "Use at most this many training rows (a random subset when data.shuffle, else "
+        "the first ones); <= 0 = all."),
+    Key("data.val_max_samples", -1, "Use at most this many validation rows (the first ones); <= 0 = all."),
     Key("data.tokenizer", None, "Tokenizer directory; None = the one in actor_rollout_ref.model.path.", type=str),
     Key("data.prompt_key", None, "Prompt column (a string or chat messages); None = first of prompt, messages, question, "
         "query, problem, instruction (any case).", type=str),
@@ -115,7 +118,9 @@ TRAINER = (
     Key(_T + "total_training_steps", None, "Stop after this many steps; None = epochs x batches per epoch.", type=int),
     Key(_T + "project_name", "rlhf_jax", "Project name (log and checkpoint directories)."),
     Key(_T + "experiment_name", "default", "Experiment name (log and checkpoint directories)."),
-    Key(_T + "logger", ("console", "tensorboard", "jsonl"), "Metric sinks.", choices=("console", "tensorboard", "jsonl")),
+    Key(_T + "logger", ("console", "tensorboard", "jsonl"),
+        "Metric sinks; wandb (WANDB_MODE=offline works) and mlflow (MLFLOW_TRACKING_URI, else log_dir/mlruns) are "
+        "optional packages.", choices=("console", "tensorboard", "jsonl", "wandb", "mlflow")),
     Key(_T + "log_dir", "${trainer.default_local_dir}",
         "Directory of metrics.jsonl, tensorboard events and val_generations.jsonl; default: the run's directory."),
     Key(_T + "log_val_generations", 0, "Validation samples (prompt, response, score) logged per validation."),

@@ -13,6 +13,7 @@ Every error is a ValueError whose message names the key and the fix.
 from __future__ import annotations
 
 import copy
+import importlib
 import logging
 import math
 import os
@@ -229,6 +230,23 @@ def _check_algorithm(cfg: ConfigDict) -> None:
         raise ValueError("trainer.resume_mode=resume_path needs trainer.resume_from_path (a checkpoint step directory)")
 
 
+# trainer.logger entries that are optional packages: name -> (module, pip command)
+OPTIONAL_TRACKERS = {"wandb": ("wandb", "pip install wandb"), "mlflow": ("mlflow", "pip install mlflow")}
+
+
+def _check_trackers_installed(backends: tuple) -> None:
+    """A missing wandb / mlflow package stops the run here, before anything is built, with the pip command."""
+    for name in backends:
+        if name not in OPTIONAL_TRACKERS:
+            continue
+        module, pip = OPTIONAL_TRACKERS[name]
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            raise ValueError(f"trainer.logger includes {name!r} but the {module} package is not installed: {pip} "
+                             f"(or pip install 'rlhf_jax[{name}]'), or remove {name!r} from trainer.logger") from None
+
+
 def resolve_mesh(data: int, fsdp: int, tensor: int, num_devices: int) -> tuple[int, int, int]:
     """Mesh axis sizes with the one -1 (if any) filled so that they multiply to ``num_devices``."""
     sizes = {"data": data, "fsdp": fsdp, "tensor": tensor}
@@ -343,6 +361,7 @@ def finalize(
     _check_algorithm(out)
     _check_token_budgets(out)
     _check_axis_rules(out.mesh.logical_axis_rules)
+    _check_trackers_installed(out.trainer.logger)
     mesh = resolve_mesh(out.mesh.data, out.mesh.fsdp, out.mesh.tensor, num_devices)
     if check_paths:
         _check_paths(out)

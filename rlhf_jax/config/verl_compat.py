@@ -1,10 +1,13 @@
-"""verl keys that have no meaning in one JAX program, accepted (with a warning) by the YAML importer.
+"""verl keys that are not schema keys: other names of schema keys, and keys with no meaning in one JAX program.
 
-They fall in three groups: the PyTorch/Ray/vLLM machinery (FSDP wrapping,
-torch.compile, engine memory fractions, node counts), deprecated verl aliases
-of keys we do have, and optional features we do not implement; the last group
-is accepted only while the feature is switched off (``accept``), otherwise
-it is an error, because silently training something else would be worse.
+:data:`ALIASES` are verl's other names for a schema key (``optim.clip_grad`` for
+``grad_clip``, the DAPO ``reward_kwargs.overlong_buffer_cfg``): their value is
+honoured. :data:`IGNORED` keys fall in three groups: the PyTorch/Ray/vLLM
+machinery (FSDP wrapping, torch.compile, engine memory fractions, node counts),
+deprecated verl aliases of keys we do have, and optional features we do not
+implement; the last group is accepted only while the feature is switched off
+(``accept``), otherwise it is an error, because silently training something else
+would be worse. The importer lists the ignored keys of a file in one warning.
 """
 
 from __future__ import annotations
@@ -36,6 +39,61 @@ def _one(value: Any) -> bool:
     return value in (None, 1)
 
 
+def _unset(*names: str) -> Callable[[Any], bool]:
+    """A mapping whose ``names`` are all null (a custom class or service that is not configured)."""
+    return lambda value: value is None or (isinstance(value, dict) and all(value.get(n) is None for n in names))
+
+
+def _empty(value: Any) -> bool:
+    """Nothing given: null or an empty mapping (options that would change behaviour)."""
+    return not value
+
+
+def _is(*allowed: Any) -> Callable[[Any], bool]:
+    return lambda value: value in allowed
+
+
+@dataclasses.dataclass(frozen=True)
+class Alias:
+    """A verl key (exact dotted path) whose value sets schema key ``target``.
+
+    ``assign=False``: the value must equal the target's final value (a copy verl keeps in two places), or
+    ``fallback``'s where the target is None (derived from it).
+    """
+
+    path: str
+    target: str
+    assign: bool = True
+    fallback: str | None = None
+
+
+ALIASES: tuple[Alias, ...] = (
+    # verl's optimizer config names the clipping norm and the schedule differently from the legacy keys.
+    Alias("actor_rollout_ref.actor.optim.clip_grad", "actor_rollout_ref.actor.grad_clip"),
+    Alias("critic.optim.clip_grad", "critic.grad_clip"),
+    Alias("actor_rollout_ref.actor.optim.lr_scheduler_type", "actor_rollout_ref.actor.optim.warmup_style"),
+    Alias("critic.optim.lr_scheduler_type", "critic.optim.warmup_style"),
+    Alias("reward_manager.name", "reward_model.reward_manager"),
+    Alias("actor_rollout_ref.model.tokenizer_path", "data.tokenizer"),
+    # DAPO keeps its overlong penalty in the reward manager's kwargs.
+    Alias("reward_model.reward_kwargs.overlong_buffer_cfg.enable", "reward_model.overlong_buffer.enable"),
+    Alias("reward_model.reward_kwargs.overlong_buffer_cfg.len", "reward_model.overlong_buffer.len"),
+    Alias("reward_model.reward_kwargs.overlong_buffer_cfg.penalty_factor",
+          "reward_model.overlong_buffer.penalty_factor"),
+    Alias("reward_model.reward_kwargs.max_resp_len", "actor_rollout_ref.rollout.response_length", assign=False,
+          fallback="data.max_response_length"),
+    Alias("actor_rollout_ref.actor.rollout_n", "actor_rollout_ref.rollout.n", assign=False),
+    Alias("actor_rollout_ref.ref.rollout_n", "actor_rollout_ref.rollout.n", assign=False),
+    Alias("critic.rollout_n", "actor_rollout_ref.rollout.n", assign=False),
+    Alias("actor_rollout_ref.actor.use_remove_padding", "actor_rollout_ref.model.use_remove_padding", assign=False),
+    Alias("actor_rollout_ref.rollout.prompt_length", "data.max_prompt_length", assign=False),
+)
+
+
+def find_alias(path: str) -> Alias | None:
+    return next((a for a in ALIASES if a.path == path), None)
+
+
 _MESH = "sharding comes from the mesh section"
 _ENGINE = "the sampler is the built-in JAX decode loop that reads the actor's parameters directly"
 
@@ -61,9 +119,9 @@ IGNORED: tuple[Ignored, ...] = (
     Ignored("*.entropy_from_logits_with_chunking", "entropy and log-probs are always computed in chunks"),
     Ignored("*.entropy_checkpointing", "entropy and log-probs are always computed in chunks"),
     Ignored("*.trust_remote_code", "models are the built-in Flax implementations; no remote code runs"),
-    Ignored("*.external_lib", "models are the built-in Flax implementations"),
+    Ignored("*.external_lib", "models are the built-in Flax implementations; no external model code runs", _off),
     Ignored("*.use_shm", "checkpoints are read from disk directly"),
-    Ignored("*.override_config", "Hugging Face config overrides (dropout) do not apply: no dropout", _off),
+    Ignored("*.override_config", "Hugging Face config overrides (dropout) do not apply: no dropout", _empty),
     Ignored("*.lora_rank", "LoRA is not implemented", _off),
     Ignored("*.lora_alpha", "LoRA is not implemented"),
     Ignored("*.target_modules", "LoRA is not implemented"),
@@ -77,7 +135,6 @@ IGNORED: tuple[Ignored, ...] = (
     Ignored("*.micro_batch_size", "deprecated global size: set micro_batch_size_per_gpu", _off),
     Ignored("critic.forward_micro_batch_size", "deprecated global size: set forward_micro_batch_size_per_gpu",
             _off),
-    Ignored("critic.rollout_n", "taken from actor_rollout_ref.rollout.n"),
     Ignored("critic.model.tokenizer_path", "the critic uses the policy tokenizer"),
     Ignored("actor_rollout_ref.hybrid_engine", "actor and sampler always share parameters in one program"),
     Ignored("actor_rollout_ref.model.custom_chat_template", "chat templates come from the tokenizer", _off),
@@ -86,7 +143,6 @@ IGNORED: tuple[Ignored, ...] = (
     Ignored("actor_rollout_ref.rollout.name", _ENGINE),
     Ignored("actor_rollout_ref.rollout.mode", _ENGINE),
     Ignored("actor_rollout_ref.rollout.dtype", "the sampler uses actor_rollout_ref.model.dtype / compute_dtype"),
-    Ignored("actor_rollout_ref.rollout.prompt_length", "use data.max_prompt_length"),
     Ignored("actor_rollout_ref.rollout.gpu_memory_utilization", "the KV cache is sized from the batch and lengths"),
     Ignored("actor_rollout_ref.rollout.enforce_eager", "no CUDA graphs: the decode loop is jit-compiled"),
     Ignored("actor_rollout_ref.rollout.free_cache_engine", "the KV cache is freed after each rollout"),
@@ -106,28 +162,31 @@ IGNORED: tuple[Ignored, ...] = (
     Ignored("data.return_raw_input_ids", "reward models re-tokenize decoded text (reward_model.model.input_tokenizer)"),
     Ignored("data.return_raw_chat", "raw prompts are always kept for reward functions"),
     Ignored("data.return_full_prompt", "prompt texts are always kept for logging"),
-    Ignored("data.return_multi_modal_inputs", "multi-modal data is not supported", _off),
+    Ignored("data.return_multi_modal_inputs", "multi-modal data is not supported (text rows have no such inputs)"),
     Ignored("data.image_key", "multi-modal data is not supported"),
     Ignored("data.video_key", "multi-modal data is not supported"),
-    Ignored("data.custom_cls", "custom dataset classes: convert the data to parquet/json/jsonl/csv", _off),
+    Ignored("data.custom_cls", "custom dataset classes: convert the data to parquet/json/jsonl/csv",
+            _unset("path")),
     Ignored("data.filter_overlong_prompts_workers", "prompts are filtered in-process"),
     Ignored("data.dataloader_num_workers", "the grain pipeline reads pre-tokenized prompts in-process"),
     Ignored("data.trust_remote_code", "tokenizers are loaded without remote code"),
-    Ignored("data.sampler", "the data order comes from data.shuffle and data.seed", _off),
-    Ignored("data.datagen", "use builtin:<name> data files", _off),
+    Ignored("data.sampler", "custom samplers: the data order comes from data.shuffle and data.seed",
+            _unset("class_path")),
+    Ignored("data.datagen", "dynamic data generation: use builtin:<name> data files", _unset("path")),
     Ignored("reward_model.strategy", f"reward-model backend: {_MESH}"),
     Ignored("reward_model.launch_reward_fn_async", "scoring runs in worker processes (reward_manager=prime)"),
-    Ignored("reward_model.sandbox_fusion", "sandboxed code execution is not implemented", _off),
-    Ignored("reward_model.reward_kwargs", "scorer options are not configurable from YAML", _off),
+    Ignored("reward_model.sandbox_fusion", "sandboxed code execution is not implemented", _unset("url")),
+    Ignored("reward_model.reward_kwargs.overlong_buffer_cfg.log", "overlong-penalty metrics are always logged"),
     Ignored("algorithm.use_pf_ppo", "prioritized-replay PPO is not implemented", _off),
     Ignored("algorithm.pf_ppo", "prioritized-replay PPO is not implemented"),
     Ignored("algorithm.filter_groups", "DAPO dynamic sampling (group filtering) is not implemented", _off),
     Ignored("trainer.nnodes", "devices come from JAX (jax.devices()) and the mesh section"),
     Ignored("trainer.n_gpus_per_node", "devices come from JAX (jax.devices()) and the mesh section"),
     Ignored("trainer.device", "JAX picks the platform (JAX_PLATFORMS)"),
-    Ignored("trainer.default_hdfs_dir", "no HDFS: checkpoints go to trainer.default_local_dir"),
-    Ignored("trainer.del_local_ckpt_after_load", "local checkpoints are kept"),
-    Ignored("trainer.remove_previous_ckpt_in_save", "use trainer.max_actor_ckpt_to_keep"),
+    Ignored("trainer.default_hdfs_dir", "verl's checkpoint managers do not copy there either: checkpoints stay in "
+            "trainer.default_local_dir"),
+    Ignored("trainer.del_local_ckpt_after_load", "local checkpoints are kept", _off),
+    Ignored("trainer.remove_previous_ckpt_in_save", "set trainer.max_actor_ckpt_to_keep=1 instead", _off),
     Ignored("trainer.ray_wait_register_center_timeout", "no Ray"),
     Ignored("trainer.balance_batch", "no per-rank length balancing: batches are padded to static shapes"),
     Ignored("trainer.profile_steps", "use the JAX profiler"),
@@ -137,6 +196,67 @@ IGNORED: tuple[Ignored, ...] = (
     Ignored("trainer.esi_redundant_time", "no elastic-instance preemption handling; checkpoints resume instead"),
     Ignored("trainer.rollout_data_dir", "dumping rollouts is not implemented (see trainer.log_val_generations)", _off),
     Ignored("trainer.validation_data_dir", "dumping validation generations is not implemented", _off),
+    Ignored("trainer.controller_nsight_options", "use the JAX profiler"),
+    Ignored("trainer.worker_nsight_options", "use the JAX profiler"),
+    # verl's current (engine-based) config.
+    Ignored("*.nccl_timeout", "no NCCL process groups: one JAX program"),
+    Ignored("*.optim.optimizer_impl", "the optimizer is optax AdamW (see optim.optimizer)"),
+    Ignored("*.optim.override_optimizer_config", "optimizer overrides: the optim keys are the whole optimizer", _empty),
+    Ignored("*.tiled_mlp", "tiled MLP memory saving: use enable_gradient_checkpointing", _off),
+    Ignored("*.router_replay", "mixture-of-experts routing replay is not implemented",
+            lambda v: not isinstance(v, dict) or v.get("mode") in (None, "disabled")),
+    Ignored("actor_rollout_ref.actor.tau_pos", "only used by policy losses that are not implemented"),
+    Ignored("actor_rollout_ref.actor.tau_neg", "only used by policy losses that are not implemented"),
+    Ignored("actor_rollout_ref.actor.freeze_vision_tower", "multi-modal models are not supported", _off),
+    Ignored("actor_rollout_ref.actor.calculate_entropy", "the entropy is always computed and logged"),
+    Ignored("actor_rollout_ref.actor.use_prefix_grouper", "the same losses without grouping shared prefixes"),
+    Ignored("actor_rollout_ref.actor.calculate_sum_pi_squared", "not implemented", _off),
+    Ignored("actor_rollout_ref.actor.sum_pi_squared_checkpointing", "not implemented", _off),
+    Ignored("actor_rollout_ref.model.hf_config_path", "the config.json in actor_rollout_ref.model.path is used", _off),
+    Ignored("actor_rollout_ref.model.lora_adapter_path", "LoRA is not implemented", _off),
+    Ignored("actor_rollout_ref.model.mtp", "multi-token prediction is not implemented", _off),
+    Ignored("actor_rollout_ref.rollout.mtp", "multi-token prediction is not implemented", _off),
+    Ignored("actor_rollout_ref.rollout.cudagraph_capture_sizes", "no CUDA graphs: the decode loop is jit-compiled"),
+    Ignored("actor_rollout_ref.rollout.data_parallel_size", f"sampler data parallelism: {_MESH}", _one),
+    Ignored("actor_rollout_ref.rollout.expert_parallel_size", f"sampler expert parallelism: {_MESH}", _one),
+    Ignored("actor_rollout_ref.rollout.pipeline_model_parallel_size", f"sampler pipeline parallelism: {_MESH}", _one),
+    Ignored("actor_rollout_ref.rollout.logprobs_mode", "old log-probs are recomputed by the actor"),
+    Ignored("actor_rollout_ref.rollout.scheduling_policy", "vLLM scheduler setting"),
+    Ignored("actor_rollout_ref.rollout.over_sample_rate", "over-sampling with early abort is not implemented", _off),
+    Ignored("actor_rollout_ref.rollout.multi_stage_wake_up", _ENGINE),
+    Ignored("actor_rollout_ref.rollout.checkpoint_engine", _ENGINE),
+    Ignored("actor_rollout_ref.rollout.trace", "rollout tracing is not implemented", _unset("backend")),
+    Ignored("actor_rollout_ref.rollout.skip_rollout", "rollout dumps and replays are not implemented", _off),
+    Ignored("actor_rollout_ref.rollout.skip_dump_dir", "rollout dumps and replays are not implemented"),
+    Ignored("actor_rollout_ref.rollout.skip_tokenizer_init", _ENGINE),
+    Ignored("actor_rollout_ref.rollout.enable_rollout_routing_replay", "mixture-of-experts routing replay is not "
+            "implemented", _off),
+    Ignored("actor_rollout_ref.rollout.prometheus", "no inference server metrics", _off),
+    Ignored("actor_rollout_ref.rollout.quantization", "quantized sampling is not implemented", _off),
+    Ignored("actor_rollout_ref.rollout.quantization_config_file", "quantized sampling is not implemented", _off),
+    Ignored("data.reward_fn_key", "the scorer is chosen by the data_source column", _is("data_source")),
+    Ignored("data.tool_config_path", "tool calling is not implemented", _off),
+    Ignored("data.image_patch_size", "multi-modal data is not supported"),
+    Ignored("data.validation_shuffle", "validation metrics do not depend on the order"),
+    Ignored("data.apply_chat_template_kwargs", "chat-template options are not implemented", _empty),
+    Ignored("reward_manager.source", "reward managers are chosen by name (reward_model.reward_manager)",
+            _is("register")),
+    Ignored("reward_manager.module", "custom reward-manager modules: use custom_reward_function", _unset("path")),
+    Ignored("reward_model.enable_resource_pool", "no Ray resource pools: one JAX program"),
+    Ignored("reward_model.n_gpus_per_node", "devices come from JAX and the mesh section"),
+    Ignored("reward_model.nnodes", "devices come from JAX and the mesh section"),
+    Ignored("reward_model.model.use_remove_padding", "reward-model batches are padded"),
+    Ignored("reward_model.use_dynamic_bsz", "reward-model batches are reward_model.micro_batch_size_per_gpu rows"),
+    Ignored("reward_model.forward_max_token_len_per_gpu", "reward-model batches are micro_batch_size_per_gpu rows"),
+    Ignored("reward_model.reward_loop_source", "reward managers are chosen by name (reward_model.reward_manager)",
+            _is("register")),
+    Ignored("reward_model.reward_loop_module_path", "custom reward loops: use custom_reward_function", _off),
+    Ignored("reward_model.reward_loop_class_name", "custom reward loops: use custom_reward_function", _off),
+    Ignored("reward_model.use_reward_loop", "scoring runs in the trainer (reward_model.reward_manager)"),
+    Ignored("reward_model.rollout", "generative reward models are not implemented: the reward model is a classifier"),
+    Ignored("algorithm.rollout_correction", "sampler and trainer share the weights: no off-policy correction",
+            lambda v: not isinstance(v, dict) or (v.get("rollout_is") is None and v.get("rollout_rs") is None
+                                                  and not v.get("bypass_mode"))),
 )
 
 

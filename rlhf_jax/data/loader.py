@@ -73,9 +73,21 @@ def build_dataset(
     system_prompt: str | None = None,
     truncation: str = "error",
     filter_overlong_prompts: bool = False,
+    max_samples: int = -1,
+    sample_seed: int | None = None,
 ) -> PromptDataset:
-    """Read, validate and tokenize every prompt of `files` (all errors surface here, before training)."""
+    """Read, validate and tokenize every prompt of `files` (all errors surface here, before training).
+
+    ``max_samples`` > 0 keeps that many rows: a random subset drawn with ``sample_seed``, or the first rows
+    when it is None (verl's train/val_max_samples).
+    """
     rows = read_files(files, split)
+    if 0 < max_samples < len(rows):
+        if sample_seed is None:
+            rows = rows[:max_samples]
+        else:
+            keep = np.random.default_rng(sample_seed).choice(len(rows), max_samples, replace=False)
+            rows = [rows[i] for i in sorted(keep)]
     examples = to_examples(rows, prompt_key, ground_truth_key, default_data_source)
     kept, ids, texts = tokenize_examples(
         examples, tokenizer, max_prompt_length=max_prompt_length, template=prompt_template,
@@ -202,6 +214,9 @@ def dataset_from_config(data_cfg: Any, tokenizer: Any, which: str = "train") -> 
         system_prompt=_cfg_get(data_cfg, "system_prompt") or None,
         truncation=_cfg_get(data_cfg, "truncation", "error"),
         filter_overlong_prompts=bool(_cfg_get(data_cfg, "filter_overlong_prompts", False)),
+        max_samples=int(_cfg_get(data_cfg, f"{which}_max_samples", -1)),
+        sample_seed=int(_cfg_get(data_cfg, "seed", 0)) if which == "train" and _cfg_get(data_cfg, "shuffle", True)
+        else None,
     )
 
 

@@ -1,6 +1,7 @@
 """Metric sinks: a compact console line (plus a progress bar), metrics.jsonl, tensorboard event files.
 
-``trainer.logger`` picks any of ``console``, ``jsonl``, ``tensorboard``. Only
+``trainer.logger`` picks any of ``console``, ``jsonl``, ``tensorboard``, and the
+optional trackers ``wandb`` and ``mlflow`` (:mod:`rlhf_jax.train.trackers`). Only
 process 0 writes. Files live in ``trainer.log_dir`` (by default the run's
 ``trainer.default_local_dir``, next to its checkpoints).
 
@@ -19,7 +20,7 @@ import sys
 import time
 from typing import Any, Iterable
 
-LOGGERS = ("console", "jsonl", "tensorboard")
+LOGGERS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
 VAL_GENERATIONS = "val_generations.jsonl"
 # The metrics the console line shows, in order (when present).
 CONSOLE_KEYS = (
@@ -44,7 +45,10 @@ def _clean(value: Any) -> Any:
 
 
 class MetricLogger:
-    def __init__(self, log_dir: str, backends: Iterable[str], *, total_steps: int, enabled: bool = True):
+    """``run`` (project, experiment, config: a dict) names the run for the trackers (wandb, mlflow)."""
+
+    def __init__(self, log_dir: str, backends: Iterable[str], *, total_steps: int, enabled: bool = True,
+                 run: tuple[str, str, dict] = ("rlhf_jax", "default", {})):
         backends = tuple(backends)
         unknown = [b for b in backends if b not in LOGGERS]
         if unknown:
@@ -56,6 +60,8 @@ class MetricLogger:
         self.log_dir = log_dir
         self._jsonl = None
         self._tb = None
+        self._trackers: list = []
+        self.run = run
         self._start_step: int | None = None
 
     def open(self, step: int) -> None:
@@ -76,6 +82,9 @@ class MetricLogger:
                 _move_aside(tb_dir)
             # purge_step: TensorBoard drops the earlier events of the steps this run logs again.
             self._tb = SummaryWriter(tb_dir, purge_step=step + 1 if step else None)
+        from rlhf_jax.train.trackers import TRACKERS
+
+        self._trackers = [TRACKERS[b](self.log_dir, *self.run) for b in self.backends if b in TRACKERS]
 
     def val_generations(self, step: int, examples: list[dict]) -> None:
         """Append one validation's examples (prompt, response, score, ground truth) to val_generations.jsonl."""
@@ -98,6 +107,8 @@ class MetricLogger:
                 if isinstance(v, (int, float)):
                     self._tb.add_scalar(k, v, step)
             self._tb.flush()
+        for tracker in self._trackers:
+            tracker.log(step, metrics)
         if "console" in self.backends:
             print(self.console_line(step, metrics), flush=True)
 
@@ -122,6 +133,9 @@ class MetricLogger:
             self._jsonl.close()
         if self._tb is not None:
             self._tb.close()
+        for tracker in self._trackers:
+            tracker.close()
+        self._trackers = []
 
 
 def _move_aside(path: str) -> str | None:

@@ -130,7 +130,8 @@ class Trainer:
         self.loader = loader_from_config(cfg.data, self.tok, "train", num_epochs=None, dataset=c.train_dataset)
         self.checkpointer = Checkpointer(os.path.join(self.out_dir, "checkpoints"),
                                          max_to_keep=cfg.trainer.max_actor_ckpt_to_keep)
-        self.logger = MetricLogger(self.log_dir, cfg.trainer.logger, total_steps=self.total_steps, enabled=self.is_main)
+        self.logger = MetricLogger(self.log_dir, cfg.trainer.logger, total_steps=self.total_steps, enabled=self.is_main,
+                                   run=(cfg.trainer.project_name, cfg.trainer.experiment_name, cfg.to_dict()))
         self.step = 0
         self.num_params = sum(x.size for x in jax.tree.leaves(self.actor.params))
         self.plans = plan_passes(cfg, actor_mlp_width=self.actor.config.intermediate_size,

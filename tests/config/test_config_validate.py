@@ -135,7 +135,7 @@ def test_model_config_read_and_length_limit(tmp_path):
         (lambda c: setattr(c.critic, "loss_agg_mode", "seq-sum"), r"critic\.loss_agg_mode='seq-sum' is not valid"),
         (lambda c: setattr(c.actor_rollout_ref.actor.optim, "warmup_style", "wsd"),
          r"actor_rollout_ref\.actor\.optim\.warmup_style='wsd' is not valid; choose from constant, cosine, linear"),
-        (lambda c: setattr(c.trainer, "logger", ("console", "wandb")), r"trainer\.logger='wandb' is not valid"),
+        (lambda c: setattr(c.trainer, "logger", ("console", "swanlab")), r"trainer\.logger='swanlab' is not valid"),
         (lambda c: setattr(c.data, "train_files", ("/nonexistent/train.parquet",)),
          r"data\.train_files: file '/nonexistent/train\.parquet' does not exist"),
         (lambda c: setattr(c.data, "val_files", ("builtin:nosuchset",)), r"data\.val_files: unknown builtin data set"),

@@ -154,3 +154,24 @@ def test_loader_errors(dataset):
         PromptLoader(dataset, 100, pad_token_id=2, max_prompt_length=64, process_index=0, process_count=1)
     with pytest.raises(DataError, match="divisible by the number of processes"):
         PromptLoader(dataset, 5, pad_token_id=2, max_prompt_length=64, process_index=0, process_count=2)
+
+
+def test_max_samples_keeps_a_seeded_subset_or_the_first_rows(tok, tmp_path):
+    from rlhf_jax.data.loader import dataset_from_config
+
+    path = tmp_path / "rows.jsonl"
+    path.write_text("\n".join(json.dumps({"data_source": "arithmetic", "prompt": f"row {i}", "answer": str(i)})
+                              for i in range(20)))
+    base = dict(train_files=(str(path),), val_files=(str(path),), max_prompt_length=64, seed=3)
+
+    def indices(which, **kw):
+        ds = dataset_from_config(ml_collections.ConfigDict({**base, **kw}), tok, which)
+        return [int(e.ground_truth) for e in ds.examples]
+
+    assert indices("val", val_max_samples=5) == [0, 1, 2, 3, 4]
+    assert indices("val", val_max_samples=-1) == list(range(20))
+    subset = indices("train", train_max_samples=6, shuffle=True)
+    assert len(subset) == 6 and subset != list(range(6)) and subset == indices("train", train_max_samples=6)
+    assert subset != indices("train", train_max_samples=6, seed=4)  # drawn with data.seed
+    assert indices("train", train_max_samples=6, shuffle=False) == list(range(6))
+    assert indices("train", train_max_samples=0) == list(range(20))

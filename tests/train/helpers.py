@@ -74,8 +74,11 @@ def cli_args(out_dir: str, recipe: str = "grpo", **overrides) -> list[str]:
     return args
 
 
-def run_main(args: list[str], *, devices: int = 8, timeout: float = 600, **popen) -> subprocess.CompletedProcess:
-    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+def run_main(args: list[str], *, devices: int = 8, timeout: float = 600, env: dict | None = None,
+             **popen) -> subprocess.CompletedProcess:
+    """``python -m rlhf_jax.main args`` on ``devices`` CPU devices; ``env`` adds environment variables."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+               **(env or {}))
     return subprocess.run([sys.executable, "-m", "rlhf_jax.main", *args], env=env, cwd=REPO, capture_output=True,
                           text=True, timeout=timeout, stdin=subprocess.DEVNULL, **popen)
 

@@ -1,0 +1,91 @@
+"""verl's own configuration files load; verl's other key names are honoured; features we lack are refused by name."""
+
+import logging
+import os
+
+import pytest
+
+from rlhf_jax.config import load_config_from_argv, load_yaml
+
+VERL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "verl")
+GENERATED, LEGACY = os.path.join(VERL, "_generated_ppo_trainer.yaml"), os.path.join(VERL, "legacy_ppo_trainer.yaml")
+
+
+def _ignored_warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "are ignored:" in r.getMessage()]
+
+
+@pytest.mark.parametrize("path", [GENERATED, LEGACY])
+def test_verl_files_load_with_one_warning(path, caplog):
+    with caplog.at_level(logging.WARNING, logger="rlhf_jax.config"):
+        cfg = load_yaml(path)
+    warnings = _ignored_warnings(caplog)
+    assert len(warnings) == 1 and path in warnings[0]
+    assert "actor_rollout_ref.rollout.gpu_memory_utilization" in warnings[0]
+    assert cfg.trainer.logger == ("console", "wandb")
+    assert (cfg.trainer.save_freq, cfg.trainer.test_freq) == (-1, -1)
+    assert cfg.actor_rollout_ref.actor.optim.lr == pytest.approx(1e-6)
+    assert cfg.data.train_max_samples == -1 and cfg.actor_rollout_ref.actor.grad_clip == 1.0
+    assert cfg.actor_rollout_ref.actor.checkpoint.load_contents == cfg.actor_rollout_ref.actor.checkpoint.save_contents
+
+
+def test_generated_file_references_resolve():
+    cfg = load_yaml(GENERATED)
+    # ${oc.select:data.max_response_length,512} and ${.ppo_max_token_len_per_gpu} (relative).
+    assert cfg.actor_rollout_ref.rollout.response_length == cfg.data.max_response_length
+    assert cfg.critic.forward_max_token_len_per_gpu == cfg.critic.ppo_max_token_len_per_gpu
+    assert cfg.actor_rollout_ref.actor.optim.warmup_style == "constant"  # from optim.lr_scheduler_type
+
+
+def test_command_line_overrides_reach_the_files_references():
+    argv = ["prog", f"--config={GENERATED}", "--config.actor_rollout_ref.actor.ppo_mini_batch_size=2",
+            "--config.data.max_response_length=8"]
+    cfg = load_config_from_argv(argv)
+    assert cfg.critic.ppo_mini_batch_size == 2  # ${oc.select:actor_rollout_ref.actor.ppo_mini_batch_size,256}
+    assert cfg.actor_rollout_ref.rollout.response_length == 8
+
+
+def test_other_names_set_schema_keys():
+    cfg = load_yaml("actor_rollout_ref:\n  actor:\n    optim:\n      clip_grad: 0.5\n      lr_scheduler_type: cosine\n"
+                    "reward_manager:\n  name: prime\n")
+    assert cfg.actor_rollout_ref.actor.grad_clip == 0.5
+    assert cfg.actor_rollout_ref.actor.optim.warmup_style == "cosine"
+    assert cfg.reward_model.reward_manager == "prime"
+    with pytest.raises(ValueError, match=r"optim\.clip_grad=0\.5 and actor_rollout_ref\.actor\.grad_clip=1\.0"):
+        load_yaml("actor_rollout_ref:\n  actor:\n    grad_clip: 1.0\n    optim:\n      clip_grad: 0.5\n")
+
+
+def test_dapo_overlong_buffer_cfg_is_honoured():
+    dapo = """
+data: {max_response_length: 20}
+reward_model:
+  reward_manager: naive
+  reward_kwargs:
+    overlong_buffer_cfg: {enable: True, len: 4, penalty_factor: 0.5, log: False}
+    max_resp_len: ${data.max_response_length}
+"""
+    cfg = load_yaml(dapo)
+    ob = cfg.reward_model.overlong_buffer
+    assert (ob.enable, ob.len, ob.penalty_factor) == (True, 4, 0.5)
+    with pytest.raises(ValueError, match=r"max_resp_len=16 differs from data\.max_response_length=20"):
+        load_yaml(dapo.replace("${data.max_response_length}", "16"))
+    with pytest.raises(ValueError, match=r"unknown config key 'reward_model\.reward_kwargs\.format_bonus'"):
+        load_yaml("reward_model:\n  reward_kwargs:\n    format_bonus: 1.0\n")
+
+
+@pytest.mark.parametrize("text,key", [
+    ("data:\n  custom_cls:\n    path: my_dataset.py\n    name: MyDataset\n", r"data\.custom_cls"),
+    ("data:\n  sampler:\n    class_path: my_sampler.py\n    class_name: S\n", r"data\.sampler"),
+    ("data:\n  apply_chat_template_kwargs:\n    enable_thinking: False\n", r"data\.apply_chat_template_kwargs"),
+    ("reward_model:\n  sandbox_fusion:\n    url: http://localhost:8080/run\n", r"reward_model\.sandbox_fusion"),
+    ("algorithm:\n  rollout_correction:\n    rollout_is: token\n", r"algorithm\.rollout_correction"),
+    ("trainer:\n  del_local_ckpt_after_load: True\n", r"trainer\.del_local_ckpt_after_load"),
+    ("trainer:\n  remove_previous_ckpt_in_save: True\n", r"max_actor_ckpt_to_keep=1"),
+    ("actor_rollout_ref:\n  model:\n    external_lib: my_models\n", r"external_lib"),
+])
+def test_features_we_lack_are_refused_when_switched_on(text, key):
+    with pytest.raises(ValueError, match=key + r".*not supported|" + key):
+        load_yaml(text)
+    # The same sections switched off (verl's defaults) load.
+    load_yaml("data:\n  custom_cls: {path: null, name: null}\n  sampler: {class_path: null, class_name: null}\n"
+              "reward_model:\n  sandbox_fusion: {url: null, max_concurrent: 64}\n")
