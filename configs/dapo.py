@@ -1,10 +1,11 @@
-"""DAPO: GRPO advantages with clip-higher, token-mean aggregation, no KL, and the overlong penalty.
+"""DAPO: GRPO advantages with clip-higher, token-mean aggregation, no KL, the overlong penalty, dynamic sampling.
 
     python -m rlhf_jax.main --config=configs/dapo.py
 
 Built-in tiny model and synthetic arithmetic (see rlhf_jax/config/recipes.py), with 8-token
-responses so the overlong buffer (the last 4 tokens) has room to act. (Dynamic sampling, DAPO's
-group filtering, is not implemented.)
+responses so the overlong buffer (the last 4 tokens) has room to act. Dynamic sampling
+(``algorithm.filter_groups``) drops prompt groups whose responses all score the same and samples more
+prompts until the batch is full; the built-in scorers report no ``acc``, so the score must vary.
 """
 
 from ml_collections import ConfigDict
@@ -31,4 +32,9 @@ def get_config() -> ConfigDict:
     ob.enable = True
     ob.len = 4  # the last 4 of 8 response tokens ramp the penalty up to penalty_factor
     ob.penalty_factor = 1.0
+    cfg.reward_model.reward_manager = "dapo"
+    fg = cfg.algorithm.filter_groups
+    fg.enable = True
+    fg.metric = "score"
+    fg.max_num_gen_batches = 10
     return cfg

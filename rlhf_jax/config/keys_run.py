@@ -75,8 +75,8 @@ REWARD = (
     Key(_R + "micro_batch_size_per_gpu", 2, "Sequences per reward-model forward pass on each data-parallel shard."),
     Key(_R + "max_length", None, "Reward-model input length; None = prompt + response length.", type=int),
     Key(_R + "reward_manager", "naive",
-        "Rule-based scoring: naive (in-process, sequential) or prime (parallel worker processes).",
-        choices=("naive", "prime")),
+        "Rule-based scoring: naive (in-process threads), prime (worker processes), batch (one call per batch with "
+        "lists, verl's) or dapo (naive; the penalty is overlong_buffer).", choices=("naive", "prime", "batch", "dapo")),
     Key(_R + "num_workers", 2, "Worker processes of the prime reward manager."),
     Key(_R + "timeout_s", 10.0, "Seconds one scoring call may take before it scores 0 (or fails, see fail_on_error)."),
     Key(_R + "scorer_kwargs", None,
@@ -106,6 +106,13 @@ ALGORITHM = (
     Key(_G + "norm_adv_by_std_in_grpo", True, "GRPO: divide by the group std; False = Dr.GRPO (mean-centred only)."),
     Key(_G + "use_kl_in_reward", False, "Subtract kl_coef * KL(actor || ref) from token rewards; loads the reference."),
     Key(_G + "kl_penalty", "kl", "KL estimator of the in-reward penalty: kl|k1, abs, mse|k2, low_var_kl|k3 (full is not supported)."),
+    Key(_G + "filter_groups.enable", False, "DAPO dynamic sampling: drop prompt groups whose metric does not vary and "
+        "sample more prompt batches until data.train_batch_size groups remain."),
+    Key(_G + "filter_groups.metric", "acc", "What must vary within a group: acc (the reward function's 'acc'), score, "
+        "seq_reward (the score) or seq_final_reward (the score; no in-reward KL).",
+        choices=("acc", "score", "seq_reward", "seq_final_reward")),
+    Key(_G + "filter_groups.max_num_gen_batches", 0,
+        "Stop with an error after this many prompt batches in one step without a full batch; <= 0 = no limit."),
     Key(_G + "kl_ctrl.type", "fixed", "In-reward KL coefficient controller.", choices=("fixed", "adaptive")),
     Key(_G + "kl_ctrl.kl_coef", 0.001, "(Initial) in-reward KL coefficient beta."),
     Key(_G + "kl_ctrl.horizon", 10000, "Adaptive controller horizon."),

@@ -224,6 +224,17 @@ def _check_algorithm(cfg: ConfigDict) -> None:
     if ob.enable and not 0 < ob.len < cfg.actor_rollout_ref.rollout.response_length:
         raise ValueError(f"reward_model.overlong_buffer.len={ob.len} must be in (0, rollout.response_length="
                          f"{cfg.actor_rollout_ref.rollout.response_length})")
+    fg = alg.filter_groups
+    if fg.enable and alg.adv_estimator == "remax":
+        raise ValueError("algorithm.filter_groups with adv_estimator=remax is not supported: ReMax's greedy baseline "
+                         "is drawn for one prompt batch; turn one of them off")
+    if fg.enable and fg.metric == "seq_final_reward" and alg.use_kl_in_reward:
+        raise ValueError("algorithm.filter_groups.metric=seq_final_reward with use_kl_in_reward: the KL penalty is "
+                         "known only after the group filter; use score or acc")
+    if cfg.reward_model.reward_manager == "batch" and not cfg.custom_reward_function.path:
+        raise ValueError("reward_model.reward_manager=batch calls custom_reward_function once per batch: set "
+                         "custom_reward_function.path to a function taking lists (data_sources, solution_strs, "
+                         "ground_truths, extra_infos), or use naive")
     if cfg.reward_model.timeout_s <= 0:
         raise ValueError(f"reward_model.timeout_s={cfg.reward_model.timeout_s} must be > 0")
     if cfg.trainer.resume_mode == "resume_path" and not cfg.trainer.resume_from_path:
@@ -365,6 +376,9 @@ def finalize(
     mesh = resolve_mesh(out.mesh.data, out.mesh.fsdp, out.mesh.tensor, num_devices)
     if check_paths:
         _check_paths(out)
+    if out.algorithm.filter_groups.enable and num_processes > 1:
+        raise ValueError("algorithm.filter_groups runs in one process (it regroups the batch on the host); "
+                         f"this run has {num_processes}")
     derived = derive_batches(out, mesh=mesh, num_devices=num_devices, num_processes=num_processes,
                              train_dataset_size=train_dataset_size)
     _check_model_limits(out, derived)

@@ -179,7 +179,6 @@ IGNORED: tuple[Ignored, ...] = (
     Ignored("reward_model.reward_kwargs.overlong_buffer_cfg.log", "overlong-penalty metrics are always logged"),
     Ignored("algorithm.use_pf_ppo", "prioritized-replay PPO is not implemented", _off),
     Ignored("algorithm.pf_ppo", "prioritized-replay PPO is not implemented"),
-    Ignored("algorithm.filter_groups", "DAPO dynamic sampling (group filtering) is not implemented", _off),
     Ignored("trainer.nnodes", "devices come from JAX (jax.devices()) and the mesh section"),
     Ignored("trainer.n_gpus_per_node", "devices come from JAX (jax.devices()) and the mesh section"),
     Ignored("trainer.device", "JAX picks the platform (JAX_PLATFORMS)"),

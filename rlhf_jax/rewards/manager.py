@@ -2,7 +2,11 @@
 
 ``naive`` runs the function in this process (each call in a thread with a
 timeout, ``num_workers`` at a time); ``prime`` runs it in a pool of worker
-processes, replacing any worker that hangs past the timeout. A call that
+processes, replacing any worker that hangs past the timeout; ``batch`` calls it
+once per batch as verl's batch manager does, with keyword lists
+(``data_sources=, solution_strs=, ground_truths=, extra_infos=``) and one result
+per response back; ``dapo`` is ``naive`` (verl's DAPO manager adds the overlong
+penalty, which ``reward_model.overlong_buffer`` applies with any manager). A call that
 raises, returns something unusable, or times out scores 0.0 and is counted
 (``reward/num_errors``, ``reward/num_timeouts``, and running totals); with
 ``fail_on_error`` it stops the run instead, naming the row.
@@ -17,12 +21,12 @@ from typing import Any
 
 import numpy as np
 
-from rlhf_jax.rewards.custom import ScoreSpec, check_reward_file, spec_from_config
+from rlhf_jax.rewards.custom import ScoreSpec, check_reward_file, normalize_result, spec_from_config
 from rlhf_jax.rewards.pool import Outcome, ProcessPool, run_in_threads
 
 log = logging.getLogger(__name__)
 
-REWARD_MANAGERS = ("naive", "prime")
+REWARD_MANAGERS = ("naive", "prime", "batch", "dapo")
 
 
 class RewardFunctionError(RuntimeError):
@@ -79,7 +83,7 @@ class RewardManager:
         self.total_timeouts = 0
         if self.spec.path:  # a broken file stops here, before any model is built
             check_reward_file(self.spec.path, self.spec.name)
-        self._fn = self.spec.load() if reward_manager == "naive" else None
+        self._fn = self.spec.load() if reward_manager != "prime" else None
         self._pool = ProcessPool(self.spec, self.num_workers) if reward_manager == "prime" else None
 
     def score(
@@ -99,10 +103,36 @@ class RewardManager:
         calls = [(data_sources[i], solutions[i], ground_truths[i], extra_infos[i] or {}) for i in range(n)]
         if self._pool is not None:
             outcomes = self._pool.map(calls, self.timeout_s)
+        elif self.kind == "batch":
+            outcomes = self._score_batch(calls)
         else:
             assert self._fn is not None
             outcomes = run_in_threads(self._fn, calls, self.timeout_s, self.num_workers)
         return self._collect(outcomes, data_sources, response_lengths)
+
+    def _score_batch(self, calls: list[tuple]) -> list[Outcome]:
+        """One call for the whole batch (in a thread with the timeout); its failure is every row's."""
+        def whole(*_: Any) -> float:
+            columns = list(zip(*calls)) if calls else [[], [], [], []]
+            results = self._fn(data_sources=list(columns[0]), solution_strs=list(columns[1]),
+                               ground_truths=list(columns[2]), extra_infos=list(columns[3]))
+            if len(results) != len(calls):
+                raise ValueError(f"batch reward function returned {len(results)} results for {len(calls)} responses")
+            box.extend(results)
+            return 0.0
+
+        box: list = []
+        (outcome,) = run_in_threads(whole, [()], self.timeout_s, 1)
+        if outcome.status != "ok":
+            return [outcome] * len(calls)
+        outcomes = []
+        for result in box:
+            try:
+                score, extras = normalize_result(result)
+                outcomes.append(Outcome("ok", score, extras))
+            except (ValueError, TypeError) as e:
+                outcomes.append(Outcome("error", message=str(e)))
+        return outcomes
 
     def _collect(self, outcomes: list[Outcome], data_sources: Sequence[str], response_lengths: Any) -> RewardResult:
         n = len(outcomes)

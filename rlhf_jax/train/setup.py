@@ -61,17 +61,25 @@ def prepare(cfg: ConfigDict) -> Components:
     cfg = finalize(cfg, num_devices=jax.device_count(), num_processes=jax.process_count(),
                    train_dataset_size=len(train_dataset))
     _note_fallback_scorer(cfg, train_dataset, val_dataset)
-    d = cfg.derived
-    mesh = make_mesh(*d.mesh_shape)
+    mesh, rules = mesh_and_rules(cfg)
+    sampling = sampling_params(cfg, model_path, tokenizer)
+    val_sampling = sampling_params(cfg, model_path, tokenizer, validation=True)
+    return Components(cfg, model_path, tokenizer, train_dataset, val_dataset, mesh, rules, sampling, val_sampling)
+
+
+def mesh_and_rules(cfg: ConfigDict) -> tuple[Any, tuple]:
+    """The device mesh of a finalized config and its logical-axis rules as tuples."""
+    mesh = make_mesh(*cfg.derived.mesh_shape)
     rules = tuple((name, tuple(axes) if isinstance(axes, (list, tuple)) else axes)
                   for name, axes in cfg.mesh.logical_axis_rules)
-    eos = eos_token_ids_from_dir(model_path, tokenizer)
-    rollout = cfg.actor_rollout_ref.rollout
-    common = dict(response_length=cfg.data.max_response_length, eos_token_ids=eos,
+    return mesh, rules
+
+
+def sampling_params(cfg: ConfigDict, model_path: str, tokenizer, *, validation: bool = False) -> SamplingParams:
+    """Training (rollout.*) or validation (rollout.val_kwargs.*) sampling settings of a finalized config."""
+    common = dict(response_length=cfg.data.max_response_length, eos_token_ids=eos_token_ids_from_dir(model_path, tokenizer),
                   pad_token_id=tokenizer.pad_token_id, seed=cfg.trainer.seed)
-    sampling = SamplingParams.from_config(rollout, **common)
-    val_sampling = SamplingParams.from_config(rollout, validation=True, **common)
-    return Components(cfg, model_path, tokenizer, train_dataset, val_dataset, mesh, rules, sampling, val_sampling)
+    return SamplingParams.from_config(cfg.actor_rollout_ref.rollout, validation=validation, **common)
 
 
 def _note_fallback_scorer(cfg: ConfigDict, *datasets) -> None:

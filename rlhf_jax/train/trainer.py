@@ -35,14 +35,15 @@ from rlhf_jax.data import PromptBatch, loader_from_config
 from rlhf_jax.models import TASK_TOKEN_VALUE, save_pretrained
 from rlhf_jax.rewards import RewardManager, place_on_last_token
 from rlhf_jax.rewards.reward_model import decode_responses
-from rlhf_jax.parallel import replicated
 from rlhf_jax.rollout import Sampler
+from rlhf_jax.rollout.decode import RolloutBatch
 from rlhf_jax.batch import pack_batch, trim_columns
-from rlhf_jax.rollout.buckets import bucket_batch
 from rlhf_jax.train import metrics as M
 from rlhf_jax.train.batching import gather_all, mini_batches, sum_over_processes, to_global, to_local
 from rlhf_jax.train.checkpoint import CheckpointError, Checkpointer, quiet_failed_reads, resolve_resume
+from rlhf_jax.train.dynamic_sampling import ROLLOUT_KEYS, Collected, varied_groups
 from rlhf_jax.train.engine import Role
+from rlhf_jax.train.generation import generate_batch, key_function
 from rlhf_jax.train.loggers import MetricLogger
 from rlhf_jax.train.optim import make_optimizer
 from rlhf_jax.train import run_lock
@@ -107,7 +108,7 @@ class Trainer:
             self.critic = Role(load_policy(cfg, c.model_path, self.mesh, c.rules, role="critic", task=TASK_TOKEN_VALUE,
                                            path=critic_path),
                                self.mesh, ctx, clr)
-        self._key_fn = jax.jit(lambda s, t: jax.random.fold_in(jax.random.key(s), t), out_shardings=replicated(self.mesh))
+        self._key_fn = key_function(self.mesh)
         self.sampler = Sampler(self.actor.graphdef, mesh=self.mesh, rules=c.rules,
                                max_positions=self.actor.config.max_position_embeddings)
         self.reward_manager = RewardManager.from_config(cfg.reward_model, cfg.custom_reward_function,
@@ -220,23 +221,15 @@ class Trainer:
 
     # ------------------------------------------------------------------ rollout + scoring
     def _rollout_key(self, seed: int, step: int) -> jax.Array:
-        """The sampler key of (seed, step), made by one jitted function so that it is a single global
-        (replicated) array, also across processes; seed and step are traced, so it compiles once."""
-        return self._key_fn(np.uint32(seed), np.uint32(step))  # equals rollout_key(seed, step)
+        """The sampler key of (seed, step) (see train/generation.py)."""
+        return self._key_fn(seed, step)
 
     def _generate(self, pb: PromptBatch, sampling, key):
-        """Sample from a (process-local) prompt batch; pads the batch to the data-parallel size."""
-        ids, mask = pb.input_ids, pb.attention_mask
-        B = ids.shape[0]
-        dp = self.cfg.derived.dp_size // jax.process_count()
-        padded = bucket_batch(B, multiple=max(dp, 1))
-        if padded != B:  # validation tails: repeat the first row, drop its samples afterwards
-            ids = np.concatenate([ids, np.repeat(ids[:1], padded - B, 0)])
-            mask = np.concatenate([mask, np.repeat(mask[:1], padded - B, 0)])
-        out = self.sampler.generate(self.actor.params, to_global(self.mesh, ids), to_global(self.mesh, mask), sampling, key)
-        return out, B * sampling.n
+        """Sample from a (process-local) prompt batch (see train/generation.py)."""
+        return generate_batch(self.sampler, self.actor.params, self.mesh, self.cfg.derived.dp_size, pb, sampling, key)
 
-    def _score(self, pb: PromptBatch, responses: np.ndarray, rmask: np.ndarray, n: int) -> tuple[np.ndarray, dict, list[str]]:
+    def _score(self, pb: PromptBatch, responses: np.ndarray, rmask: np.ndarray,
+               n: int) -> tuple[np.ndarray, dict, list[str], dict[str, np.ndarray]]:
         texts = decode_responses(self.tok, responses, rmask)
         rep = lambda xs: [x for x in xs for _ in range(n)]  # noqa: E731  prompt-major, as the sampler orders rows
         result = self.reward_manager.score(rep(pb.data_source), texts, rep(pb.ground_truth), rep(pb.extra_info),
@@ -244,13 +237,53 @@ class Trainer:
         scores = result.scores.astype(np.float32)
         if self.reward_model is not None:
             scores = scores + self.reward_model.score_texts(rep(pb.raw_prompt), texts)
-        return scores, result.metrics(), texts
+        return scores, result.metrics(), texts, result.extras
+
+    def _rollout(self, pb: PromptBatch, timer, out_metrics: dict, key, extras: dict | None = None):
+        """Sample the prompts and score the responses: (the sampler's batch, process-local scores (N,))."""
+        with timer("gen"):
+            out, _ = self._generate(pb, self.c.sampling, key)
+        self._abandon_if_stopping()
+        with timer("reward"):
+            scores, reward_metrics, _, found = self._score(pb, to_local(out.responses), to_local(out.response_mask),
+                                                           self.c.sampling.n)
+        out_metrics.update(reward_metrics)
+        if extras is not None:
+            extras.update(found)
+        return out, scores
+
+    def _dynamic_rollout(self, pb: PromptBatch, timer, out_metrics: dict):
+        """DAPO's dynamic sampling (train/dynamic_sampling.py): batches until train_batch_size groups vary."""
+        fg, n = self.cfg.algorithm.filter_groups, self.c.sampling.n
+        collected = Collected(n, int(self.c.sampling.pad_token_id))
+        base_key, rounds = self._rollout_key(self.c.sampling.seed, self.step), 0
+        while True:
+            extras: dict = {}
+            key = base_key if rounds == 0 else jax.random.fold_in(base_key, rounds)
+            out, scores = self._rollout(pb, timer, out_metrics, key, extras)
+            rounds += 1
+            if fg.metric == "acc" and "acc" not in extras:
+                raise ValueError("algorithm.filter_groups.metric=acc: the reward function returns no 'acc' (return "
+                                 "{'score': ..., 'acc': ...}) ; or set the metric to score")
+            values = extras["acc"] if fg.metric == "acc" else scores
+            collected.add({k: np.asarray(getattr(out, k)) for k in ROLLOUT_KEYS}, scores, varied_groups(values, n))
+            if collected.num_groups >= len(pb):
+                break
+            if 0 < fg.max_num_gen_batches <= rounds:
+                raise ValueError(f"algorithm.filter_groups: {rounds} generation batches gave {collected.num_groups} of "
+                                 f"{len(pb)} prompt groups with varied {fg.metric}: the data may be too easy or too "
+                                 "hard; raise max_num_gen_batches (0 = no limit)")
+            pb = next(self.loader)
+        out_metrics["train/num_gen_batches"] = float(rounds)
+        rows = collected.batch(len(pb))
+        out = RolloutBatch(**{k: to_global(self.mesh, rows[k]) for k in ROLLOUT_KEYS})
+        return out, pb, rows["scores"]
 
     def _greedy_baselines(self, pb: PromptBatch, n: int) -> jax.Array:
         """ReMax's baseline: the score of one greedy response per prompt, repeated for the prompt's n samples."""
         greedy = dataclasses.replace(self.c.sampling, n=1, do_sample=False)
         out, keep = self._generate(pb, greedy, self._rollout_key(greedy.seed, self.step))
-        scores, _, _ = self._score(pb, to_local(out.responses)[:keep], to_local(out.response_mask)[:keep], 1)
+        scores, _, _, _ = self._score(pb, to_local(out.responses)[:keep], to_local(out.response_mask)[:keep], 1)
         return to_global(self.mesh, np.repeat(scores, n).astype(np.float32))
 
     # ------------------------------------------------------------------ one step
@@ -260,14 +293,12 @@ class Trainer:
         timer = M.Timer()
         out_metrics: dict[str, Any] = {}
         with timer("step"):
-            with timer("gen"):
-                out, _ = self._generate(pb, self.c.sampling, self._rollout_key(self.c.sampling.seed, self.step))
-                responses, rmask = to_local(out.responses), to_local(out.response_mask)
-                host = {k: gather_all(getattr(out, k)) for k in ("prompts", "prompt_mask", "responses", "response_mask")}
-            self._abandon_if_stopping()
+            if cfg.algorithm.filter_groups.enable:
+                out, pb, scores = self._dynamic_rollout(pb, timer, out_metrics)
+            else:
+                out, scores = self._rollout(pb, timer, out_metrics, self._rollout_key(self.c.sampling.seed, self.step))
+            host = {k: gather_all(getattr(out, k)) for k in ("prompts", "prompt_mask", "responses", "response_mask")}
             with timer("reward"):
-                scores, reward_metrics, _ = self._score(pb, responses, rmask, n)
-                out_metrics.update(reward_metrics)
                 token_scores = jax.block_until_ready(place_on_last_token(to_global(self.mesh, scores), out.response_mask))
             baselines = None
             if cfg.algorithm.adv_estimator == "remax":
@@ -476,7 +507,7 @@ class Trainer:
                 return {}
             out, keep = self._generate(pb, sampling, self._rollout_key(sampling.seed, 0))
             responses, rmask = to_local(out.responses)[:keep], to_local(out.response_mask)[:keep]
-            scores, _, texts = self._score(pb, responses, rmask, sampling.n)
+            scores, _, texts, _ = self._score(pb, responses, rmask, sampling.n)
             for i, s in enumerate(scores):
                 src = pb.data_source[i // sampling.n]
                 by_source.setdefault(src, []).append(float(s))

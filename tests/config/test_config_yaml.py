@@ -170,11 +170,11 @@ def test_unknown_key_names_key_and_suggests():
 def test_unsupported_feature_switched_on_is_an_error(caplog):
     # Off: accepted with a warning.
     with caplog.at_level(logging.WARNING, logger="rlhf_jax.config"):
-        load_yaml("algorithm:\n  filter_groups:\n    enable: False\n    metric: acc\n")
-    assert _warned_keys(caplog) == ["algorithm.filter_groups"]
+        load_yaml("algorithm:\n  use_pf_ppo: False\n")
+    assert _warned_keys(caplog) == ["algorithm.use_pf_ppo"]
     # On: refused, naming the key.
-    with pytest.raises(ValueError, match=r"algorithm\.filter_groups=.*not supported.*dynamic sampling"):
-        load_yaml("algorithm:\n  filter_groups:\n    enable: True\n")
+    with pytest.raises(ValueError, match=r"algorithm\.use_pf_ppo=True is not supported.*prioritized-replay"):
+        load_yaml("algorithm:\n  use_pf_ppo: True\n")
     with pytest.raises(ValueError, match=r"ulysses_sequence_parallel_size=4 is not supported"):
         load_yaml("actor_rollout_ref:\n  actor:\n    ulysses_sequence_parallel_size: 4\n")
 

@@ -135,4 +135,37 @@ def test_load_errors(tmp_path, reward_file):
     with pytest.raises(RewardLoadError, match=r"could not load the scoring function: .*failing\.py line 3: KeyError"):
         RewardManager(ScoreSpec(path=str(failing)), reward_manager="prime", num_workers=1).score(["a"], ["b"], ["c"])
     with pytest.raises(ValueError, match="reward_manager must be one of"):
-        RewardManager(reward_manager="dapo")
+        RewardManager(reward_manager="limited")
+
+
+BATCH_FN = """
+def compute_score(data_sources, solution_strs, ground_truths, extra_infos, **kwargs):
+    CALLS.append(len(solution_strs))
+    return [{"score": float(s == g), "length": float(len(s))} for s, g in zip(solution_strs, ground_truths)]
+
+CALLS = []
+
+def calls():
+    return CALLS
+"""
+
+
+def test_batch_manager_calls_once_with_lists_and_dapo_is_naive(tmp_path):
+    path = tmp_path / "batch_reward.py"
+    path.write_text(BATCH_FN)
+    with RewardManager(ScoreSpec(path=str(path)), reward_manager="batch", timeout_s=5.0) as mgr:
+        result = mgr.score(["a", "a", "b"], ["1", "2", "3"], ["1", "1", "3"])
+        np.testing.assert_array_equal(result.scores, [1.0, 0.0, 1.0])
+        np.testing.assert_array_equal(result.extras["length"], [1.0, 1.0, 1.0])
+        assert mgr._fn.__globals__["CALLS"] == [3]  # one call for the whole batch
+    # A batch function that fails scores every row 0 and counts each.
+    short = tmp_path / "short_batch_reward.py"
+    short.write_text("def compute_score(data_sources, solution_strs, ground_truths, extra_infos):\n    return [1.0]\n")
+    with RewardManager(ScoreSpec(path=str(short)), reward_manager="batch", timeout_s=5.0) as mgr:
+        result = mgr.score(["a", "a"], ["1", "2"], ["1", "1"])
+        assert result.num_errors == 2 and not result.scores.any()
+    # dapo: the per-response function with the overlong penalty, as verl's DAPO manager.
+    with RewardManager(ScoreSpec(), reward_manager="dapo", overlong_buffer_len=2, overlong_penalty_factor=1.0,
+                       max_response_length=4) as mgr:
+        result = mgr.score(["arithmetic"] * 2, ["3", "3"], ["3", "3"], response_lengths=[1, 4])
+        np.testing.assert_allclose(result.scores, [1.0, 0.0])

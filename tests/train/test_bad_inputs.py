@@ -234,6 +234,7 @@ def test_unreadable_latest_checkpoint_falls_back_to_the_previous_one(tmp_path, t
     shutil.copytree(two_checkpoints, out)
     ckpt = os.path.join(out, "checkpoints")
     CHECKPOINT_DAMAGE[case](os.path.join(ckpt, "2"))
+    first_step_2 = read_metrics(out)[1]
     proc = run_main(cli_args(out, **{"trainer.total_training_steps": 3, "trainer.save_freq": 1, **ONE_DEVICE}),
                     devices=1, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -242,10 +243,10 @@ def test_unreadable_latest_checkpoint_falls_back_to_the_previous_one(tmp_path, t
     assert len(warning) == 1 and f"{ckpt}/2 cannot be read" in warning[0] and "resuming from step 1" in warning[0]
     assert os.path.isdir(os.path.join(ckpt, "2.unreadable"))  # set aside, not deleted
     rows = read_metrics(out)
-    assert [r["step"] for r in rows] == [1, 2, 2, 3]  # step 2 ran again from checkpoint 1 ...
+    assert [r["step"] for r in rows] == [1, 2, 3]  # step 2 ran again from checkpoint 1, logged once ...
     from tests.train.test_resume import _assert_same_rows
 
-    _assert_same_rows(rows[1], rows[2])  # ... exactly as the first time
+    _assert_same_rows(first_step_2, rows[1])  # ... exactly as the first time
     c = Checkpointer(ckpt, async_save=False)
     assert c.all_steps() == [1, 2, 3]
     c.close()
@@ -260,8 +261,9 @@ def test_second_run_on_the_same_directory_refuses(tmp_path, finished_run):
     from tests.train.helpers import REPO
 
     out = str(tmp_path / "run")
-    # Far more steps than the test lasts: the first run must still be training when it is signalled.
-    args = cli_args(out, **{"trainer.total_training_steps": 100_000, "trainer.save_freq": -1, **ONE_DEVICE})
+    # Far more steps than the test lasts: the first run must still be training when it is signalled; it saves only
+    # at the end, so its one checkpoint is the stop's (save_freq <= 0 would save nothing, as in verl).
+    args = cli_args(out, **{"trainer.total_training_steps": 100_000, "trainer.save_freq": 100_000, **ONE_DEVICE})
     env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1")
     first = subprocess.Popen([sys.executable, "-m", "rlhf_jax.main", *args], env=env, cwd=REPO, text=True,
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)

@@ -69,3 +69,54 @@ def test_full_kl_is_rejected_before_anything_is_built(tmp_path):
     # Unused, it changes nothing and is accepted (verl's files carry a kl_loss_type whether or not the loss is on).
     prepare(make_config(str(tmp_path), **{"actor_rollout_ref.actor.use_kl_loss": False,
                                           "actor_rollout_ref.actor.kl_loss_type": "full"}))
+
+
+# Prompts whose first character is an even digit always score 1, the others score 0 or 1 by response length:
+# groups of the first kind have no variance and must be dropped.
+HALF_FLAT_REWARD = """
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    if int(extra_info["index"]) % 2 == 0:
+        return {"score": 1.0, "acc": 1.0}
+    return {"score": float(len(solution_str) % 2), "acc": float(len(solution_str) % 2)}
+"""
+
+
+def test_dapo_filter_groups_fills_the_batch_with_varied_groups(tmp_path):
+    import numpy as np
+
+    from rlhf_jax.train.dynamic_sampling import Collected, varied_groups
+
+    reward = tmp_path / "reward.py"
+    reward.write_text(HALF_FLAT_REWARD)
+    out = str(tmp_path / "run")
+    trainer = Trainer(make_config(out, recipe="dapo", **{
+        "custom_reward_function.path": str(reward), "algorithm.filter_groups.metric": "acc",
+        "trainer.total_training_steps": 2, "actor_rollout_ref.rollout.n": 4, "data.max_response_length": 8,
+        "reward_model.overlong_buffer.enable": False}))
+    seen = []
+    original = trainer._rollout
+
+    def recording(pb, *args, **kwargs):  # the real rollout; records which prompts each batch held
+        seen.append(list(pb.extra_info))
+        return original(pb, *args, **kwargs)
+
+    trainer._rollout = recording
+    trainer.fit()
+    rows = read_metrics(out)
+    assert [r["step"] for r in rows] == [1, 2]
+    for r in rows:
+        assert r["train/num_gen_batches"] >= 2  # half the groups are flat: one batch of 4 prompts is never enough
+        assert 0 < r["critic/score/mean"] < 1  # only varied groups trained: never all-1 groups
+    assert len(seen) == sum(r["train/num_gen_batches"] for r in rows)
+    # The pieces: a flat group is dropped; kept groups are cut to the batch, prompts padded to one width.
+    assert list(varied_groups(np.array([1, 1, 0, 1, 2, 2]), 2)) == [1]
+    c = Collected(n=2, pad_token_id=0)
+    rollout = {"prompts": np.ones((4, 3), np.int32), "prompt_mask": np.ones((4, 3), np.int32),
+               "responses": np.full((4, 2), 7), "response_mask": np.ones((4, 2)), "logprobs": np.zeros((4, 2)),
+               "finished": np.ones(4, bool)}
+    c.add(rollout, np.arange(4.0), np.array([1]))
+    c.add({**rollout, "prompts": np.ones((4, 5), np.int32), "prompt_mask": np.ones((4, 5), np.int32)},
+          np.arange(4.0) + 10, np.array([0, 1]))
+    batch = c.batch(2)
+    assert batch["prompts"].shape == (4, 5) and list(batch["scores"]) == [2, 3, 10, 11]
+    assert batch["prompt_mask"][:2, :2].sum() == 0  # left padding of the shorter prompts

@@ -1,0 +1,60 @@
+"""DAPO's dynamic sampling (``algorithm.filter_groups``): keep only prompt groups whose metric varies.
+
+A group whose n responses all score the same has zero advantage under group-relative estimators and
+teaches nothing; DAPO drops such groups and samples further prompt batches until ``train_batch_size``
+groups remain (at most ``max_num_gen_batches`` batches when > 0), then trains on the first of them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+ROLLOUT_KEYS = ("prompts", "prompt_mask", "responses", "response_mask", "logprobs", "finished")  # RolloutBatch's
+
+
+def varied_groups(values: np.ndarray, n: int) -> np.ndarray:
+    """Indices of the prompt groups (``n`` consecutive rows each) whose values are not all equal.
+
+    A group of one response is always kept (verl's rule: its variance says nothing).
+    """
+    groups = np.asarray(values, np.float64).reshape(-1, n)
+    if n == 1:
+        return np.arange(groups.shape[0])
+    return np.nonzero(groups.std(axis=1) > 0)[0]
+
+
+@dataclasses.dataclass
+class Collected:
+    """The kept groups of the batches sampled so far (global numpy rows, prompt-major)."""
+
+    n: int
+    pad_token_id: int
+    parts: list[dict[str, np.ndarray]] = dataclasses.field(default_factory=list)
+
+    @property
+    def num_groups(self) -> int:
+        return sum(p["scores"].shape[0] for p in self.parts) // self.n
+
+    def add(self, rollout: dict[str, np.ndarray], scores: np.ndarray, keep: np.ndarray) -> None:
+        rows = (keep[:, None] * self.n + np.arange(self.n)[None, :]).reshape(-1)
+        self.parts.append({**{k: rollout[k][rows] for k in ROLLOUT_KEYS}, "scores": scores[rows]})
+
+    def batch(self, num_groups: int) -> dict[str, np.ndarray]:
+        """The first ``num_groups`` groups; prompts left-padded and responses right-padded to common widths."""
+        P = max(p["prompts"].shape[1] for p in self.parts)
+        R = max(p["responses"].shape[1] for p in self.parts)
+        fills = {"prompts": self.pad_token_id, "responses": self.pad_token_id}
+        out = {}
+        for key in (*ROLLOUT_KEYS, "scores"):
+            arrays = []
+            for p in self.parts:
+                x = p[key]
+                if key in ("prompts", "prompt_mask") and x.shape[1] < P:
+                    x = np.pad(x, ((0, 0), (P - x.shape[1], 0)), constant_values=fills.get(key, 0))
+                elif key in ("responses", "response_mask", "logprobs") and x.shape[1] < R:
+                    x = np.pad(x, ((0, 0), (0, R - x.shape[1])), constant_values=fills.get(key, 0))
+                arrays.append(x)
+            out[key] = np.concatenate(arrays)[:num_groups * self.n]
+        return out
