@@ -130,6 +130,10 @@ TRAINER = (
         "optional packages.", choices=("console", "tensorboard", "jsonl", "wandb", "mlflow")),
     Key(_T + "log_dir", "${trainer.default_local_dir}",
         "Directory of metrics.jsonl, tensorboard events and val_generations.jsonl; default: the run's directory."),
+    Key(_T + "rollout_data_dir", None, "Write every step's training rollouts to <dir>/<step>.jsonl (input, output, gts, "
+        "score, step: verl's dump); None = no dump.", type=str),
+    Key(_T + "validation_data_dir", None, "Write every validation's generations to <dir>/<step>.jsonl (verl's dump); "
+        "None = no dump.", type=str),
     Key(_T + "log_val_generations", 0, "Validation samples (prompt, response, score) logged per validation."),
     Key(_T + "default_local_dir", "checkpoints/${trainer.project_name}/${trainer.experiment_name}",
         "Checkpoint directory (${...} refers to other keys)."),

@@ -193,8 +193,6 @@ IGNORED: tuple[Ignored, ...] = (
     Ignored("trainer.npu_profile", "use the JAX profiler"),
     Ignored("trainer.use_legacy_worker_impl", "no Ray workers"),
     Ignored("trainer.esi_redundant_time", "no elastic-instance preemption handling; checkpoints resume instead"),
-    Ignored("trainer.rollout_data_dir", "dumping rollouts is not implemented (see trainer.log_val_generations)", _off),
-    Ignored("trainer.validation_data_dir", "dumping validation generations is not implemented", _off),
     Ignored("trainer.controller_nsight_options", "use the JAX profiler"),
     Ignored("trainer.worker_nsight_options", "use the JAX profiler"),
     # verl's current (engine-based) config.

@@ -138,6 +138,21 @@ class MetricLogger:
         self._trackers = []
 
 
+def dump_generations(directory: str, step: int, inputs: list[str], outputs: list[str], gts: list, scores) -> str:
+    """verl's rollout / validation dump: ``<directory>/<step>.jsonl``, one line per response (process p of
+    several writes ``<step>.p<p>.jsonl``: each holds its own prompts)."""
+    import jax
+
+    os.makedirs(directory, exist_ok=True)
+    name = f"{step}.jsonl" if jax.process_count() == 1 else f"{step}.p{jax.process_index()}.jsonl"
+    path = os.path.join(directory, name)
+    with open(path, "w") as f:
+        for i, o, g, s in zip(inputs, outputs, gts, scores):
+            f.write(json.dumps({"input": i, "output": o, "gts": g if isinstance(g, (str, int, float)) else str(g),
+                                "score": float(s), "step": step}, ensure_ascii=False) + "\n")
+    return path
+
+
 def _move_aside(path: str) -> str | None:
     """Rename ``path`` (a file or directory left by an earlier run) to ``path.N``, the first free N."""
     if not os.path.exists(path):

@@ -44,7 +44,7 @@ from rlhf_jax.train.checkpoint import CheckpointError, Checkpointer, quiet_faile
 from rlhf_jax.train.dynamic_sampling import ROLLOUT_KEYS, Collected, varied_groups
 from rlhf_jax.train.engine import Role
 from rlhf_jax.train.generation import generate_batch, key_function
-from rlhf_jax.train.loggers import MetricLogger
+from rlhf_jax.train.loggers import MetricLogger, dump_generations
 from rlhf_jax.train.optim import make_optimizer
 from rlhf_jax.train import run_lock
 from rlhf_jax.train.preemption import STOP, StepAbandoned, StopRequest
@@ -245,9 +245,14 @@ class Trainer:
             out, _ = self._generate(pb, self.c.sampling, key)
         self._abandon_if_stopping()
         with timer("reward"):
-            scores, reward_metrics, _, found = self._score(pb, to_local(out.responses), to_local(out.response_mask),
-                                                           self.c.sampling.n)
+            scores, reward_metrics, texts, found = self._score(pb, to_local(out.responses), to_local(out.response_mask),
+                                                               self.c.sampling.n)
         out_metrics.update(reward_metrics)
+        if self.cfg.trainer.rollout_data_dir:
+            n = self.c.sampling.n
+            dump_generations(os.path.expanduser(self.cfg.trainer.rollout_data_dir), self.step + 1,
+                             [t for t in pb.prompt_text for _ in range(n)], texts,
+                             [g for g in pb.ground_truth for _ in range(n)], scores)
         if extras is not None:
             extras.update(found)
         return out, scores
@@ -502,18 +507,25 @@ class Trainer:
         loader = loader_from_config(self.cfg.data, self.tok, "val", dataset=self.c.val_dataset)
         by_source: dict[str, list[float]] = {}
         examples = []
+        dump: dict[str, list] = {"inputs": [], "outputs": [], "gts": [], "scores": []}
         for pb in loader:
             if self.stop.agreed():  # a stop request abandons validation: partial scores would mislead
                 return {}
             out, keep = self._generate(pb, sampling, self._rollout_key(sampling.seed, 0))
             responses, rmask = to_local(out.responses)[:keep], to_local(out.response_mask)[:keep]
             scores, _, texts, _ = self._score(pb, responses, rmask, sampling.n)
+            dump["inputs"] += [t for t in pb.prompt_text for _ in range(sampling.n)]
+            dump["gts"] += [g for g in pb.ground_truth for _ in range(sampling.n)]
+            dump["outputs"] += texts
+            dump["scores"] += [float(x) for x in scores]
             for i, s in enumerate(scores):
                 src = pb.data_source[i // sampling.n]
                 by_source.setdefault(src, []).append(float(s))
                 if len(examples) < self.cfg.trainer.log_val_generations:
                     examples.append({"prompt": pb.prompt_text[i // sampling.n], "response": texts[i], "score": float(s),
                                      "ground_truth": str(pb.ground_truth[i // sampling.n])})
+        if self.cfg.trainer.validation_data_dir:
+            dump_generations(os.path.expanduser(self.cfg.trainer.validation_data_dir), self.step, **dump)
         # Each process scored its own prompts: combine per-source sums and counts over processes.
         sources = sorted({e.data_source for e in self.c.val_dataset.examples})
         totals = np.zeros((len(sources), 3))

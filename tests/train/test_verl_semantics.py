@@ -2,6 +2,8 @@
 
 import os
 
+import pytest
+
 from rlhf_jax.train.trainer import Trainer
 from tests.train.helpers import make_config, read_metrics
 
@@ -120,3 +122,28 @@ def test_dapo_filter_groups_fills_the_batch_with_varied_groups(tmp_path):
     batch = c.batch(2)
     assert batch["prompts"].shape == (4, 5) and list(batch["scores"]) == [2, 3, 10, 11]
     assert batch["prompt_mask"][:2, :2].sum() == 0  # left padding of the shorter prompts
+
+
+def test_rollout_and_validation_dumps(tmp_path):
+    import json
+
+    import numpy as np
+
+    out, rollouts, vals = str(tmp_path / "run"), str(tmp_path / "rollouts"), str(tmp_path / "val")
+    Trainer(make_config(out, **{"trainer.rollout_data_dir": rollouts, "trainer.validation_data_dir": vals,
+                                "trainer.test_freq": 2})).fit()
+    rows = read_metrics(out)
+
+    def read(path):
+        with open(path) as f:
+            return [json.loads(line) for line in f]
+
+    assert sorted(os.listdir(rollouts)) == ["1.jsonl", "2.jsonl"] and os.listdir(vals) == ["2.jsonl"]
+    for step, row in zip((1, 2), rows):
+        dumped = read(os.path.join(rollouts, f"{step}.jsonl"))
+        assert len(dumped) == 8 and {d["step"] for d in dumped} == {step}  # 4 prompts x 2 samples
+        assert set(dumped[0]) == {"input", "output", "gts", "score", "step"}
+        assert np.mean([d["score"] for d in dumped]) == pytest.approx(row["critic/score/mean"], rel=1e-5)
+    val = read(os.path.join(vals, "2.jsonl"))
+    assert len(val) == 4 and np.mean([d["score"] for d in val]) == pytest.approx(
+        rows[-1]["val-core/arithmetic/reward/mean@1"], rel=1e-5)
