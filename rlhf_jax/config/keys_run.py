@@ -25,6 +25,8 @@ DATA = (
     Key("data.prompt_template", "native",
         "native (the tokenizer's chat template), raw (text as is) or a str.format template with {prompt}."),
     Key("data.system_prompt", None, "System message added to every prompt; None = none.", type=str),
+    Key("data.apply_chat_template_kwargs", None, "Keyword arguments of the tokenizer's chat template (native), e.g. "
+        "{'enable_thinking': False}; None = none.", type=object),
     Key("data.max_prompt_length", 128, "Prompt tokens; prompts are left-padded to this (or a bucket)."),
     Key("data.max_response_length", 16, "Response tokens; default for actor_rollout_ref.rollout.response_length."),
     Key("data.prompt_length_buckets", None,

@@ -235,7 +235,6 @@ IGNORED: tuple[Ignored, ...] = (
     Ignored("data.tool_config_path", "tool calling is not implemented", _off),
     Ignored("data.image_patch_size", "multi-modal data is not supported"),
     Ignored("data.validation_shuffle", "validation metrics do not depend on the order"),
-    Ignored("data.apply_chat_template_kwargs", "chat-template options are not implemented", _empty),
     Ignored("reward_manager.source", "reward managers are chosen by name (reward_model.reward_manager)",
             _is("register")),
     Ignored("reward_manager.module", "custom reward-manager modules: use custom_reward_function", _unset("path")),

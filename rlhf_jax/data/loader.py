@@ -75,6 +75,7 @@ def build_dataset(
     filter_overlong_prompts: bool = False,
     max_samples: int = -1,
     sample_seed: int | None = None,
+    chat_template_kwargs: dict[str, Any] | None = None,
 ) -> PromptDataset:
     """Read, validate and tokenize every prompt of `files` (all errors surface here, before training).
 
@@ -92,6 +93,7 @@ def build_dataset(
     kept, ids, texts = tokenize_examples(
         examples, tokenizer, max_prompt_length=max_prompt_length, template=prompt_template,
         system_prompt=system_prompt, truncation=truncation, filter_overlong_prompts=filter_overlong_prompts,
+        chat_template_kwargs=chat_template_kwargs,
     )
     return PromptDataset(kept, ids, texts)
 
@@ -215,6 +217,7 @@ def dataset_from_config(data_cfg: Any, tokenizer: Any, which: str = "train") -> 
         truncation=_cfg_get(data_cfg, "truncation", "error"),
         filter_overlong_prompts=bool(_cfg_get(data_cfg, "filter_overlong_prompts", False)),
         max_samples=int(_cfg_get(data_cfg, f"{which}_max_samples", -1)),
+        chat_template_kwargs=dict(_cfg_get(data_cfg, "apply_chat_template_kwargs", None) or {}),
         sample_seed=int(_cfg_get(data_cfg, "seed", 0)) if which == "train" and _cfg_get(data_cfg, "shuffle", True)
         else None,
     )

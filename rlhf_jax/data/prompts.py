@@ -42,8 +42,12 @@ def render_prompt(
     tokenizer: Any,
     template: str = "native",
     system_prompt: str | None = None,
+    chat_template_kwargs: dict[str, Any] | None = None,
 ) -> tuple[str, bool]:
-    """Render one prompt to text; returns (text, add_special_tokens) for the tokenizer call."""
+    """Render one prompt to text; returns (text, add_special_tokens) for the tokenizer call.
+
+    ``chat_template_kwargs`` reach the chat template (``native``), e.g. ``{"enable_thinking": False}``.
+    """
     if template == "native":
         messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
         if system_prompt and messages[0]["role"] != "system":
@@ -53,7 +57,8 @@ def render_prompt(
                 "data.prompt_template='native' needs a tokenizer with a chat template; this tokenizer has none "
                 "(use 'raw' or a '{prompt}' template string)"
             )
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
+                                             **(chat_template_kwargs or {}))
         return text, False
     body = prompt if isinstance(prompt, str) else _messages_text(prompt)
     if template == "raw":
@@ -107,6 +112,7 @@ def tokenize_examples(
     system_prompt: str | None = None,
     truncation: str = "error",
     filter_overlong_prompts: bool = False,
+    chat_template_kwargs: dict[str, Any] | None = None,
 ) -> tuple[list[Example], list[np.ndarray], list[str]]:
     """Render and tokenize every example up front, so bad or overlong prompts fail before training.
 
@@ -116,7 +122,7 @@ def tokenize_examples(
         raise DataError(f"data.truncation must be one of {TRUNCATION_MODES}, got {truncation!r}")
     if max_prompt_length <= 0:
         raise DataError(f"data.max_prompt_length must be positive, got {max_prompt_length}")
-    rendered = [render_prompt(ex.prompt, tokenizer, template, system_prompt) for ex in examples]
+    rendered = [render_prompt(ex.prompt, tokenizer, template, system_prompt, chat_template_kwargs) for ex in examples]
     ids_all: list[list[int] | None] = [None] * len(rendered)
     for flag in (False, True):
         idx = [i for i, (_, special) in enumerate(rendered) if special == flag]

@@ -76,7 +76,6 @@ reward_model:
 @pytest.mark.parametrize("text,key", [
     ("data:\n  custom_cls:\n    path: my_dataset.py\n    name: MyDataset\n", r"data\.custom_cls"),
     ("data:\n  sampler:\n    class_path: my_sampler.py\n    class_name: S\n", r"data\.sampler"),
-    ("data:\n  apply_chat_template_kwargs:\n    enable_thinking: False\n", r"data\.apply_chat_template_kwargs"),
     ("reward_model:\n  sandbox_fusion:\n    url: http://localhost:8080/run\n", r"reward_model\.sandbox_fusion"),
     ("algorithm:\n  rollout_correction:\n    rollout_is: token\n", r"algorithm\.rollout_correction"),
     ("trainer:\n  del_local_ckpt_after_load: True\n", r"trainer\.del_local_ckpt_after_load"),
@@ -89,3 +88,8 @@ def test_features_we_lack_are_refused_when_switched_on(text, key):
     # The same sections switched off (verl's defaults) load.
     load_yaml("data:\n  custom_cls: {path: null, name: null}\n  sampler: {class_path: null, class_name: null}\n"
               "reward_model:\n  sandbox_fusion: {url: null, max_concurrent: 64}\n")
+
+
+def test_apply_chat_template_kwargs_is_a_key():
+    cfg = load_yaml("data:\n  apply_chat_template_kwargs:\n    enable_thinking: False\n")
+    assert cfg.data.apply_chat_template_kwargs == {"enable_thinking": False}

@@ -132,3 +132,15 @@ def test_pad_left_and_buckets():
     assert resolve_buckets(8, None) == (8,)
     with pytest.raises(DataError, match="prompt_length_buckets"):
         resolve_buckets(64, [128])
+
+
+def test_chat_template_kwargs_reach_the_template(tok):
+    import copy
+
+    from rlhf_jax.data.prompts import render_prompt
+
+    t = copy.deepcopy(tok)
+    t.chat_template = "{% if enable_thinking is defined and not enable_thinking %}/no_think {% endif %}" \
+                      "{{ messages[-1]['content'] }}"
+    assert render_prompt("2+2=", t, "native")[0] == "2+2="
+    assert render_prompt("2+2=", t, "native", chat_template_kwargs={"enable_thinking": False})[0] == "/no_think 2+2="
