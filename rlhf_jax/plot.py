@@ -1,7 +1,8 @@
 """Learning curves of a run: ``python -m rlhf_jax.plot RUN_DIR [--out curve.png]``.
 
 Reads ``RUN_DIR/metrics.jsonl`` (what the ``jsonl`` logger writes; ``RUN_DIR`` is the
-run's ``trainer.default_local_dir``, or ``trainer.log_dir`` where that was set, or the file itself) and draws one PNG with four panels against the step:
+run's ``trainer.default_local_dir``, or ``trainer.log_dir`` where that was set, or the
+file itself) and draws one PNG with four panels against the step:
 the training reward (``critic/score/mean``), the validation accuracy (each
 ``val-core/<data source>/reward/mean@<n>``: greedy when validation does not sample,
 ``actor_rollout_ref.rollout.val_kwargs``), the mean response length and the

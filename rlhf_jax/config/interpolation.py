@@ -72,7 +72,7 @@ def resolve(
                     return None  # OmegaConf's oc.select without a default gives null
                 return yaml.safe_load(default.strip()) if default.strip() else None
             return resolve(target, lookup, path.strip(), stack)
-        if expr.startswith("."):  # OmegaConf's relative reference: "." is the key's own section, each further "." one up
+        if expr.startswith("."):  # OmegaConf's relative reference: "." = the key's own section, each further "." one up
             dots = len(expr) - len(expr.lstrip("."))
             section = key.split(".")[:-dots]
             expr = ".".join(section + [expr[dots:]]) if expr[dots:] else ""

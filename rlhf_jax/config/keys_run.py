@@ -107,7 +107,8 @@ ALGORITHM = (
     Key(_G + "lam", 1.0, "GAE lambda (bias/variance trade-off)."),
     Key(_G + "norm_adv_by_std_in_grpo", True, "GRPO: divide by the group std; False = Dr.GRPO (mean-centred only)."),
     Key(_G + "use_kl_in_reward", False, "Subtract kl_coef * KL(actor || ref) from token rewards; loads the reference."),
-    Key(_G + "kl_penalty", "kl", "KL estimator of the in-reward penalty: kl|k1, abs, mse|k2, low_var_kl|k3 (full is not supported)."),
+    Key(_G + "kl_penalty", "kl",
+        "KL estimator of the in-reward penalty: kl|k1, abs, mse|k2, low_var_kl|k3 (full is not supported)."),
     Key(_G + "filter_groups.enable", False, "DAPO dynamic sampling: drop prompt groups whose metric does not vary and "
         "sample more prompt batches until data.train_batch_size groups remain."),
     Key(_G + "filter_groups.metric", "acc", "What must vary within a group: acc (the reward function's 'acc'), score, "
