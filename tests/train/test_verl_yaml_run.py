@@ -13,8 +13,6 @@ import pytest
 from tests.train.helpers import REPO, run_main
 from tests.train.wandb_offline import offline_history
 
-pytest.importorskip("wandb")
-
 VERL = os.path.join(REPO, "tests", "config", "verl")
 TINY = {  # model paths, data files, batch sizes and lengths for the tiny model, and where the run goes
     "actor_rollout_ref.model.path": "builtin:tiny",
