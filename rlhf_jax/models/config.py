@@ -17,6 +17,7 @@ import jax.numpy as jnp
 
 from rlhf_jax.models import remat
 from rlhf_jax.models.attention import IMPLEMENTATIONS
+from rlhf_jax.models.rope import ROPE_TYPES, RopeConfig
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -38,16 +39,6 @@ _ARCH_PREFIX = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3
 
 class UnsupportedModelError(ValueError):
     """The checkpoint's architecture is not one this package implements."""
-
-
-@dataclasses.dataclass(frozen=True)
-class RopeConfig:
-    theta: float = 10000.0
-    rope_type: str = "default"  # "default" or "llama3"
-    factor: float = 1.0
-    low_freq_factor: float = 1.0
-    high_freq_factor: float = 4.0
-    original_max_position_embeddings: int = 8192
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,25 +87,42 @@ def remat_policy(setting: bool | str) -> str:
 
 
 def _rope_from_hf(hf: dict) -> RopeConfig:
+    """The RoPE settings as transformers reads them (``RotaryEmbeddingConfigMixin.standardize_rope_params``)."""
     # transformers < 5 writes rope_theta + rope_scaling; >= 5 writes rope_parameters.
-    params = dict(hf.get("rope_parameters") or {})
-    scaling = dict(hf.get("rope_scaling") or {})
-    merged = {**scaling, **params}
-    theta = float(merged.get("rope_theta", hf.get("rope_theta", 10000.0)))
-    rope_type = merged.get("rope_type", merged.get("type", "default")) or "default"
-    if rope_type not in ("default", "llama3"):
-        raise UnsupportedModelError(
-            f"rope type {rope_type!r} is not supported (supported: 'default', 'llama3')"
-        )
-    if rope_type == "default":
-        return RopeConfig(theta=theta)
+    params = {**(hf.get("rope_scaling") or {}), **(hf.get("rope_parameters") or {})}
+    theta = float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
+    rope_type = params.get("rope_type", params.get("type", "default")) or "default"
+    if rope_type not in ROPE_TYPES:
+        raise UnsupportedModelError(f"rope type {rope_type!r} is not supported; supported rope types: {', '.join(ROPE_TYPES)}")
+    partial = float(params.get("partial_rotary_factor", hf.get("partial_rotary_factor") or 1.0))
+    if partial != 1.0:
+        raise UnsupportedModelError(f"partial_rotary_factor {partial} is not supported (only 1.0: RoPE over the whole head)")
+    max_pos = int(hf.get("max_position_embeddings", 2048))
+    # A top-level original_max_position_embeddings (Phi-3 writes one) takes precedence, as in transformers.
+    original = hf.get("original_max_position_embeddings") or params.get("original_max_position_embeddings") or max_pos
+    factor = params.get("factor")
+    if factor is None:  # yarn and longrope derive it from the two context lengths
+        factor = max_pos / original if rope_type in ("yarn", "longrope") else 1.0
+
+    def optional_float(key):
+        return None if params.get(key) is None else float(params[key])
+
     return RopeConfig(
         theta=theta,
-        rope_type="llama3",
-        factor=float(merged["factor"]),
-        low_freq_factor=float(merged.get("low_freq_factor", 1.0)),
-        high_freq_factor=float(merged.get("high_freq_factor", 4.0)),
-        original_max_position_embeddings=int(merged.get("original_max_position_embeddings", 8192)),
+        rope_type=rope_type,
+        factor=float(factor),
+        low_freq_factor=float(params.get("low_freq_factor", 1.0)),
+        high_freq_factor=float(params.get("high_freq_factor", 4.0)),
+        original_max_position_embeddings=int(original),
+        max_position_embeddings=max_pos,
+        attention_factor=optional_float("attention_factor"),
+        beta_fast=float(params.get("beta_fast") or 32.0),
+        beta_slow=float(params.get("beta_slow") or 1.0),
+        mscale=optional_float("mscale"),
+        mscale_all_dim=optional_float("mscale_all_dim"),
+        truncate=bool(params.get("truncate", True)),
+        short_factor=tuple(float(f) for f in params.get("short_factor") or ()),
+        long_factor=tuple(float(f) for f in params.get("long_factor") or ()),
     )
 
 

@@ -12,11 +12,11 @@ import math
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
 from rlhf_jax.models.attention import attention
-from rlhf_jax.models.config import ModelConfig, RopeConfig
+from rlhf_jax.models.config import ModelConfig
+from rlhf_jax.models.rope import apply_rope, rotary_cos_sin
 
 _INIT_STD = 0.02
 
@@ -47,34 +47,6 @@ class RMSNorm(nnx.Module):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         return rms_norm(x, self.weight[...], self.eps)
-
-
-def rope_inv_freq(head_dim: int, rope: RopeConfig) -> np.ndarray:
-    """Inverse frequencies (head_dim // 2,) in float32, with llama3 frequency scaling when configured."""
-    exponents = np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim)
-    inv_freq = (np.float32(1.0) / (np.float32(rope.theta) ** exponents)).astype(np.float32)
-    if rope.rope_type == "llama3":
-        old_len = rope.original_max_position_embeddings
-        low_wavelen = old_len / rope.low_freq_factor
-        high_wavelen = old_len / rope.high_freq_factor
-        wavelen = 2 * math.pi / inv_freq
-        scaled = np.where(wavelen > low_wavelen, inv_freq / rope.factor, inv_freq)
-        smooth = (old_len / wavelen - rope.low_freq_factor) / (rope.high_freq_factor - rope.low_freq_factor)
-        smoothed = (1 - smooth) * scaled / rope.factor + smooth * scaled
-        medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
-        inv_freq = np.where(medium, smoothed, scaled).astype(np.float32)
-    return inv_freq
-
-
-def apply_rope(x_BTHD: jax.Array, positions_BT: jax.Array, inv_freq: np.ndarray) -> jax.Array:
-    """Rotate-half rotary embedding (the transformers convention), angles in float32."""
-    angles = positions_BT.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)[None, None, :]
-    angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]  # B T 1 D
-    cos, sin = jnp.cos(angles), jnp.sin(angles)
-    half = x_BTHD.shape[-1] // 2
-    x32 = x_BTHD.astype(jnp.float32)
-    rotated = jnp.concatenate([-x32[..., half:], x32[..., :half]], axis=-1)
-    return (x32 * cos + rotated * sin).astype(x_BTHD.dtype)
 
 
 def attention_weights_mask(q_slots_BT: jax.Array, key_valid_BS: jax.Array) -> jax.Array:
@@ -139,9 +111,8 @@ class Attention(nnx.Module):
         q, k, v = self._project(x_BTE, "q"), self._project(x_BTE, "k"), self._project(x_BTE, "v")
         if cfg.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope)  # a trace-time constant
-        q = apply_rope(q, positions_BT, inv_freq)
-        k = apply_rope(k, positions_BT, inv_freq)
+        cos_sin = rotary_cos_sin(cfg.head_dim, cfg.rope, positions_BT)
+        q, k = apply_rope(q, cos_sin), apply_rope(k, cos_sin)
         B, T, H, D = q.shape
         new_cache = None
         if cache is not None:

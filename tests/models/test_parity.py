@@ -7,10 +7,12 @@ import pytest
 import torch
 
 from rlhf_jax.models import from_pretrained
-from rlhf_jax.models.layers import rope_inv_freq
-from tests.conftest import left_padded_batch
+from rlhf_jax.models.config import UnsupportedModelError, from_hf_dict
+from rlhf_jax.models.rope import static_inv_freq
+from tests.conftest import TINY_DIMS, left_padded_batch
 
 LENGTHS = [13, 9, 4, 13]
+TINY_HEAD_DIM = TINY_DIMS["hidden_size"] // TINY_DIMS["num_attention_heads"]
 
 
 def torch_logits(model, ids, mask):
@@ -37,10 +39,45 @@ def test_llama3_rope_scaling_is_applied(hf_checkpoint):
     path, _ = hf_checkpoint("llama3_rope")
     cfg = from_pretrained(path).config
     assert cfg.rope.rope_type == "llama3"
-    default = rope_inv_freq(cfg.head_dim, cfg.rope.__class__(theta=cfg.rope.theta))
-    scaled = rope_inv_freq(cfg.head_dim, cfg.rope)
+    default = static_inv_freq(cfg.head_dim, cfg.rope.__class__(theta=cfg.rope.theta))
+    scaled = static_inv_freq(cfg.head_dim, cfg.rope)
     # Low frequencies are divided by the factor, high ones untouched.
     assert np.isclose(scaled[-1], default[-1] / 8.0) and np.isclose(scaled[0], default[0])
+
+
+# Each RoPE scaling type with a context short enough (16 positions) that the 40-token rows go past it:
+# dynamic NTK grows its base and longrope switches to its long factors only beyond it.
+_HALF = TINY_HEAD_DIM // 2
+ROPE_SCALINGS = {
+    "linear": dict(rope_type="linear", factor=4.0),
+    "dynamic": dict(rope_type="dynamic", factor=3.0),
+    "yarn": dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=16),
+    "yarn_mscale": dict(rope_type="yarn", factor=8.0, original_max_position_embeddings=16, beta_fast=8.0, beta_slow=2.0,
+                        mscale=0.8, mscale_all_dim=0.5, truncate=False),
+    "longrope": dict(rope_type="longrope", original_max_position_embeddings=16,
+                     short_factor=[1.0 + 0.1 * i for i in range(_HALF)], long_factor=[1.0 + 2.0 * i for i in range(_HALF)]),
+}
+
+
+@pytest.mark.parametrize("lengths", [LENGTHS, [40, 29, 7, 40]], ids=["short", "long"])
+@pytest.mark.parametrize("scaling", list(ROPE_SCALINGS))
+def test_rope_scaling_logits_match_transformers(hf_checkpoint, scaling, lengths):
+    """Llama with each RoPE scaling type, within and beyond the 16-position context (float32, 1e-4)."""
+    max_pos = 16 if scaling == "dynamic" else 64
+    path, ref_model = hf_checkpoint("llama", rope_scaling=dict(ROPE_SCALINGS[scaling]), max_position_embeddings=max_pos)
+    model = from_pretrained(path)
+    assert model.config.rope.rope_type == ROPE_SCALINGS[scaling]["rope_type"]
+    ids, mask = left_padded_batch(np.random.default_rng(6), 128, lengths)
+    logits = jax.jit(lambda m, i, a: m(i, a))(model, jnp.asarray(ids, jnp.int32), jnp.asarray(mask, jnp.int32))
+    real = mask.astype(bool)
+    np.testing.assert_array_less(np.abs(np.asarray(logits) - torch_logits(ref_model, ids, mask))[real].max(), 1e-4)
+
+
+def test_unsupported_rope_type_names_the_supported_ones():
+    hf = dict(model_type="llama", vocab_size=8, hidden_size=8, intermediate_size=8, num_hidden_layers=1,
+              num_attention_heads=2, rope_scaling=dict(rope_type="mrope", factor=2.0))
+    with pytest.raises(UnsupportedModelError, match="mrope.*linear, dynamic, yarn, longrope, llama3"):
+        from_hf_dict(hf)
 
 
 def test_padding_does_not_change_real_positions(hf_checkpoint):
