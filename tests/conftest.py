@@ -55,6 +55,9 @@ ARCHS = {
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(tie_word_embeddings=False)),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=16, tie_word_embeddings=True)),
     "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=None)),
+    # Windows of 8 tokens, so that test sequences reach past them; Qwen2's first layer stays full.
+    "mistral_window": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=8)),
+    "qwen2_window": ("Qwen2Config", "Qwen2ForCausalLM", dict(use_sliding_window=True, sliding_window=8, max_window_layers=1)),
     "llama_seq_cls": ("LlamaConfig", "LlamaForSequenceClassification", dict(num_labels=1, pad_token_id=0)),
     "qwen2_seq_cls3": ("Qwen2Config", "Qwen2ForSequenceClassification", dict(num_labels=3, pad_token_id=0)),
 }

@@ -1,7 +1,7 @@
 """Model configuration built from a Hugging Face ``config.json``.
 
 One decoder implementation serves the Llama family (Llama 2/3, SmolLM2, Mistral
-without sliding window), Qwen2/Qwen2.5 (q/k/v bias) and Qwen3 (q/k RMSNorm).
+with its sliding window), Qwen2/Qwen2.5 (q/k/v bias) and Qwen3 (q/k RMSNorm).
 ``ModelConfig`` holds exactly what that decoder needs; the original HF dict is
 kept so that export writes back a config that ``transformers`` understands.
 """
@@ -59,6 +59,10 @@ class ModelConfig:
     o_bias: bool  # the output projection carries a bias (Llama with attention_bias)
     mlp_bias: bool  # gate/up/down projections carry a bias (Llama with mlp_bias)
     qk_norm: bool  # RMSNorm on q and k per head before RoPE (Qwen3)
+    sliding_window: int | None = None  # a query sees the keys less than this many tokens before it
+    # Per layer "full_attention" or "sliding_attention" (transformers' layer_types); empty: every layer
+    # slides when sliding_window is set.
+    layer_types: tuple[str, ...] = ()
     num_labels: int = 1
     pad_token_id: int | None = None
     # Runtime settings, not part of the checkpoint.
@@ -72,6 +76,12 @@ class ModelConfig:
         object.__setattr__(self, "remat", remat_policy(self.remat))
         if self.attn_impl not in IMPLEMENTATIONS:
             raise ValueError(f"attn_impl {self.attn_impl!r} is not one of {IMPLEMENTATIONS}")
+
+    def window_of(self, layer: int) -> int | None:
+        """The sliding window of decoder layer ``layer`` (None: full causal attention)."""
+        if self.sliding_window is None or (self.layer_types and self.layer_types[layer] != "sliding_attention"):
+            return None
+        return self.sliding_window
 
     def replace(self, **changes) -> "ModelConfig":
         return dataclasses.replace(self, **changes)
@@ -126,6 +136,20 @@ def _rope_from_hf(hf: dict) -> RopeConfig:
     )
 
 
+def _sliding_window_from_hf(hf: dict, model_type: str) -> dict:
+    """``sliding_window`` and ``layer_types`` as the transformers models apply them."""
+    window = hf.get("sliding_window")
+    if model_type == "mistral":  # every layer, whenever a window is set
+        return dict(sliding_window=int(window)) if window else {}
+    if not (window and hf.get("use_sliding_window")):  # Qwen2/Qwen3 switch it on explicitly
+        return {}
+    layers = int(hf["num_hidden_layers"])
+    types = hf.get("layer_types") or [
+        "sliding_attention" if i >= int(hf.get("max_window_layers", 28)) else "full_attention" for i in range(layers)
+    ]
+    return dict(sliding_window=int(window), layer_types=tuple(types))
+
+
 def task_from_hf(hf: dict) -> str:
     """The head a checkpoint carries (causal LM, sequence score or token value)."""
     for arch in hf.get("architectures") or []:
@@ -148,9 +172,6 @@ def from_hf_dict(hf: dict, **runtime) -> ModelConfig:
             f"model_type {model_type!r} is not supported; supported model types: {', '.join(SUPPORTED_MODEL_TYPES)}"
         )
     max_pos = int(hf.get("max_position_embeddings", 2048))
-    if hf.get("use_sliding_window") or (model_type == "mistral" and hf.get("sliding_window")):
-        # Full attention equals windowed attention only up to the window length.
-        max_pos = min(max_pos, int(hf.get("sliding_window") or max_pos))
     heads = int(hf["num_attention_heads"])
     hidden = int(hf["hidden_size"])
     head_dim = hf.get("head_dim") or hidden // heads
@@ -177,6 +198,7 @@ def from_hf_dict(hf: dict, **runtime) -> ModelConfig:
         o_bias=model_type in ("llama", "qwen3") and bool(hf.get("attention_bias")),
         mlp_bias=model_type == "llama" and bool(hf.get("mlp_bias")),
         qk_norm=model_type == "qwen3",
+        **_sliding_window_from_hf(hf, model_type),
         num_labels=int(num_labels),
         pad_token_id=pad,
         hf_config=dict(hf),

@@ -49,14 +49,25 @@ class RMSNorm(nnx.Module):
         return rms_norm(x, self.weight[...], self.eps)
 
 
-def attention_weights_mask(q_slots_BT: jax.Array, key_valid_BS: jax.Array) -> jax.Array:
-    """(B, T, S) boolean: a query at slot i sees key slot j when j <= i and the key is valid."""
+def attention_weights_mask(q_slots_BT: jax.Array, key_valid_BS: jax.Array, window: int | None = None) -> jax.Array:
+    """(B, T, S) boolean: a query at slot i sees key slot j when j <= i, the key is valid and, with a
+    ``window``, fewer than ``window`` valid keys precede the query from j on.
+
+    The window counts valid slots, not slots: the valid keys are the sequence's tokens in order, but
+    the decode cache may hold gaps between them (its last slot stages the fed-back token while the
+    response slots before it are not all filled yet).
+    """
     key_slots = jnp.arange(key_valid_BS.shape[-1])
-    causal = key_slots[None, None, :] <= q_slots_BT[:, :, None]
-    return causal & key_valid_BS[:, None, :].astype(bool)
+    valid = key_valid_BS.astype(bool)
+    mask = (key_slots[None, None, :] <= q_slots_BT[:, :, None]) & valid[:, None, :]
+    if window is not None:
+        rank_BS = jnp.cumsum(valid, axis=-1)
+        q_rank_BT = jnp.take_along_axis(rank_BS, q_slots_BT, axis=-1)
+        mask &= q_rank_BT[:, :, None] - rank_BS[:, None, :] < window
+    return mask
 
 
-def decode_attention(q_BHD, k_BKDS, v_BKSD, q_slot_B, key_valid_BS, dtype) -> jax.Array:
+def decode_attention(q_BHD, k_BKDS, v_BKSD, q_slot_B, key_valid_BS, dtype, window: int | None = None) -> jax.Array:
     """One query token per row over the whole cache, (B, H, D).
 
     Many tiny matmuls, one per (batch, kv head), are slow on CPU; a broadcast multiply + reduce
@@ -67,18 +78,19 @@ def decode_attention(q_BHD, k_BKDS, v_BKSD, q_slot_B, key_valid_BS, dtype) -> ja
     q = q_BHD.reshape(B, K, H // K, D)
     scores = jnp.sum(q[..., None] * k_BKDS.astype(dtype)[:, :, None], axis=-2)  # B K G S
     scores = scores.astype(jnp.float32) / math.sqrt(D)
-    mask = attention_weights_mask(q_slot_B[:, None], key_valid_BS)[:, None]  # B 1 1 S
+    mask = attention_weights_mask(q_slot_B[:, None], key_valid_BS, window)[:, None]  # B 1 1 S
     probs = jax.nn.softmax(jnp.where(mask, scores, jnp.finfo(jnp.float32).min), axis=-1).astype(dtype)
     out = jnp.sum(probs[..., None] * v_BKSD.astype(dtype)[:, :, None], axis=-2)  # B K G D
     return out.reshape(B, H, D)
 
 
 class Attention(nnx.Module):
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs | None):
+    def __init__(self, cfg: ModelConfig, *, window: int | None = None, rngs: nnx.Rngs | None):
         E, H, K, D, pd = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.param_dtype
         if H % K:
             raise ValueError(f"num_attention_heads ({H}) must be a multiple of num_key_value_heads ({K})")
         self.cfg = cfg
+        self.window = window  # sliding window (None: full causal attention)
         self.q_proj = param(rngs, (E, H, D), ("embed", "heads", "head_dim"), pd)
         self.k_proj = param(rngs, (E, K, D), ("embed", "kv_heads", "head_dim"), pd)
         self.v_proj = param(rngs, (E, K, D), ("embed", "kv_heads", "head_dim"), pd)
@@ -127,7 +139,7 @@ class Attention(nnx.Module):
                 v_cache, jnp.swapaxes(v, 1, 2).astype(v_cache.dtype), cache_index, axis=2)
             new_cache = (k_cache, v_cache)
             if T == 1:
-                out = decode_attention(q[:, 0], k_cache, v_cache, q_slots_BT[:, 0], key_valid_BS, dt)[:, None]
+                out = decode_attention(q[:, 0], k_cache, v_cache, q_slots_BT[:, 0], key_valid_BS, dt, self.window)[:, None]
                 return self._output(out), new_cache
             # A prefill that fills the whole cache from slot 0 is self-attention over the new tokens.
             if not (isinstance(cache_index, int) and cache_index == 0 and k_cache.shape[3] == T):
@@ -136,7 +148,7 @@ class Attention(nnx.Module):
             else:
                 q_slots_BT = None
         out = attention(q, k, v, q_slots_BT=q_slots_BT, key_valid_BS=key_valid_BS, q_segment_ids_BT=segment_ids_BT,
-                        kv_segment_ids_BS=segment_ids_BT, implementation=cfg.attn_impl)
+                        kv_segment_ids_BS=segment_ids_BT, sliding_window=self.window, implementation=cfg.attn_impl)
         return self._output(out), new_cache
 
     def _output(self, out_BTHD: jax.Array) -> jax.Array:
@@ -172,10 +184,10 @@ class MLP(nnx.Module):
 
 
 class DecoderLayer(nnx.Module):
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs | None):
+    def __init__(self, cfg: ModelConfig, layer: int = 0, *, rngs: nnx.Rngs | None):
         pd = cfg.param_dtype
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype=pd, rngs=rngs)
-        self.self_attn = Attention(cfg, rngs=rngs)
+        self.self_attn = Attention(cfg, window=cfg.window_of(layer), rngs=rngs)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype=pd, rngs=rngs)
         self.mlp = MLP(cfg, rngs=rngs)
 

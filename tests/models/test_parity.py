@@ -21,11 +21,12 @@ def torch_logits(model, ids, mask):
 
 
 @pytest.mark.parametrize("attn_impl", ["dense", "blockwise"])
-@pytest.mark.parametrize("kind", ["llama", "llama_tied", "llama3_rope", "qwen2", "qwen3", "mistral"])
+@pytest.mark.parametrize("kind", ["llama", "llama_tied", "llama3_rope", "qwen2", "qwen3", "mistral", "mistral_window",
+                                  "qwen2_window"])
 def test_causal_lm_logits_match_transformers(hf_checkpoint, kind, attn_impl):
     path, ref_model = hf_checkpoint(kind)
     rng = np.random.default_rng(1)
-    ids, mask = left_padded_batch(rng, 128, LENGTHS)
+    ids, mask = left_padded_batch(rng, 128, LENGTHS)  # longer than the 8-token sliding windows
     expected = torch_logits(ref_model, ids, mask)
 
     model = from_pretrained(path, attn_impl=attn_impl)
@@ -107,7 +108,7 @@ def packed_row(rng, lengths: list[int], total: int):
 
 
 @pytest.mark.parametrize("attn_impl", ["dense", "blockwise"])
-@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "mistral_window"])
 def test_packed_sequences_match_each_sequence_alone(hf_checkpoint, kind, attn_impl):
     """Rows of 3 and 2 packed sequences (segment ids, restarting positions, trailing padding) give each
     sequence's logits as transformers computes them for that sequence alone."""

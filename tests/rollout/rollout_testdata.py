@@ -27,19 +27,23 @@ def _common(seed_range: float) -> dict:
 
 def build_checkpoint(kind: str, path: str, seed: int = 0) -> str:
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(seed)
     if kind == "llama":
         cfg = LlamaConfig(**_common(0.25), head_dim=16, tie_word_embeddings=False, rope_theta=10000.0)
         model = LlamaForCausalLM(cfg)
-    elif kind == "qwen2":
-        cfg = Qwen2Config(**_common(0.25), tie_word_embeddings=True, rope_theta=1000000.0, use_sliding_window=False)
+    elif kind in ("qwen2", "qwen2_window"):
+        # qwen2_window: layer 0 full, layer 1 with a 6-token window
+        window = dict(use_sliding_window=True, sliding_window=6, max_window_layers=1) if kind == "qwen2_window" else {}
+        cfg = Qwen2Config(**_common(0.25), tie_word_embeddings=True, rope_theta=1000000.0, **window)
         model = Qwen2ForCausalLM(cfg)
         with torch.no_grad():  # non-zero q/k/v biases, so the bias path is exercised
             for layer in model.model.layers:
                 for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
                     proj.bias.normal_(0.0, 0.25)
+    elif kind == "mistral_window":
+        model = MistralForCausalLM(MistralConfig(**_common(0.25), head_dim=16, sliding_window=6))
     else:
         raise ValueError(kind)
     model.eval().save_pretrained(path)

@@ -11,7 +11,7 @@ import pytest
 from rlhf_jax.models import from_pretrained
 from rlhf_jax.rollout import eos_token_ids_from_dir, generate
 
-from .rollout_testdata import PAD_ID, hf_greedy, ragged_prompts
+from .rollout_testdata import PAD_ID, build_checkpoint, hf_greedy, ragged_prompts
 
 NEW_TOKENS = 32
 SLOTS = 2
@@ -45,6 +45,22 @@ def test_greedy_matches_transformers_on_tiny_checkpoints(kind, request):
     for tokens, done in zip(ours.tokens, ours.finished):
         assert done == (tokens[-1] in eos)
         assert done or len(tokens) == NEW_TOKENS
+
+
+@pytest.mark.parametrize("kind", ["mistral_window", "qwen2_window"])
+def test_greedy_matches_transformers_past_the_sliding_window(kind, tmp_path):
+    """Prompts of 3-13 tokens and 24 new tokens run well past the 6-token window, in prefill and in decode."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    path = build_checkpoint(kind, str(tmp_path))
+    model = from_pretrained(path)
+    assert model.config.sliding_window == 6
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    prompts = ragged_prompts(seed=12, count=5)
+    ours = generate(model, prompts, max_new_tokens=24, temperature=0.0, eos_token_ids=(), pad_token_id=PAD_ID,
+                    max_num_seqs=SLOTS)
+    assert ours.tokens == hf_greedy(hf, prompts, 24, [24 + 10_000], PAD_ID)
 
 
 def test_greedy_matches_transformers_on_smollm2_chat(smollm2_dir):
