@@ -58,6 +58,12 @@ ARCHS = {
     # Windows of 8 tokens, so that test sequences reach past them; Qwen2's first layer stays full.
     "mistral_window": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=8)),
     "qwen2_window": ("Qwen2Config", "Qwen2ForCausalLM", dict(use_sliding_window=True, sliding_window=8, max_window_layers=1)),
+    # Phi-3 rotating half of each head; the longrope variant has a 16-position original context.
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(partial_rotary_factor=0.5, pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    "phi3_longrope": ("Phi3Config", "Phi3ForCausalLM", dict(
+        partial_rotary_factor=0.5, pad_token_id=0, bos_token_id=1, eos_token_id=2, max_position_embeddings=64,
+        original_max_position_embeddings=16, sliding_window=12,
+        rope_scaling=dict(rope_type="longrope", short_factor=[1.0, 1.2, 1.5, 2.0], long_factor=[1.0, 3.0, 7.0, 13.0]))),
     "llama_seq_cls": ("LlamaConfig", "LlamaForSequenceClassification", dict(num_labels=1, pad_token_id=0)),
     "qwen2_seq_cls3": ("Qwen2Config", "Qwen2ForSequenceClassification", dict(num_labels=3, pad_token_id=0)),
 }

@@ -1,7 +1,8 @@
 """Model configuration built from a Hugging Face ``config.json``.
 
 One decoder implementation serves the Llama family (Llama 2/3, SmolLM2, Mistral
-with its sliding window), Qwen2/Qwen2.5 (q/k/v bias) and Qwen3 (q/k RMSNorm).
+with its sliding window), Qwen2/Qwen2.5 (q/k/v bias), Qwen3 (q/k RMSNorm) and Phi-3
+(Llama with fused q/k/v and gate/up projections in the checkpoint, see ``hf_names``).
 ``ModelConfig`` holds exactly what that decoder needs; the original HF dict is
 kept so that export writes back a config that ``transformers`` understands.
 """
@@ -19,7 +20,7 @@ from rlhf_jax.models import remat
 from rlhf_jax.models.attention import IMPLEMENTATIONS
 from rlhf_jax.models.rope import ROPE_TYPES, RopeConfig
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3")
 
 # Gradient checkpointing per decoder layer: "none", or a policy of models/remat.py.
 REMAT_POLICIES = ("none", *remat.POLICIES)
@@ -34,7 +35,7 @@ _ARCH_SUFFIX_TO_TASK = {
     "ForSequenceClassification": TASK_SEQ_CLS,
     "ForTokenClassification": TASK_TOKEN_VALUE,
 }
-_ARCH_PREFIX = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3"}
+_ARCH_PREFIX = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3", "phi3": "Phi3"}
 
 
 class UnsupportedModelError(ValueError):
@@ -96,17 +97,23 @@ def remat_policy(setting: bool | str) -> str:
     return setting
 
 
+# Families whose attention rotates only the leading partial_rotary_factor of each head.
+_PARTIAL_ROTARY_TYPES = ("phi3",)
+
+
 def _rope_from_hf(hf: dict) -> RopeConfig:
     """The RoPE settings as transformers reads them (``RotaryEmbeddingConfigMixin.standardize_rope_params``)."""
     # transformers < 5 writes rope_theta + rope_scaling; >= 5 writes rope_parameters.
     params = {**(hf.get("rope_scaling") or {}), **(hf.get("rope_parameters") or {})}
     theta = float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
     rope_type = params.get("rope_type", params.get("type", "default")) or "default"
+    if hf.get("model_type") == "phi3" and rope_type in ("su", "yarn"):
+        rope_type = "longrope"  # Phi3Config renames its older names
     if rope_type not in ROPE_TYPES:
         raise UnsupportedModelError(f"rope type {rope_type!r} is not supported; supported rope types: {', '.join(ROPE_TYPES)}")
     partial = float(params.get("partial_rotary_factor", hf.get("partial_rotary_factor") or 1.0))
-    if partial != 1.0:
-        raise UnsupportedModelError(f"partial_rotary_factor {partial} is not supported (only 1.0: RoPE over the whole head)")
+    if partial != 1.0 and hf.get("model_type") not in _PARTIAL_ROTARY_TYPES:
+        raise UnsupportedModelError(f"partial_rotary_factor {partial} is supported for {', '.join(_PARTIAL_ROTARY_TYPES)} only")
     max_pos = int(hf.get("max_position_embeddings", 2048))
     # A top-level original_max_position_embeddings (Phi-3 writes one) takes precedence, as in transformers.
     original = hf.get("original_max_position_embeddings") or params.get("original_max_position_embeddings") or max_pos
@@ -133,13 +140,14 @@ def _rope_from_hf(hf: dict) -> RopeConfig:
         truncate=bool(params.get("truncate", True)),
         short_factor=tuple(float(f) for f in params.get("short_factor") or ()),
         long_factor=tuple(float(f) for f in params.get("long_factor") or ()),
+        partial_rotary_factor=partial,
     )
 
 
 def _sliding_window_from_hf(hf: dict, model_type: str) -> dict:
     """``sliding_window`` and ``layer_types`` as the transformers models apply them."""
     window = hf.get("sliding_window")
-    if model_type == "mistral":  # every layer, whenever a window is set
+    if model_type in ("mistral", "phi3"):  # every layer, whenever a window is set
         return dict(sliding_window=int(window)) if window else {}
     if not (window and hf.get("use_sliding_window")):  # Qwen2/Qwen3 switch it on explicitly
         return {}

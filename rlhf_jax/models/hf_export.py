@@ -19,7 +19,7 @@ import numpy as np
 from flax import nnx
 
 from rlhf_jax.models.config import TASK_SEQ_CLS, TASK_TOKEN_VALUE, architecture_name
-from rlhf_jax.models.hf_names import mapping_for
+from rlhf_jax.models.hf_names import TensorMapping, mapping_for
 from rlhf_jax.models.safetensors_io import save_file
 
 DEFAULT_MAX_SHARD_BYTES = 2 * 1024**3
@@ -47,10 +47,19 @@ def hf_config_dict(model: nnx.Module) -> dict:
     return hf
 
 
-def _plan_shards(entries: list[tuple[tuple, nnx.Variable]], max_bytes: int) -> list[list[int]]:
+def _hf_tensors(model: nnx.Module) -> list[tuple[str, list[tuple[TensorMapping, nnx.Variable]]]]:
+    """Each HF tensor with the parameters it is made of: one, or the row blocks of a fused tensor in row order."""
+    groups: dict[str, list] = {}
+    for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+        mapping = mapping_for(path, model.config)
+        groups.setdefault(mapping.hf_name, []).append((mapping, var))
+    return [(name, sorted(parts, key=lambda p: p[0].rows or ())) for name, parts in groups.items()]
+
+
+def _plan_shards(entries: list[tuple[str, list]], max_bytes: int) -> list[list[int]]:
     shards, current, size = [], [], 0
-    for i, (_, var) in enumerate(entries):
-        nbytes = int(np.prod(var.get_value().shape)) * np.dtype(var.get_value().dtype).itemsize
+    for i, (_, parts) in enumerate(entries):
+        nbytes = sum(int(np.prod(v.get_value().shape)) * np.dtype(v.get_value().dtype).itemsize for _, v in parts)
         if current and size + nbytes > max_bytes:
             shards.append(current)
             current, size = [], 0
@@ -75,7 +84,7 @@ def save_pretrained(
     """
     out_dir = os.path.abspath(os.path.expanduser(out_dir))
     writer = jax.process_index() == 0
-    entries = list(nnx.to_flat_state(nnx.state(model, nnx.Param)))
+    entries = _hf_tensors(model)
     shards = _plan_shards(entries, max_shard_bytes)
     tmp_dir = out_dir + ".tmp-export"
     if writer:
@@ -87,12 +96,11 @@ def save_pretrained(
         fname = "model.safetensors" if len(shards) == 1 else f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors"
         tensors = {}
         for i in shard:
-            path, var = entries[i]
-            mapping = mapping_for(path)
-            host = to_host(var.get_value())  # every process takes part in the gather
-            tensors[mapping.hf_name] = mapping.to_hf(host)
-            weight_map[mapping.hf_name] = fname
-            total += host.nbytes
+            name, parts = entries[i]
+            blocks = [mapping.to_hf(to_host(var.get_value())) for mapping, var in parts]  # every process gathers
+            tensors[name] = blocks[0] if len(blocks) == 1 else np.concatenate(blocks, axis=0)
+            weight_map[name] = fname
+            total += tensors[name].nbytes
         if writer:
             save_file(tensors, os.path.join(tmp_dir, fname))
     if not writer:

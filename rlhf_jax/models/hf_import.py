@@ -142,10 +142,13 @@ def from_pretrained(
     consumed: set[str] = set()
     missing: list[str] = []
     for var_path, var in nnx.to_flat_state(state):
-        mapping = mapping_for(var_path)
+        mapping = mapping_for(var_path, cfg)
         shape, target_dtype = tuple(var.get_value().shape), var.get_value().dtype
         if mapping.hf_name in available:
-            hf_tensor = reader.get(mapping.hf_name)
+            try:
+                hf_tensor = mapping.block(reader.get(mapping.hf_name))
+            except ValueError as e:
+                raise CheckpointError(f"{path}: {e}") from None
             expected = mapping.hf_shape(shape)
             if tuple(hf_tensor.shape) != expected:
                 raise CheckpointError(

@@ -4,6 +4,9 @@ HF linear weights are (out_features, in_features); ours are (in dims..., out dim
 with heads split out, e.g. q_proj (E, H, D) and o_proj (H, D, E). So every linear is
 ``ours = hf.T.reshape(our_shape)`` and ``hf = ours.reshape(in, out).T``; biases,
 norms and the embedding table are reshaped copies.
+
+Some families fuse projections into one HF tensor (Phi-3: ``qkv_proj``, ``gate_up_proj``);
+each of our separate projections is then a block of that tensor's output rows.
 """
 
 from __future__ import annotations
@@ -25,6 +28,16 @@ _LINEAR_INPUT_DIMS = {
 class TensorMapping:
     hf_name: str
     linear_input_dims: int  # 0 = plain reshape copy
+    rows: tuple[int, int, int] | None = None  # (first, end, total): our block of a fused HF tensor's rows
+
+    def block(self, hf: np.ndarray) -> np.ndarray:
+        """Our rows of the HF tensor (all of it unless fused); a fused tensor must have exactly ``total`` rows."""
+        if self.rows is None:
+            return hf
+        first, end, total = self.rows
+        if hf.shape[0] != total:
+            raise ValueError(f"fused tensor {self.hf_name} has {hf.shape[0]} rows, config.json implies {total}")
+        return hf[first:end]
 
     def to_ours(self, hf: np.ndarray, our_shape: tuple[int, ...]) -> np.ndarray:
         if self.linear_input_dims:
@@ -47,12 +60,28 @@ class TensorMapping:
         return np.ascontiguousarray(ours.reshape(shape))
 
 
-def mapping_for(path: tuple) -> TensorMapping:
-    """The HF tensor for one of our parameter paths, e.g. ('model', 'layers', 0, 'self_attn', 'q_proj')."""
+def fused_projections(cfg) -> dict[str, tuple[str, int, int, int]]:
+    """Our projections stored as row blocks of one HF tensor: leaf -> (HF leaf, first row, end row, total rows)."""
+    if cfg is None or cfg.model_type != "phi3":
+        return {}
+    q, kv, F = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim, cfg.intermediate_size
+    qkv = q + 2 * kv
+    return {"q_proj": ("qkv_proj", 0, q, qkv), "k_proj": ("qkv_proj", q, q + kv, qkv),
+            "v_proj": ("qkv_proj", q + kv, qkv, qkv), "gate_proj": ("gate_up_proj", 0, F, 2 * F),
+            "up_proj": ("gate_up_proj", F, 2 * F, 2 * F)}
+
+
+def mapping_for(path: tuple, cfg=None) -> TensorMapping:
+    """The HF tensor for one of our parameter paths, e.g. ('model', 'layers', 0, 'self_attn', 'q_proj');
+    ``cfg`` (a ModelConfig) says which projections its family fuses."""
     parts = [str(p) for p in path]
     leaf = parts[-1]
     prefix = ".".join(parts[:-1])
     join = (lambda name: f"{prefix}.{name}" if prefix else name)
+    fused = fused_projections(cfg).get(leaf)
+    if fused:
+        name, *rows = fused
+        return TensorMapping(join(f"{name}.weight"), _LINEAR_INPUT_DIMS[leaf], tuple(rows))
     if leaf in _LINEAR_INPUT_DIMS:
         return TensorMapping(join(f"{leaf}.weight"), _LINEAR_INPUT_DIMS[leaf])
     if leaf == "score_bias":

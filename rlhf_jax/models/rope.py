@@ -47,6 +47,10 @@ class RopeConfig:
     truncate: bool = True  # yarn: round the ramp bounds to whole dimensions
     short_factor: tuple[float, ...] = ()  # longrope: one divisor per frequency
     long_factor: tuple[float, ...] = ()
+    partial_rotary_factor: float = 1.0  # the leading fraction of each head that rotates (Phi-3 family); the rest passes
+
+    def rotary_dim(self, head_dim: int) -> int:
+        return int(head_dim * self.partial_rotary_factor)
 
 
 def _default_inv_freq(head_dim: int, theta: float) -> np.ndarray:
@@ -131,8 +135,10 @@ def inv_freq_for_call(head_dim: int, rope: RopeConfig, positions_BT: jax.Array) 
 
 
 def rotary_cos_sin(head_dim: int, rope: RopeConfig, positions_BT: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """(cos, sin), each (B, T, 1, head_dim) float32, scaled by the type's attention factor."""
-    inv_freq = inv_freq_for_call(head_dim, rope, positions_BT)
+    """(cos, sin), each (B, T, 1, rotary dim) float32, scaled by the type's attention factor.
+
+    Every frequency formula sees the rotary dim as the head size, as transformers' do."""
+    inv_freq = inv_freq_for_call(rope.rotary_dim(head_dim), rope, positions_BT)
     angles = positions_BT.astype(jnp.float32)[..., None] * inv_freq[None, None, :]
     angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]
     scale = attention_scaling(rope)
@@ -140,9 +146,10 @@ def rotary_cos_sin(head_dim: int, rope: RopeConfig, positions_BT: jax.Array) -> 
 
 
 def apply_rope(x_BTHD: jax.Array, cos_sin: tuple[jax.Array, jax.Array]) -> jax.Array:
-    """Rotate-half rotary embedding (the transformers convention), in float32."""
+    """Rotate-half rotary embedding (the transformers convention) of the leading rotary dims, in float32."""
     cos, sin = cos_sin
-    half = x_BTHD.shape[-1] // 2
-    x32 = x_BTHD.astype(jnp.float32)
-    rotated = jnp.concatenate([-x32[..., half:], x32[..., :half]], axis=-1)
-    return (x32 * cos + rotated * sin).astype(x_BTHD.dtype)
+    rot = cos.shape[-1]
+    x32 = x_BTHD[..., :rot].astype(jnp.float32)
+    rotated = jnp.concatenate([-x32[..., rot // 2:], x32[..., :rot // 2]], axis=-1)
+    out = (x32 * cos + rotated * sin).astype(x_BTHD.dtype)
+    return out if rot == x_BTHD.shape[-1] else jnp.concatenate([out, x_BTHD[..., rot:]], axis=-1)

@@ -30,7 +30,7 @@ def _torch_out(model, ids, mask):
         return model(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask)).logits.float().numpy()
 
 
-@pytest.mark.parametrize("kind", ["llama", "llama_tied", "qwen2", "qwen3"])
+@pytest.mark.parametrize("kind", ["llama", "llama_tied", "qwen2", "qwen3", "phi3"])
 def test_roundtrip_loads_in_transformers_with_same_logits(hf_checkpoint, tmp_path, kind):
     path, ref = hf_checkpoint(kind)
     model = from_pretrained(path)
@@ -148,6 +148,18 @@ def test_mismatched_shape_names_the_tensor(hf_checkpoint):
         from_pretrained(path)
 
 
+def test_fused_tensor_of_the_wrong_size_is_named(hf_checkpoint):
+    path, _ = hf_checkpoint("phi3")
+    lazy = LazyFile(os.path.join(path, "model.safetensors"))
+    tensors = {name: np.array(lazy.get(name)) for name in lazy.keys()}
+    del lazy
+    name = "model.layers.0.self_attn.qkv_proj.weight"  # 64 query + 2 x 32 key/value rows
+    tensors[name] = tensors[name][:112]
+    save_file(tensors, os.path.join(path, "model.safetensors"))
+    with pytest.raises(CheckpointError, match=r"qkv_proj\.weight has 112 rows, config\.json implies 128"):
+        from_pretrained(path)
+
+
 def test_missing_tensor_is_named(hf_checkpoint):
     path, _ = hf_checkpoint("qwen2")
     lazy = LazyFile(os.path.join(path, "model.safetensors"))
@@ -164,7 +176,7 @@ def test_unknown_model_type(hf_checkpoint):
     cfg = json.load(open(cfg_path))
     cfg["model_type"], cfg["architectures"] = "gpt2", ["GPT2LMHeadModel"]
     json.dump(cfg, open(cfg_path, "w"))
-    with pytest.raises(UnsupportedModelError, match=r"'gpt2'.*supported model types: llama, mistral, qwen2, qwen3"):
+    with pytest.raises(UnsupportedModelError, match=r"'gpt2'.*supported model types: llama, mistral, qwen2, qwen3, phi3"):
         from_pretrained(path)
 
 

@@ -22,7 +22,7 @@ def torch_logits(model, ids, mask):
 
 @pytest.mark.parametrize("attn_impl", ["dense", "blockwise"])
 @pytest.mark.parametrize("kind", ["llama", "llama_tied", "llama3_rope", "qwen2", "qwen3", "mistral", "mistral_window",
-                                  "qwen2_window"])
+                                  "qwen2_window", "phi3"])
 def test_causal_lm_logits_match_transformers(hf_checkpoint, kind, attn_impl):
     path, ref_model = hf_checkpoint(kind)
     rng = np.random.default_rng(1)
@@ -69,6 +69,18 @@ def test_rope_scaling_logits_match_transformers(hf_checkpoint, scaling, lengths)
     model = from_pretrained(path)
     assert model.config.rope.rope_type == ROPE_SCALINGS[scaling]["rope_type"]
     ids, mask = left_padded_batch(np.random.default_rng(6), 128, lengths)
+    logits = jax.jit(lambda m, i, a: m(i, a))(model, jnp.asarray(ids, jnp.int32), jnp.asarray(mask, jnp.int32))
+    real = mask.astype(bool)
+    np.testing.assert_array_less(np.abs(np.asarray(logits) - torch_logits(ref_model, ids, mask))[real].max(), 1e-4)
+
+
+@pytest.mark.parametrize("lengths", [LENGTHS, [40, 29, 7, 40]], ids=["short", "long"])
+def test_phi3_longrope_partial_rotary_logits_match_transformers(hf_checkpoint, lengths):
+    """Phi-3 with longrope on half of each head and a 12-token window, within and beyond its 16-position context."""
+    path, ref_model = hf_checkpoint("phi3_longrope")
+    model = from_pretrained(path)
+    assert model.config.rope.rope_type == "longrope" and model.config.sliding_window == 12
+    ids, mask = left_padded_batch(np.random.default_rng(7), 128, lengths)
     logits = jax.jit(lambda m, i, a: m(i, a))(model, jnp.asarray(ids, jnp.int32), jnp.asarray(mask, jnp.int32))
     real = mask.astype(bool)
     np.testing.assert_array_less(np.abs(np.asarray(logits) - torch_logits(ref_model, ids, mask))[real].max(), 1e-4)

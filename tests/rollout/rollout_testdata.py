@@ -27,7 +27,8 @@ def _common(seed_range: float) -> dict:
 
 def build_checkpoint(kind: str, path: str, seed: int = 0) -> str:
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Phi3Config, Phi3ForCausalLM,
+                              Qwen2Config, Qwen2ForCausalLM)
 
     torch.manual_seed(seed)
     if kind == "llama":
@@ -44,6 +45,8 @@ def build_checkpoint(kind: str, path: str, seed: int = 0) -> str:
                     proj.bias.normal_(0.0, 0.25)
     elif kind == "mistral_window":
         model = MistralForCausalLM(MistralConfig(**_common(0.25), head_dim=16, sliding_window=6))
+    elif kind == "phi3_window":  # fused checkpoint tensors, RoPE on half of each head, a 6-token window
+        model = Phi3ForCausalLM(Phi3Config(**_common(0.25), partial_rotary_factor=0.5, sliding_window=6))
     else:
         raise ValueError(kind)
     model.eval().save_pretrained(path)
