@@ -64,6 +64,11 @@ ARCHS = {
         partial_rotary_factor=0.5, pad_token_id=0, bos_token_id=1, eos_token_id=2, max_position_embeddings=64,
         original_max_position_embeddings=16, sliding_window=12,
         rope_scaling=dict(rope_type="longrope", short_factor=[1.0, 1.2, 1.5, 2.0], long_factor=[1.0, 3.0, 7.0, 13.0]))),
+    # Gemma 2: a wide init and small caps so that soft-capping changes the scores and logits; a 6-token
+    # window on the local layers (0 and 2) and a query scalar other than head_dim.
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", dict(
+        head_dim=16, num_hidden_layers=3, query_pre_attn_scalar=24, sliding_window=6, attn_logit_softcapping=2.0,
+        final_logit_softcapping=3.0, initializer_range=0.2, pad_token_id=0, bos_token_id=2, eos_token_id=1)),
     "llama_seq_cls": ("LlamaConfig", "LlamaForSequenceClassification", dict(num_labels=1, pad_token_id=0)),
     "qwen2_seq_cls3": ("Qwen2Config", "Qwen2ForSequenceClassification", dict(num_labels=3, pad_token_id=0)),
 }

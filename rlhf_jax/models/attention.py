@@ -6,7 +6,8 @@
 
 where query (b, i) sees key (b, j) iff ``key_valid[b, j]``, ``j <= q_slots[b, i]``
 (a key's slot is its index), and, when given, ``q_seg[b, i] == kv_seg[b, j] != 0``
-(sequence packing) and ``q_slots[b, i] - j < sliding_window``. H query heads share
+(sequence packing) and ``q_slots[b, i] - j < sliding_window``. With ``softcap`` the scores are
+``softcap * tanh(scores / softcap)`` (Gemma 2); only the dense path computes those. H query heads share
 K key/value heads (grouped-query attention, G = H // K). A query that sees no key
 gives zeros (and a finite gradient).
 
@@ -109,12 +110,18 @@ def _warn_fallback(requested: str, chosen: str, reason: str) -> None:
     log.warning("attention implementation %r cannot run here (%s); using %r", requested, reason, chosen)
 
 
-def dense_attention(q_BTHD, k_BSKD, v_BSKD, q_slots_BT, key_valid_BS, q_seg_BT, kv_seg_BS, *, window, scale):
+def soft_cap(x: jax.Array, cap: float | None) -> jax.Array:
+    """``cap * tanh(x / cap)`` (identity without a cap): Gemma 2's attention and final logit capping."""
+    return x if cap is None else cap * jnp.tanh(x / cap)
+
+
+def dense_attention(q_BTHD, k_BSKD, v_BSKD, q_slots_BT, key_valid_BS, q_seg_BT, kv_seg_BS, *, window, scale,
+                    softcap=None):
     """Masked softmax attention with the whole (B, K, G, T, S) score tensor: fastest for short sequences."""
     B, T, H, D = q_BTHD.shape
     S, K = k_BSKD.shape[1], k_BSKD.shape[2]
     q = q_BTHD.reshape(B, T, K, H // K, D)
-    scores = jnp.einsum("btkgd,bskd->bkgts", q, k_BSKD, preferred_element_type=jnp.float32) * scale
+    scores = soft_cap(jnp.einsum("btkgd,bskd->bkgts", q, k_BSKD, preferred_element_type=jnp.float32) * scale, softcap)
     mask = visible(q_slots_BT, q_seg_BT, jnp.arange(S), key_valid_BS, kv_seg_BS, window)[:, None, None]
     # Multiplying by the mask turns the uniform softmax of a row that sees nothing into zeros.
     probs = jax.nn.softmax(jnp.where(mask, scores, jnp.finfo(jnp.float32).min), axis=-1) * mask
@@ -124,7 +131,7 @@ def dense_attention(q_BTHD, k_BSKD, v_BSKD, q_slots_BT, key_valid_BS, q_seg_BT, 
 
 def attention(q_BTHD, k_BSKD, v_BSKD, *, q_slots_BT=None, key_valid_BS=None, q_segment_ids_BT=None,
               kv_segment_ids_BS=None, sliding_window: int | None = None, scale: float | None = None,
-              implementation: str = "auto", block_size: int = DEFAULT_BLOCK) -> jax.Array:
+              softcap: float | None = None, implementation: str = "auto", block_size: int = DEFAULT_BLOCK) -> jax.Array:
     """Attention output (B, T, H, D) of queries (B, T, H, D) over keys/values (B, S, K, D); see the module doc.
 
     ``key_valid_BS`` defaults to all keys valid; segment ids are given for both sides or neither.
@@ -143,6 +150,8 @@ def attention(q_BTHD, k_BSKD, v_BSKD, *, q_slots_BT=None, key_valid_BS=None, q_s
     backend = jax.default_backend()
     chosen, reason = select_implementation(implementation, backend, call,
                                            splash_available=backend == "tpu" and _splash_importable())
+    if softcap is not None and chosen != "dense":  # the kernels and the blockwise path do not cap scores
+        chosen, reason = "dense", "soft-capped attention scores are computed by the dense path only"
     if implementation not in ("auto", chosen):
         _warn_fallback(implementation, chosen, reason)
 
@@ -157,6 +166,7 @@ def attention(q_BTHD, k_BSKD, v_BSKD, *, q_slots_BT=None, key_valid_BS=None, q_s
     q_seg = jnp.ones((B, T), jnp.int32) if q_segment_ids_BT is None else q_segment_ids_BT
     kv_seg = jnp.ones((B, S), jnp.int32) if kv_segment_ids_BS is None else kv_segment_ids_BS
     if chosen == "dense":
-        return dense_attention(q_BTHD, k_BSKD, v_BSKD, q_slots, key_valid, q_seg, kv_seg, window=sliding_window, scale=scale)
+        return dense_attention(q_BTHD, k_BSKD, v_BSKD, q_slots, key_valid, q_seg, kv_seg, window=sliding_window, scale=scale,
+                               softcap=softcap)
     return blockwise_attention(q_BTHD, k_BSKD, v_BSKD, q_slots, key_valid, q_seg, kv_seg, window=sliding_window,
                                scale=scale, block_q=block_size, block_k=block_size)

@@ -2,7 +2,8 @@
 
 One decoder implementation serves the Llama family (Llama 2/3, SmolLM2, Mistral
 with its sliding window), Qwen2/Qwen2.5 (q/k/v bias), Qwen3 (q/k RMSNorm) and Phi-3
-(Llama with fused q/k/v and gate/up projections in the checkpoint, see ``hf_names``).
+(Llama with fused q/k/v and gate/up projections in the checkpoint, see ``hf_names``) and Gemma 2
+(the fields from ``hidden_act`` to ``final_logit_softcap`` below).
 ``ModelConfig`` holds exactly what that decoder needs; the original HF dict is
 kept so that export writes back a config that ``transformers`` understands.
 """
@@ -20,7 +21,10 @@ from rlhf_jax.models import remat
 from rlhf_jax.models.attention import IMPLEMENTATIONS
 from rlhf_jax.models.rope import ROPE_TYPES, RopeConfig
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2")
+
+# MLP gate activations by their transformers names.
+ACTIVATIONS = ("silu", "gelu_pytorch_tanh", "gelu")
 
 # Gradient checkpointing per decoder layer: "none", or a policy of models/remat.py.
 REMAT_POLICIES = ("none", *remat.POLICIES)
@@ -35,7 +39,7 @@ _ARCH_SUFFIX_TO_TASK = {
     "ForSequenceClassification": TASK_SEQ_CLS,
     "ForTokenClassification": TASK_TOKEN_VALUE,
 }
-_ARCH_PREFIX = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3", "phi3": "Phi3"}
+_ARCH_PREFIX = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3", "phi3": "Phi3", "gemma2": "Gemma2"}
 
 
 class UnsupportedModelError(ValueError):
@@ -64,6 +68,14 @@ class ModelConfig:
     # Per layer "full_attention" or "sliding_attention" (transformers' layer_types); empty: every layer
     # slides when sliding_window is set.
     layer_types: tuple[str, ...] = ()
+    hidden_act: str = "silu"  # the MLP's gate activation, one of ACTIVATIONS
+    embedding_scale: float = 1.0  # token embeddings are multiplied by it (Gemma: sqrt(hidden_size))
+    norm_unit_offset: bool = False  # RMSNorm scales by (1 + weight) (Gemma)
+    sandwich_norms: bool = False  # norms on the attention and MLP outputs too (Gemma: post_attention_layernorm
+    # is then the attention output's norm, and pre/post_feedforward_layernorm surround the MLP)
+    attn_scale: float | None = None  # query scaling (None: head_dim ** -0.5; Gemma: query_pre_attn_scalar ** -0.5)
+    attn_logit_softcap: float | None = None  # attention scores capped to cap * tanh(s / cap) (Gemma 2)
+    final_logit_softcap: float | None = None  # the same on the output logits (Gemma 2)
     num_labels: int = 1
     pad_token_id: int | None = None
     # Runtime settings, not part of the checkpoint.
@@ -144,11 +156,33 @@ def _rope_from_hf(hf: dict) -> RopeConfig:
     )
 
 
+def _gemma_from_hf(hf: dict, model_type: str, hidden: int) -> dict:
+    """The activation, and for Gemma its scalings, (1 + w) norms, sandwich norms and soft caps."""
+    act = hf.get("hidden_activation") or hf.get("hidden_act") or "silu"
+    if act not in ACTIVATIONS:
+        raise UnsupportedModelError(f"activation {act!r} is not supported; supported activations: {', '.join(ACTIVATIONS)}")
+    if model_type != "gemma2":
+        return dict(hidden_act=act)
+    return dict(
+        hidden_act=act,
+        embedding_scale=hidden**0.5,
+        norm_unit_offset=True,
+        sandwich_norms=True,
+        attn_scale=float(hf.get("query_pre_attn_scalar") or hf.get("head_dim") or 256) ** -0.5,
+        attn_logit_softcap=hf.get("attn_logit_softcapping"),
+        final_logit_softcap=hf.get("final_logit_softcapping"),
+    )
+
+
 def _sliding_window_from_hf(hf: dict, model_type: str) -> dict:
     """``sliding_window`` and ``layer_types`` as the transformers models apply them."""
     window = hf.get("sliding_window")
     if model_type in ("mistral", "phi3"):  # every layer, whenever a window is set
         return dict(sliding_window=int(window)) if window else {}
+    if model_type == "gemma2":  # local (sliding) and global layers alternate, the first one local
+        types = hf.get("layer_types") or [
+            "sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(int(hf["num_hidden_layers"]))]
+        return dict(sliding_window=int(window), layer_types=tuple(types)) if window else {}
     if not (window and hf.get("use_sliding_window")):  # Qwen2/Qwen3 switch it on explicitly
         return {}
     layers = int(hf["num_hidden_layers"])
@@ -201,12 +235,13 @@ def from_hf_dict(hf: dict, **runtime) -> ModelConfig:
         rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
         max_position_embeddings=max_pos,
         rope=_rope_from_hf(hf),
-        tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        tie_word_embeddings=bool(hf.get("tie_word_embeddings", model_type == "gemma2")),
         qkv_bias=model_type == "qwen2" or (model_type in ("llama", "qwen3") and bool(hf.get("attention_bias"))),
         o_bias=model_type in ("llama", "qwen3") and bool(hf.get("attention_bias")),
         mlp_bias=model_type == "llama" and bool(hf.get("mlp_bias")),
         qk_norm=model_type == "qwen3",
         **_sliding_window_from_hf(hf, model_type),
+        **_gemma_from_hf(hf, model_type, hidden),
         num_labels=int(num_labels),
         pad_token_id=pad,
         hf_config=dict(hf),

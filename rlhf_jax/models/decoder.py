@@ -26,7 +26,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from rlhf_jax.models.config import TASK_CAUSAL_LM, TASK_SEQ_CLS, TASK_TOKEN_VALUE, ModelConfig
-from rlhf_jax.models.layers import DecoderLayer, RMSNorm, param
+from rlhf_jax.models.attention import soft_cap
+from rlhf_jax.models.layers import DecoderLayer, norm, param
 from rlhf_jax.models.remat import checkpointed
 
 KVCache = list  # one (k, v) pair per layer: k (B, K, D, S), v (B, K, S, D) (K kv heads, S slots)
@@ -68,7 +69,7 @@ class Decoder(nnx.Module):
         self.cfg = cfg
         self.embed_tokens = param(rngs, (cfg.vocab_size, cfg.hidden_size), ("vocab", "embed"), cfg.param_dtype)
         self.layers = nnx.List([DecoderLayer(cfg, i, rngs=rngs) for i in range(cfg.num_hidden_layers)])
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype=cfg.param_dtype, rngs=rngs)
+        self.norm = norm(cfg, cfg.hidden_size, rngs)
 
     def __call__(self, input_ids_BT, positions_BT, key_valid_BS, q_slots_BT, cache=None, cache_index=None,
                  segment_ids_BT=None):
@@ -76,7 +77,11 @@ class Decoder(nnx.Module):
 
         ``q_slots_BT=None`` (no cache): self-attention over the T tokens, query i at slot i.
         """
-        x = jnp.take(self.embed_tokens[...], input_ids_BT, axis=0).astype(self.cfg.dtype)
+        table = self.embed_tokens[...]
+        x = jnp.take(table, input_ids_BT, axis=0)
+        if self.cfg.embedding_scale != 1.0:  # in the table's dtype, as transformers scales it
+            x = x * jnp.asarray(self.cfg.embedding_scale, table.dtype)
+        x = x.astype(self.cfg.dtype)
         if cache is None:
             args = (positions_BT, key_valid_BS, q_slots_BT, None, None, segment_ids_BT)
             for layer in self.layers:
@@ -119,7 +124,8 @@ class CausalLM(nnx.Module):
         return self.lm_head[...]
 
     def logits_from_hidden(self, hidden: jax.Array) -> jax.Array:
-        return (hidden @ self.unembedding().astype(self.config.dtype)).astype(jnp.float32)
+        logits = (hidden @ self.unembedding().astype(self.config.dtype)).astype(jnp.float32)
+        return soft_cap(logits, self.config.final_logit_softcap)
 
     def hidden_states(self, input_ids, attention_mask=None, positions=None, segment_ids=None) -> jax.Array:
         return self.model.full_sequence(input_ids, attention_mask, positions, segment_ids)

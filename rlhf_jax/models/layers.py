@@ -8,13 +8,11 @@ heads, K kv heads, G = H // K, D head_dim, F mlp width.
 
 from __future__ import annotations
 
-import math
-
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from rlhf_jax.models.attention import attention
+from rlhf_jax.models.attention import attention, soft_cap
 from rlhf_jax.models.config import ModelConfig
 from rlhf_jax.models.rope import apply_rope, rotary_cos_sin
 
@@ -33,20 +31,32 @@ def param(rngs: nnx.Rngs | None, shape: tuple[int, ...], axes: tuple[str | None,
     return nnx.Param(value, logical_axes=tuple(axes))
 
 
-def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
-    """RMSNorm computed in float32, scaled in the input dtype (as transformers does)."""
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float, unit_offset: bool = False) -> jax.Array:
+    """RMSNorm computed in float32, scaled in the input dtype (as transformers does).
+
+    ``unit_offset`` (Gemma): the scale is 1 + weight, applied in float32 before the cast, as Gemma's norm does.
+    """
     x32 = x.astype(jnp.float32)
     normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    if unit_offset:
+        return (normed * (1.0 + weight.astype(jnp.float32))).astype(x.dtype)
     return weight.astype(x.dtype) * normed.astype(x.dtype)
 
 
 class RMSNorm(nnx.Module):
-    def __init__(self, dim: int, eps: float, *, param_dtype, rngs: nnx.Rngs | None = None):
-        self.weight = param(rngs, (dim,), ("norm",), param_dtype, init="ones")
+    def __init__(self, dim: int, eps: float, *, param_dtype, unit_offset: bool = False, rngs: nnx.Rngs | None = None):
+        # a (1 + w) norm starts at w = 0, the identity scale, as the ones of a plain norm do
+        self.weight = param(rngs, (dim,), ("norm",), param_dtype, init="zeros" if unit_offset else "ones")
         self.eps = eps
+        self.unit_offset = unit_offset
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        return rms_norm(x, self.weight[...], self.eps)
+        return rms_norm(x, self.weight[...], self.eps, self.unit_offset)
+
+
+def norm(cfg: ModelConfig, dim: int, rngs: nnx.Rngs | None) -> RMSNorm:
+    """The family's RMSNorm over ``dim`` features."""
+    return RMSNorm(dim, cfg.rms_norm_eps, param_dtype=cfg.param_dtype, unit_offset=cfg.norm_unit_offset, rngs=rngs)
 
 
 def attention_weights_mask(q_slots_BT: jax.Array, key_valid_BS: jax.Array, window: int | None = None) -> jax.Array:
@@ -67,7 +77,8 @@ def attention_weights_mask(q_slots_BT: jax.Array, key_valid_BS: jax.Array, windo
     return mask
 
 
-def decode_attention(q_BHD, k_BKDS, v_BKSD, q_slot_B, key_valid_BS, dtype, window: int | None = None) -> jax.Array:
+def decode_attention(q_BHD, k_BKDS, v_BKSD, q_slot_B, key_valid_BS, dtype, window: int | None = None,
+                     scale: float | None = None, softcap: float | None = None) -> jax.Array:
     """One query token per row over the whole cache, (B, H, D).
 
     Many tiny matmuls, one per (batch, kv head), are slow on CPU; a broadcast multiply + reduce
@@ -77,7 +88,7 @@ def decode_attention(q_BHD, k_BKDS, v_BKSD, q_slot_B, key_valid_BS, dtype, windo
     K = k_BKDS.shape[1]
     q = q_BHD.reshape(B, K, H // K, D)
     scores = jnp.sum(q[..., None] * k_BKDS.astype(dtype)[:, :, None], axis=-2)  # B K G S
-    scores = scores.astype(jnp.float32) / math.sqrt(D)
+    scores = soft_cap(scores.astype(jnp.float32) * (D**-0.5 if scale is None else scale), softcap)
     mask = attention_weights_mask(q_slot_B[:, None], key_valid_BS, window)[:, None]  # B 1 1 S
     probs = jax.nn.softmax(jnp.where(mask, scores, jnp.finfo(jnp.float32).min), axis=-1).astype(dtype)
     out = jnp.sum(probs[..., None] * v_BKSD.astype(dtype)[:, :, None], axis=-2)  # B K G D
@@ -102,8 +113,8 @@ class Attention(nnx.Module):
         if cfg.o_bias:
             self.o_bias = param(rngs, (E,), ("embed",), pd, init="zeros")
         if cfg.qk_norm:
-            self.q_norm = RMSNorm(D, cfg.rms_norm_eps, param_dtype=pd, rngs=rngs)
-            self.k_norm = RMSNorm(D, cfg.rms_norm_eps, param_dtype=pd, rngs=rngs)
+            self.q_norm = norm(cfg, D, rngs)
+            self.k_norm = norm(cfg, D, rngs)
 
     def _project(self, x: jax.Array, name: str) -> jax.Array:
         dt = self.cfg.dtype
@@ -139,7 +150,8 @@ class Attention(nnx.Module):
                 v_cache, jnp.swapaxes(v, 1, 2).astype(v_cache.dtype), cache_index, axis=2)
             new_cache = (k_cache, v_cache)
             if T == 1:
-                out = decode_attention(q[:, 0], k_cache, v_cache, q_slots_BT[:, 0], key_valid_BS, dt, self.window)[:, None]
+                out = decode_attention(q[:, 0], k_cache, v_cache, q_slots_BT[:, 0], key_valid_BS, dt, self.window,
+                                       cfg.attn_scale, cfg.attn_logit_softcap)[:, None]
                 return self._output(out), new_cache
             # A prefill that fills the whole cache from slot 0 is self-attention over the new tokens.
             if not (isinstance(cache_index, int) and cache_index == 0 and k_cache.shape[3] == T):
@@ -148,7 +160,8 @@ class Attention(nnx.Module):
             else:
                 q_slots_BT = None
         out = attention(q, k, v, q_slots_BT=q_slots_BT, key_valid_BS=key_valid_BS, q_segment_ids_BT=segment_ids_BT,
-                        kv_segment_ids_BS=segment_ids_BT, sliding_window=self.window, implementation=cfg.attn_impl)
+                        kv_segment_ids_BS=segment_ids_BT, sliding_window=self.window, scale=cfg.attn_scale,
+                        softcap=cfg.attn_logit_softcap, implementation=cfg.attn_impl)
         return self._output(out), new_cache
 
     def _output(self, out_BTHD: jax.Array) -> jax.Array:
@@ -159,8 +172,15 @@ class Attention(nnx.Module):
         return out
 
 
+_ACTIVATIONS = {
+    "silu": jax.nn.silu,
+    "gelu_pytorch_tanh": lambda x: jax.nn.gelu(x, approximate=True),
+    "gelu": lambda x: jax.nn.gelu(x, approximate=False),
+}
+
+
 class MLP(nnx.Module):
-    """SwiGLU: down(silu(gate(x)) * up(x))."""
+    """Gated MLP: down(act(gate(x)) * up(x)), act silu (SwiGLU) or gelu (GeGLU, Gemma)."""
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs | None):
         E, F, pd = cfg.hidden_size, cfg.intermediate_size, cfg.param_dtype
@@ -179,22 +199,31 @@ class MLP(nnx.Module):
         up = x_BTE @ self.up_proj[...].astype(dt)
         if bias:
             gate, up = gate + self.gate_bias[...].astype(dt), up + self.up_bias[...].astype(dt)
-        out = (jax.nn.silu(gate) * up) @ self.down_proj[...].astype(dt)
+        out = (_ACTIVATIONS[self.cfg.hidden_act](gate) * up) @ self.down_proj[...].astype(dt)
         return out + self.down_bias[...].astype(dt) if bias else out
 
 
 class DecoderLayer(nnx.Module):
+    """Pre-norm residual block; with ``sandwich_norms`` (Gemma) the attention and MLP outputs are normed too."""
+
     def __init__(self, cfg: ModelConfig, layer: int = 0, *, rngs: nnx.Rngs | None):
-        pd = cfg.param_dtype
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype=pd, rngs=rngs)
+        E = cfg.hidden_size
+        self.input_layernorm = norm(cfg, E, rngs)
         self.self_attn = Attention(cfg, window=cfg.window_of(layer), rngs=rngs)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype=pd, rngs=rngs)
+        # Llama: the norm before the MLP. Gemma: the attention output's norm (transformers' names both ways).
+        self.post_attention_layernorm = norm(cfg, E, rngs)
         self.mlp = MLP(cfg, rngs=rngs)
+        self.sandwich = cfg.sandwich_norms
+        if self.sandwich:
+            self.pre_feedforward_layernorm = norm(cfg, E, rngs)
+            self.post_feedforward_layernorm = norm(cfg, E, rngs)
 
     def __call__(self, x_BTE, positions_BT, key_valid_BS, q_slots_BT, cache=None, cache_index=None, segment_ids_BT=None):
         attn, new_cache = self.self_attn(
             self.input_layernorm(x_BTE), positions_BT, key_valid_BS, q_slots_BT, cache, cache_index, segment_ids_BT
         )
-        x_BTE = x_BTE + attn
-        x_BTE = x_BTE + self.mlp(self.post_attention_layernorm(x_BTE))
-        return x_BTE, new_cache
+        if not self.sandwich:
+            x_BTE = x_BTE + attn
+            return x_BTE + self.mlp(self.post_attention_layernorm(x_BTE)), new_cache
+        x_BTE = x_BTE + self.post_attention_layernorm(attn)
+        return x_BTE + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x_BTE))), new_cache

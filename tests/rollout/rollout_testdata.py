@@ -27,7 +27,7 @@ def _common(seed_range: float) -> dict:
 
 def build_checkpoint(kind: str, path: str, seed: int = 0) -> str:
     import torch
-    from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Phi3Config, Phi3ForCausalLM,
+    from transformers import (Gemma2Config, Gemma2ForCausalLM, LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Phi3Config, Phi3ForCausalLM,
                               Qwen2Config, Qwen2ForCausalLM)
 
     torch.manual_seed(seed)
@@ -47,6 +47,10 @@ def build_checkpoint(kind: str, path: str, seed: int = 0) -> str:
         model = MistralForCausalLM(MistralConfig(**_common(0.25), head_dim=16, sliding_window=6))
     elif kind == "phi3_window":  # fused checkpoint tensors, RoPE on half of each head, a 6-token window
         model = Phi3ForCausalLM(Phi3Config(**_common(0.25), partial_rotary_factor=0.5, sliding_window=6))
+    elif kind == "gemma2_window":  # soft caps, (1 + w) and sandwich norms, GeGLU, local layers with a 6-token window
+        model = Gemma2ForCausalLM(Gemma2Config(**_common(0.25), head_dim=16, sliding_window=6,
+                                               query_pre_attn_scalar=24, attn_logit_softcapping=2.0,
+                                               final_logit_softcapping=3.0))
     else:
         raise ValueError(kind)
     model.eval().save_pretrained(path)
