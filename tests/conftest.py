@@ -69,6 +69,14 @@ ARCHS = {
     "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", dict(
         head_dim=16, num_hidden_layers=3, query_pre_attn_scalar=24, sliding_window=6, attn_logit_softcapping=2.0,
         final_logit_softcapping=3.0, initializer_range=0.2, pad_token_id=0, bos_token_id=2, eos_token_id=1)),
+    # Gemma 3 text: q/k norms, local layers 0 and 2 with a 6-token window and their own RoPE base, the global
+    # layer with linear scaling.
+    "gemma3_text": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(
+        head_dim=16, num_hidden_layers=3, query_pre_attn_scalar=24, sliding_window=6, initializer_range=0.2,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        rope_parameters={"full_attention": dict(rope_type="linear", factor=4.0, rope_theta=1e6),
+                         "sliding_attention": dict(rope_type="default", rope_theta=100.0)},
+        pad_token_id=0, bos_token_id=2, eos_token_id=1)),
     "llama_seq_cls": ("LlamaConfig", "LlamaForSequenceClassification", dict(num_labels=1, pad_token_id=0)),
     "qwen2_seq_cls3": ("Qwen2Config", "Qwen2ForSequenceClassification", dict(num_labels=3, pad_token_id=0)),
 }

@@ -2,8 +2,9 @@
 
 One decoder implementation serves the Llama family (Llama 2/3, SmolLM2, Mistral
 with its sliding window), Qwen2/Qwen2.5 (q/k/v bias), Qwen3 (q/k RMSNorm) and Phi-3
-(Llama with fused q/k/v and gate/up projections in the checkpoint, see ``hf_names``) and Gemma 2
-(the fields from ``hidden_act`` to ``final_logit_softcap`` below).
+(Llama with fused q/k/v and gate/up projections in the checkpoint, see ``hf_names``) Gemma 2 and
+Gemma 3 text (the fields from ``hidden_act`` to ``final_logit_softcap`` below; Gemma 3 adds q/k norms
+and a RoPE of its own on the sliding layers).
 ``ModelConfig`` holds exactly what that decoder needs; the original HF dict is
 kept so that export writes back a config that ``transformers`` understands.
 """
@@ -21,7 +22,7 @@ from rlhf_jax.models import remat
 from rlhf_jax.models.attention import IMPLEMENTATIONS
 from rlhf_jax.models.rope import ROPE_TYPES, RopeConfig
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text")
 
 # MLP gate activations by their transformers names.
 ACTIVATIONS = ("silu", "gelu_pytorch_tanh", "gelu")
@@ -39,7 +40,7 @@ _ARCH_SUFFIX_TO_TASK = {
     "ForSequenceClassification": TASK_SEQ_CLS,
     "ForTokenClassification": TASK_TOKEN_VALUE,
 }
-_ARCH_PREFIX = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3", "phi3": "Phi3", "gemma2": "Gemma2"}
+_ARCH_PREFIX = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3", "phi3": "Phi3", "gemma2": "Gemma2", "gemma3_text": "Gemma3"}
 
 
 class UnsupportedModelError(ValueError):
@@ -63,11 +64,12 @@ class ModelConfig:
     qkv_bias: bool  # q/k/v projections carry a bias (Qwen2; Llama with attention_bias)
     o_bias: bool  # the output projection carries a bias (Llama with attention_bias)
     mlp_bias: bool  # gate/up/down projections carry a bias (Llama with mlp_bias)
-    qk_norm: bool  # RMSNorm on q and k per head before RoPE (Qwen3)
+    qk_norm: bool  # RMSNorm on q and k per head before RoPE (Qwen3, Gemma 3)
     sliding_window: int | None = None  # a query sees the keys less than this many tokens before it
     # Per layer "full_attention" or "sliding_attention" (transformers' layer_types); empty: every layer
     # slides when sliding_window is set.
     layer_types: tuple[str, ...] = ()
+    local_rope: RopeConfig | None = None  # the sliding layers' own RoPE (Gemma 3); None: ``rope`` everywhere
     hidden_act: str = "silu"  # the MLP's gate activation, one of ACTIVATIONS
     embedding_scale: float = 1.0  # token embeddings are multiplied by it (Gemma: sqrt(hidden_size))
     norm_unit_offset: bool = False  # RMSNorm scales by (1 + weight) (Gemma)
@@ -113,10 +115,12 @@ def remat_policy(setting: bool | str) -> str:
 _PARTIAL_ROTARY_TYPES = ("phi3",)
 
 
-def _rope_from_hf(hf: dict) -> RopeConfig:
-    """The RoPE settings as transformers reads them (``RotaryEmbeddingConfigMixin.standardize_rope_params``)."""
+def _rope_from_hf(hf: dict, params: dict | None = None) -> RopeConfig:
+    """The RoPE settings as transformers reads them (``RotaryEmbeddingConfigMixin.standardize_rope_params``);
+    ``params`` is one layer type's dict where they are nested by layer type (Gemma 3)."""
     # transformers < 5 writes rope_theta + rope_scaling; >= 5 writes rope_parameters.
-    params = {**(hf.get("rope_scaling") or {}), **(hf.get("rope_parameters") or {})}
+    if params is None:
+        params = {**(hf.get("rope_scaling") or {}), **(hf.get("rope_parameters") or {})}
     theta = float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
     rope_type = params.get("rope_type", params.get("type", "default")) or "default"
     if hf.get("model_type") == "phi3" and rope_type in ("su", "yarn"):
@@ -156,13 +160,18 @@ def _rope_from_hf(hf: dict) -> RopeConfig:
     )
 
 
+_GEMMA = ("gemma2", "gemma3_text")
+
+
 def _gemma_from_hf(hf: dict, model_type: str, hidden: int) -> dict:
     """The activation, and for Gemma its scalings, (1 + w) norms, sandwich norms and soft caps."""
     act = hf.get("hidden_activation") or hf.get("hidden_act") or "silu"
     if act not in ACTIVATIONS:
         raise UnsupportedModelError(f"activation {act!r} is not supported; supported activations: {', '.join(ACTIVATIONS)}")
-    if model_type != "gemma2":
+    if model_type not in _GEMMA:
         return dict(hidden_act=act)
+    if hf.get("use_bidirectional_attention"):
+        raise UnsupportedModelError("use_bidirectional_attention is not supported (the decoder is causal)")
     return dict(
         hidden_act=act,
         embedding_scale=hidden**0.5,
@@ -174,14 +183,27 @@ def _gemma_from_hf(hf: dict, model_type: str, hidden: int) -> dict:
     )
 
 
+def _gemma3_ropes(hf: dict) -> dict:
+    """Gemma 3's two RoPEs: the global layers' (with any scaling) and the local (sliding) layers' own base."""
+    nested = hf.get("rope_parameters") or {}
+    if "full_attention" in nested:
+        full, local = nested["full_attention"], nested.get("sliding_attention") or {}
+    else:  # older config.json: rope_theta and rope_scaling for the global layers, rope_local_base_freq for the local
+        full = {**(hf.get("rope_scaling") or {}), "rope_theta": hf.get("rope_theta", 1_000_000.0)}
+        local = {"rope_theta": hf.get("rope_local_base_freq", 10_000.0)}
+    local = {"rope_type": "default", "rope_theta": 10_000.0, **local}
+    return dict(rope=_rope_from_hf(hf, {"rope_theta": 1_000_000.0, **full}), local_rope=_rope_from_hf(hf, local))
+
+
 def _sliding_window_from_hf(hf: dict, model_type: str) -> dict:
     """``sliding_window`` and ``layer_types`` as the transformers models apply them."""
     window = hf.get("sliding_window")
     if model_type in ("mistral", "phi3"):  # every layer, whenever a window is set
         return dict(sliding_window=int(window)) if window else {}
-    if model_type == "gemma2":  # local (sliding) and global layers alternate, the first one local
+    if model_type in _GEMMA:  # local (sliding) and global layers: Gemma 2 alternates, Gemma 3 has 5 local per global
+        pattern = 2 if model_type == "gemma2" else int(hf.get("sliding_window_pattern", 6))
         types = hf.get("layer_types") or [
-            "sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(int(hf["num_hidden_layers"]))]
+            "sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(int(hf["num_hidden_layers"]))]
         return dict(sliding_window=int(window), layer_types=tuple(types)) if window else {}
     if not (window and hf.get("use_sliding_window")):  # Qwen2/Qwen3 switch it on explicitly
         return {}
@@ -234,12 +256,12 @@ def from_hf_dict(hf: dict, **runtime) -> ModelConfig:
         head_dim=int(head_dim),
         rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
         max_position_embeddings=max_pos,
-        rope=_rope_from_hf(hf),
-        tie_word_embeddings=bool(hf.get("tie_word_embeddings", model_type == "gemma2")),
+        **(_gemma3_ropes(hf) if model_type == "gemma3_text" else dict(rope=_rope_from_hf(hf))),
+        tie_word_embeddings=bool(hf.get("tie_word_embeddings", model_type in _GEMMA)),
         qkv_bias=model_type == "qwen2" or (model_type in ("llama", "qwen3") and bool(hf.get("attention_bias"))),
         o_bias=model_type in ("llama", "qwen3") and bool(hf.get("attention_bias")),
         mlp_bias=model_type == "llama" and bool(hf.get("mlp_bias")),
-        qk_norm=model_type == "qwen3",
+        qk_norm=model_type in ("qwen3", "gemma3_text"),
         **_sliding_window_from_hf(hf, model_type),
         **_gemma_from_hf(hf, model_type, hidden),
         num_labels=int(num_labels),

@@ -102,6 +102,7 @@ class Attention(nnx.Module):
             raise ValueError(f"num_attention_heads ({H}) must be a multiple of num_key_value_heads ({K})")
         self.cfg = cfg
         self.window = window  # sliding window (None: full causal attention)
+        self.rope = cfg.local_rope if window is not None and cfg.local_rope is not None else cfg.rope
         self.q_proj = param(rngs, (E, H, D), ("embed", "heads", "head_dim"), pd)
         self.k_proj = param(rngs, (E, K, D), ("embed", "kv_heads", "head_dim"), pd)
         self.v_proj = param(rngs, (E, K, D), ("embed", "kv_heads", "head_dim"), pd)
@@ -134,7 +135,7 @@ class Attention(nnx.Module):
         q, k, v = self._project(x_BTE, "q"), self._project(x_BTE, "k"), self._project(x_BTE, "v")
         if cfg.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        cos_sin = rotary_cos_sin(cfg.head_dim, cfg.rope, positions_BT)
+        cos_sin = rotary_cos_sin(cfg.head_dim, self.rope, positions_BT)
         q, k = apply_rope(q, cos_sin), apply_rope(k, cos_sin)
         B, T, H, D = q.shape
         new_cache = None

@@ -30,7 +30,7 @@ def _torch_out(model, ids, mask):
         return model(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask)).logits.float().numpy()
 
 
-@pytest.mark.parametrize("kind", ["llama", "llama_tied", "qwen2", "qwen3", "phi3", "gemma2"])
+@pytest.mark.parametrize("kind", ["llama", "llama_tied", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text"])
 def test_roundtrip_loads_in_transformers_with_same_logits(hf_checkpoint, tmp_path, kind):
     path, ref = hf_checkpoint(kind)
     model = from_pretrained(path)
@@ -176,7 +176,7 @@ def test_unknown_model_type(hf_checkpoint):
     cfg = json.load(open(cfg_path))
     cfg["model_type"], cfg["architectures"] = "gpt2", ["GPT2LMHeadModel"]
     json.dump(cfg, open(cfg_path, "w"))
-    with pytest.raises(UnsupportedModelError, match=r"'gpt2'.*supported model types: llama, mistral, qwen2, qwen3, phi3, gemma2"):
+    with pytest.raises(UnsupportedModelError, match=r"'gpt2'.*supported model types: llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3_text"):
         from_pretrained(path)
 
 

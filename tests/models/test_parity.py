@@ -22,7 +22,8 @@ def torch_logits(model, ids, mask):
 
 @pytest.mark.parametrize("attn_impl", ["dense", "blockwise"])
 @pytest.mark.parametrize("kind", ["llama", "llama_tied", "llama3_rope", "qwen2", "qwen3", "mistral", "mistral_window",
-                                  "qwen2_window", "phi3", "gemma2"])
+                                  "qwen2_window", "phi3", "gemma2",
+                                  "gemma3_text"])
 def test_causal_lm_logits_match_transformers(hf_checkpoint, kind, attn_impl):
     path, ref_model = hf_checkpoint(kind)
     rng = np.random.default_rng(1)

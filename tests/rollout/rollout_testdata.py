@@ -27,7 +27,7 @@ def _common(seed_range: float) -> dict:
 
 def build_checkpoint(kind: str, path: str, seed: int = 0) -> str:
     import torch
-    from transformers import (Gemma2Config, Gemma2ForCausalLM, LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Phi3Config, Phi3ForCausalLM,
+    from transformers import (Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Phi3Config, Phi3ForCausalLM,
                               Qwen2Config, Qwen2ForCausalLM)
 
     torch.manual_seed(seed)
@@ -51,6 +51,11 @@ def build_checkpoint(kind: str, path: str, seed: int = 0) -> str:
         model = Gemma2ForCausalLM(Gemma2Config(**_common(0.25), head_dim=16, sliding_window=6,
                                                query_pre_attn_scalar=24, attn_logit_softcapping=2.0,
                                                final_logit_softcapping=3.0))
+    elif kind == "gemma3_window":  # q/k norms; local layer 0 (6-token window, RoPE base 100), global layer 1 (linear x4)
+        rope = {"full_attention": dict(rope_type="linear", factor=4.0, rope_theta=1e6),
+                "sliding_attention": dict(rope_type="default", rope_theta=100.0)}
+        model = Gemma3ForCausalLM(Gemma3TextConfig(**_common(0.25), head_dim=16, sliding_window=6, query_pre_attn_scalar=24,
+                                                   layer_types=["sliding_attention", "full_attention"], rope_parameters=rope))
     else:
         raise ValueError(kind)
     model.eval().save_pretrained(path)

@@ -47,9 +47,11 @@ def test_greedy_matches_transformers_on_tiny_checkpoints(kind, request):
         assert done or len(tokens) == NEW_TOKENS
 
 
-@pytest.mark.parametrize("kind", ["mistral_window", "qwen2_window", "phi3_window", "gemma2_window"])
+@pytest.mark.parametrize("kind", ["mistral_window", "qwen2_window", "phi3_window", "gemma2_window",
+                                  "gemma3_window"])
 def test_greedy_matches_transformers_past_the_sliding_window(kind, tmp_path):
-    """Prompts of 3-13 tokens and 24 new tokens run well past the 6-token window, in prefill and in decode."""
+    """Each windowed family (see ``build_checkpoint``): prompts of 3-13 tokens and 24 new tokens run well past
+    the 6-token window, in prefill and in decode."""
     import torch
     from transformers import AutoModelForCausalLM
 
