@@ -77,6 +77,11 @@ ARCHS = {
         rope_parameters={"full_attention": dict(rope_type="linear", factor=4.0, rope_theta=1e6),
                          "sliding_attention": dict(rope_type="default", rope_theta=100.0)},
         pad_token_id=0, bos_token_id=2, eos_token_id=1)),
+    "phi3_seq_cls": ("Phi3Config", "Phi3ForSequenceClassification", dict(partial_rotary_factor=0.5, num_labels=1, pad_token_id=0)),
+    "gemma2_seq_cls": ("Gemma2Config", "Gemma2ForSequenceClassification", dict(
+        head_dim=16, sliding_window=6, attn_logit_softcapping=2.0, initializer_range=0.2, num_labels=2, pad_token_id=0)),
+    "gemma3_text_seq_cls": ("Gemma3TextConfig", "Gemma3TextForSequenceClassification", dict(
+        head_dim=16, sliding_window=6, sliding_window_pattern=2, initializer_range=0.2, num_labels=1, pad_token_id=0)),
     "llama_seq_cls": ("LlamaConfig", "LlamaForSequenceClassification", dict(num_labels=1, pad_token_id=0)),
     "qwen2_seq_cls3": ("Qwen2Config", "Qwen2ForSequenceClassification", dict(num_labels=3, pad_token_id=0)),
 }

@@ -225,6 +225,8 @@ def task_from_hf(hf: dict) -> str:
 
 def architecture_name(model_type: str, task: str) -> str:
     suffix = {v: k for k, v in _ARCH_SUFFIX_TO_TASK.items()}[task]
+    if model_type == "gemma3_text" and task != TASK_CAUSAL_LM:  # Gemma3For* heads are the multimodal model's
+        return "Gemma3Text" + suffix
     return _ARCH_PREFIX[model_type] + suffix
 
 
@@ -241,7 +243,9 @@ def from_hf_dict(hf: dict, **runtime) -> ModelConfig:
     head_dim = hf.get("head_dim") or hidden // heads
     num_labels = hf.get("num_labels")
     if num_labels is None:
-        num_labels = len(hf.get("id2label") or {}) or 1
+        # transformers omits id2label when it is its default of 2 labels; a head built here for another
+        # checkpoint (a reward model from a causal LM) has one.
+        num_labels = len(hf.get("id2label") or {}) or (2 if task_from_hf(hf) == TASK_SEQ_CLS else 1)
     pad = hf.get("pad_token_id")
     if isinstance(pad, list):
         pad = pad[0] if pad else None

@@ -45,7 +45,7 @@ def test_roundtrip_loads_in_transformers_with_same_logits(hf_checkpoint, tmp_pat
     np.testing.assert_array_equal(_torch_out(reloaded.eval(), ids, mask), _torch_out(ref, ids, mask))
 
 
-@pytest.mark.parametrize("kind", ["llama_seq_cls", "qwen2_seq_cls3"])
+@pytest.mark.parametrize("kind", ["llama_seq_cls", "qwen2_seq_cls3", "phi3_seq_cls", "gemma2_seq_cls", "gemma3_text_seq_cls"])
 def test_sequence_classifier_scores_and_roundtrip(hf_checkpoint, tmp_path, kind):
     path, ref = hf_checkpoint(kind)
     ids, mask = _batch(seed=4)
