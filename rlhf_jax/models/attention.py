@@ -7,7 +7,8 @@
 where query (b, i) sees key (b, j) iff ``key_valid[b, j]``, ``j <= q_slots[b, i]``
 (a key's slot is its index), and, when given, ``q_seg[b, i] == kv_seg[b, j] != 0``
 (sequence packing) and ``q_slots[b, i] - j < sliding_window``. With ``softcap`` the scores are
-``softcap * tanh(scores / softcap)`` (Gemma 2); only the dense path computes those. H query heads share
+``softcap * tanh(scores / softcap)`` (Gemma 2); the fused kernels do not cap, so capped calls take
+the dense or blockwise path. H query heads share
 K key/value heads (grouped-query attention, G = H // K). A query that sees no key
 gives zeros (and a finite gradient).
 
@@ -34,7 +35,7 @@ import jax
 import jax.numpy as jnp
 
 from rlhf_jax.models import attention_kernels
-from rlhf_jax.models.blockwise import DEFAULT_BLOCK, blockwise_attention, visible
+from rlhf_jax.models.blockwise import DEFAULT_BLOCK, blockwise_attention, soft_cap, visible
 
 log = logging.getLogger(__name__)
 
@@ -110,11 +111,6 @@ def _warn_fallback(requested: str, chosen: str, reason: str) -> None:
     log.warning("attention implementation %r cannot run here (%s); using %r", requested, reason, chosen)
 
 
-def soft_cap(x: jax.Array, cap: float | None) -> jax.Array:
-    """``cap * tanh(x / cap)`` (identity without a cap): Gemma 2's attention and final logit capping."""
-    return x if cap is None else cap * jnp.tanh(x / cap)
-
-
 def dense_attention(q_BTHD, k_BSKD, v_BSKD, q_slots_BT, key_valid_BS, q_seg_BT, kv_seg_BS, *, window, scale,
                     softcap=None):
     """Masked softmax attention with the whole (B, K, G, T, S) score tensor: fastest for short sequences."""
@@ -150,8 +146,8 @@ def attention(q_BTHD, k_BSKD, v_BSKD, *, q_slots_BT=None, key_valid_BS=None, q_s
     backend = jax.default_backend()
     chosen, reason = select_implementation(implementation, backend, call,
                                            splash_available=backend == "tpu" and _splash_importable())
-    if softcap is not None and chosen != "dense":  # the kernels and the blockwise path do not cap scores
-        chosen, reason = "dense", "soft-capped attention scores are computed by the dense path only"
+    if softcap is not None and chosen in ("cudnn", "splash"):  # the kernel wrappers do not cap scores
+        chosen, reason = _xla_choice(call), "the fused kernels do not soft-cap attention scores"
     if implementation not in ("auto", chosen):
         _warn_fallback(implementation, chosen, reason)
 
@@ -169,4 +165,4 @@ def attention(q_BTHD, k_BSKD, v_BSKD, *, q_slots_BT=None, key_valid_BS=None, q_s
         return dense_attention(q_BTHD, k_BSKD, v_BSKD, q_slots, key_valid, q_seg, kv_seg, window=sliding_window, scale=scale,
                                softcap=softcap)
     return blockwise_attention(q_BTHD, k_BSKD, v_BSKD, q_slots, key_valid, q_seg, kv_seg, window=sliding_window,
-                               scale=scale, block_q=block_size, block_k=block_size)
+                               scale=scale, block_q=block_size, block_k=block_size, softcap=softcap)

@@ -7,7 +7,8 @@ recomputes each block's probabilities from that log-sum-exp: differentiating
 through the loop instead would store every block's probabilities, which is the
 quadratic memory this module exists to avoid. Blocks that no query of the block
 may see (above the causal diagonal, outside the window, other segments, padding)
-are skipped in both directions.
+are skipped in both directions. Scores may be soft-capped (``cap * tanh(s / cap)``,
+Gemma 2); the backward then scales the score gradient by the cap's derivative.
 
 Blocked layouts (n = number of blocks): queries (nq, B, K, G, Bq, D), keys and
 values (nk, B, K, Bk, D), per-query slots/segments (nq, B, Bq), per-key
@@ -41,11 +42,16 @@ def _block_mask(qi, ki, q_slots, q_seg, key_valid, kv_seg, block_k: int, window)
     return visible(q_slots[qi], q_seg[qi], key_slots, key_valid[ki], kv_seg[ki], window)
 
 
-def _scores(q_blk, k_blk):
-    return jnp.einsum("bkgqd,bksd->bkgqs", q_blk, k_blk, preferred_element_type=jnp.float32)
+def soft_cap(x: jax.Array, cap: float | None) -> jax.Array:
+    """``cap * tanh(x / cap)`` (identity without a cap): Gemma 2's attention and final logit capping."""
+    return x if cap is None else cap * jnp.tanh(x / cap)
 
 
-def _forward_q_block(qi, q, k, v, q_slots, q_seg, key_valid, kv_seg, window, block_k):
+def _scores(q_blk, k_blk, softcap):
+    return soft_cap(jnp.einsum("bkgqd,bksd->bkgqs", q_blk, k_blk, preferred_element_type=jnp.float32), softcap)
+
+
+def _forward_q_block(qi, q, k, v, q_slots, q_seg, key_valid, kv_seg, window, block_k, softcap):
     """Output (B, K, G, Bq, D) float32 and log-sum-exp (B, K, G, Bq) of one query block."""
     q_blk = q[qi]
     stats_shape = q_blk.shape[:-1]
@@ -60,7 +66,7 @@ def _forward_q_block(qi, q, k, v, q_slots, q_seg, key_valid, kv_seg, window, blo
 
         def update(carry):
             m, l, acc = carry
-            s = jnp.where(mask, _scores(q_blk, k[ki]), -jnp.inf)
+            s = jnp.where(mask, _scores(q_blk, k[ki], softcap), -jnp.inf)
             m_new = jnp.maximum(m, s.max(-1))
             # A row that has seen nothing yet keeps max -inf; shift it by 0 so exp gives 0, not nan.
             m_safe = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
@@ -79,26 +85,26 @@ def _forward_q_block(qi, q, k, v, q_slots, q_seg, key_valid, kv_seg, window, blo
     return out, lse
 
 
-def _forward(q, k, v, q_slots, q_seg, key_valid, kv_seg, window, block_k):
+def _forward(q, k, v, q_slots, q_seg, key_valid, kv_seg, window, block_k, softcap):
     def one(qi):
-        return _forward_q_block(qi, q, k, v, q_slots, q_seg, key_valid, kv_seg, window, block_k)
+        return _forward_q_block(qi, q, k, v, q_slots, q_seg, key_valid, kv_seg, window, block_k, softcap)
 
     out, lse = jax.lax.map(one, jnp.arange(q.shape[0]))
     return out.astype(q.dtype), lse
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8))
-def blockwise_blocked(q, k, v, q_slots, q_seg, key_valid, kv_seg, window, block_k):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8, 9))
+def blockwise_blocked(q, k, v, q_slots, q_seg, key_valid, kv_seg, window, block_k, softcap=None):
     """Attention over blocked layouts (see the module docstring); ``q`` is already scaled."""
-    return _forward(q, k, v, q_slots, q_seg, key_valid, kv_seg, window, block_k)[0]
+    return _forward(q, k, v, q_slots, q_seg, key_valid, kv_seg, window, block_k, softcap)[0]
 
 
-def _fwd(q, k, v, q_slots, q_seg, key_valid, kv_seg, window, block_k):
-    out, lse = _forward(q, k, v, q_slots, q_seg, key_valid, kv_seg, window, block_k)
+def _fwd(q, k, v, q_slots, q_seg, key_valid, kv_seg, window, block_k, softcap):
+    out, lse = _forward(q, k, v, q_slots, q_seg, key_valid, kv_seg, window, block_k, softcap)
     return out, (q, k, v, q_slots, q_seg, key_valid, kv_seg, out, lse)
 
 
-def _bwd(window, block_k, residuals, d_out):
+def _bwd(window, block_k, softcap, residuals, d_out):
     """One pass over key blocks; for each, the query blocks that see it: dk, dv per key block, dq accumulated."""
     q, k, v, q_slots, q_seg, key_valid, kv_seg, out, lse = residuals
     d_out = d_out.astype(jnp.float32)
@@ -114,10 +120,13 @@ def _bwd(window, block_k, residuals, d_out):
             def update(carry):
                 dq, dk, dv = carry
                 q_blk, g_blk = q[qi], d_out[qi]
-                p = jnp.where(mask, jnp.exp(_scores(q_blk, k_blk) - lse[qi][..., None]), 0.0)
+                s = _scores(q_blk, k_blk, softcap)
+                p = jnp.where(mask, jnp.exp(s - lse[qi][..., None]), 0.0)
                 dv = dv + jnp.einsum("bkgqs,bkgqd->bksd", p, g_blk)
                 dp = jnp.einsum("bkgqd,bksd->bkgqs", g_blk, v_blk, preferred_element_type=jnp.float32)
                 ds = p * (dp - delta[qi][..., None])
+                if softcap is not None:  # d(cap tanh(x / cap)) / dx = 1 - tanh^2 = 1 - (s / cap)^2
+                    ds = ds * (1.0 - jnp.square(s / softcap))
                 dk = dk + jnp.einsum("bkgqs,bkgqd->bksd", ds, q_blk, preferred_element_type=jnp.float32)
                 dq_blk = jnp.einsum("bkgqs,bksd->bkgqd", ds, k_blk, preferred_element_type=jnp.float32)
                 return dq.at[qi].add(dq_blk), dk, dv
@@ -152,7 +161,8 @@ def _to_blocks(x, axis: int, block: int, fill):
 
 
 def blockwise_attention(q_BTHD, k_BSKD, v_BSKD, q_slots_BT, key_valid_BS, q_seg_BT, kv_seg_BS, *,
-                        window: int | None, scale: float, block_q: int = DEFAULT_BLOCK, block_k: int = DEFAULT_BLOCK):
+                        window: int | None, scale: float, block_q: int = DEFAULT_BLOCK, block_k: int = DEFAULT_BLOCK,
+                        softcap: float | None = None):
     """Masked attention (B, T, H, D) with memory linear in T and S; all mask inputs are explicit arrays."""
     B, T, H, D = q_BTHD.shape
     S, K = k_BSKD.shape[1], k_BSKD.shape[2]
@@ -166,6 +176,6 @@ def blockwise_attention(q_BTHD, k_BSKD, v_BSKD, q_slots_BT, key_valid_BS, q_seg_
     q_seg = _to_blocks(q_seg_BT.astype(jnp.int32), 1, bq, 0)
     valid = _to_blocks(key_valid_BS.astype(bool), 1, bk, False)
     kv_seg = _to_blocks(kv_seg_BS.astype(jnp.int32), 1, bk, 0)
-    out = blockwise_blocked(q, k, v, slots, q_seg, valid, kv_seg, window, bk)  # (nq, B, K, G, Bq, D)
+    out = blockwise_blocked(q, k, v, slots, q_seg, valid, kv_seg, window, bk, softcap)  # (nq, B, K, G, Bq, D)
     out = jnp.moveaxis(out, 0, 3).reshape(B, K, H // K, -1, D)[:, :, :, :T]
     return out.transpose(0, 3, 1, 2, 4).reshape(B, T, H, D)

@@ -22,14 +22,17 @@ def reference_mask(slots, valid, q_seg, kv_seg, window):
     return mask
 
 
-def reference(q, k, v, mask, d_out):
-    """float64 masked softmax attention with grouped heads: output and (dq, dk, dv) for cotangent ``d_out``."""
+def reference(q, k, v, mask, d_out, softcap=None):
+    """float64 masked softmax attention with grouped heads, scores soft-capped when ``softcap`` is given:
+    output and (dq, dk, dv) for cotangent ``d_out``."""
     q, k, v, d_out = (np.asarray(x, np.float64) for x in (q, k, v, d_out))
     B, S, Kh, Dh = k.shape
     G = q.shape[2] // Kh
     kr, vr = np.repeat(k, G, axis=2), np.repeat(v, G, axis=2)
     m4 = mask[:, None]
-    s = np.where(m4, np.einsum("bthd,bshd->bhts", q, kr) * SCALE, -np.inf)
+    raw = np.einsum("bthd,bshd->bhts", q, kr) * SCALE
+    capped = raw if softcap is None else softcap * np.tanh(raw / softcap)
+    s = np.where(m4, capped, -np.inf)
     top = s.max(-1, keepdims=True)
     e = np.where(m4, np.exp(s - np.where(np.isfinite(top), top, 0.0)), 0.0)
     total = e.sum(-1, keepdims=True)
@@ -37,6 +40,8 @@ def reference(q, k, v, mask, d_out):
     out = np.einsum("bhts,bshd->bthd", p, vr)
     dp = np.einsum("bthd,bshd->bhts", d_out, vr)
     ds = p * (dp - (dp * p).sum(-1, keepdims=True))
+    if softcap is not None:
+        ds = ds * (1 - np.tanh(raw / softcap) ** 2)
     dq = np.einsum("bhts,bshd->bthd", ds, kr) * SCALE
     dk = (np.einsum("bhts,bthd->bshd", ds, q) * SCALE).reshape(B, S, Kh, G, Dh).sum(3)
     dv = np.einsum("bhts,bthd->bshd", p, d_out).reshape(B, S, Kh, G, Dh).sum(3)
@@ -113,6 +118,25 @@ def test_matches_float64_reference(name, impl, kw):
     assert (out[~mask.any(-1)] == 0).all()
     for got, want in zip(grads, ref_grads):
         assert np.isfinite(got).all()
+        np.testing.assert_allclose(got, want, atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("impl,kw", [("dense", {}), ("blockwise", {"block_size": 16})])
+@pytest.mark.parametrize("name", ["left_and_right_padding_window", "packed_segments"])
+def test_soft_capped_scores_match_float64_reference(name, impl, kw):
+    """Gemma 2's capped scores (cap 2, well inside the range of these scores, so the cap changes them)."""
+    rng = np.random.default_rng(10 + CASES.index(name))
+    T, S, slots, valid, q_seg, kv_seg, window = case(name, rng)
+    q, k, v = random_qkv(rng, valid.shape[0], T, S)
+    d_out = rng.standard_normal(q.shape).astype(np.float32)
+    ref_slots = np.broadcast_to(np.arange(T), (valid.shape[0], T))
+    ones = np.ones(valid.shape, np.int32)
+    mask = reference_mask(ref_slots, valid, ones if q_seg is None else q_seg, ones if kv_seg is None else kv_seg, window)
+    ref_out, ref_grads = reference(q, k, v, mask, d_out, softcap=2.0)
+    assert np.abs(ref_out - reference(q, k, v, mask, d_out)[0]).max() > 0.1
+    out, grads = run(impl, q, k, v, d_out, T, slots, valid, q_seg, kv_seg, window, softcap=2.0, **kw)
+    np.testing.assert_allclose(out, ref_out, atol=1e-5, rtol=1e-5)
+    for got, want in zip(grads, ref_grads):
         np.testing.assert_allclose(got, want, atol=2e-5, rtol=1e-5)
 
 
