@@ -1,8 +1,8 @@
 """Model configuration built from a Hugging Face ``config.json``.
 
 One decoder implementation serves the Llama family (Llama 2/3, SmolLM2, Mistral
-with its sliding window), Qwen2/Qwen2.5 (q/k/v bias), Qwen3 (q/k RMSNorm) and Phi-3
-(Llama with fused q/k/v and gate/up projections in the checkpoint, see ``hf_names``) Gemma 2 and
+with its sliding window), Qwen2/Qwen2.5 (q/k/v bias), Qwen3 (q/k RMSNorm), Phi-3
+(Llama with fused q/k/v and gate/up projections in the checkpoint, see ``hf_names``), Gemma 2 and
 Gemma 3 text (the fields from ``hidden_act`` to ``final_logit_softcap`` below; Gemma 3 adds q/k norms
 and a RoPE of its own on the sliding layers).
 ``ModelConfig`` holds exactly what that decoder needs; the original HF dict is
