@@ -162,9 +162,31 @@ class _NoiseFilter:
         return getattr(self.stream, name)
 
 
+class _AbandonedReadFilter(logging.Filter):
+    """Drops asyncio's "exception was never retrieved" reports of Orbax reads abandoned by a failed restore.
+
+    They come when the abandoned read tasks are garbage-collected, possibly long after the restore,
+    through the logging module (which holds the original stderr), so the stderr filter cannot see them.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if "exception was never retrieved" not in record.getMessage() or not record.exc_info:
+            return True
+        tb = record.exc_info[1].__traceback__ if record.exc_info[1] is not None else None
+        while tb is not None:
+            if "orbax" in tb.tb_frame.f_code.co_filename:
+                return False
+            tb = tb.tb_next
+        return True
+
+
+_ABANDONED_READS = _AbandonedReadFilter()
+
+
 @contextlib.contextmanager
 def quiet_failed_reads():
     """While restoring, drop the storage library's closed-event-loop noise from stderr (see _CLOSED_LOOP_NOISE)."""
+    logging.getLogger("asyncio").addFilter(_ABANDONED_READS)  # stays: the reports can come at any later time
     noise = _NoiseFilter(sys.stderr)
     sys.stderr = noise
     try:
