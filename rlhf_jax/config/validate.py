@@ -206,7 +206,7 @@ def _check_algorithm(cfg: ConfigDict) -> None:
     check_name("loss_agg_mode", cfg.critic.loss_agg_mode, "critic.loss_agg_mode")
     for path, kind, used in (("algorithm.kl_penalty", alg.kl_penalty, alg.use_kl_in_reward),
                              (a + "kl_loss_type", actor.kl_loss_type, actor.use_kl_loss)):
-        if used and kind == "full":  # verl raises NotImplementedError for it too
+        if used and kind == "full":  # verl does not implement it either
             raise ValueError(f"{path}=full (KL over the whole vocabulary) is not supported: it needs the reference's "
                              "distribution at every response position, not only its log-prob of the sampled token; "
                              "use low_var_kl (k3, unbiased and low-variance), kl (k1) or mse (k2)")
