@@ -184,12 +184,16 @@ def report(ours: dict, padded: dict, trl: dict | None, machine: dict) -> dict:
     real = statistics.mean(s["perf/real_tokens"] for s in steady)
     out["tokens"] = {"real": real, "padded_unpacked": statistics.mean(s["perf/padded_tokens_unpacked"] for s in steady),
                      "packed_update": statistics.mean(s.get("perf/packed_tokens/update_actor", 0) for s in steady),
+                     "placed_update": statistics.mean(s.get("perf/placed_tokens/update_actor", 0) for s in steady),
                      "response_length_mean": statistics.mean(s["response_length/mean"] for s in steady),
                      "response_length_max": max(s["response_length/max"] for s in steady)}
     flops = 6.0 * ours["num_params"] * real  # forward + backward, every parameter is in a matmul (tied head)
     out["update_flops_per_s_real_tokens"] = flops / out["stages_packed"]["update_actor"]
     out["update_fraction_of_matmul"] = out["update_flops_per_s_real_tokens"] / machine["matmul_flops"]
     out["update_fraction_of_model_matmul"] = out["update_flops_per_s_real_tokens"] / machine["model_matmul_flops"]
+    # What the update actually computes: each shared prompt once (see rlhf_jax.batch.packing).
+    out["update_fraction_of_matmul_computed_tokens"] = (6.0 * ours["num_params"] * out["tokens"]["placed_update"]
+                                                        / out["stages_packed"]["update_actor"] / machine["matmul_flops"])
     train_packed = out["stages_packed"]["ref"] + out["stages_packed"]["update_actor"]
     train_padded = out["stages_padded"]["ref"] + out["stages_padded"]["update_actor"]
     out["packing_speedup_ref_plus_update"] = train_padded / train_packed
@@ -211,11 +215,13 @@ def print_table(r: dict) -> None:
         print(f"| {k} | {p[k]:.2f} | {q[k]:.2f} |")
     t = r["tokens"]
     print(f"\ntokens per step: real {t['real']:.0f}, padded rows {t['padded_unpacked']:.0f}, packed update rows "
-          f"{t['packed_update']:.0f}; response length mean {t['response_length_mean']:.1f}, max {t['response_length_max']:.0f}")
+          f"{t['packed_update']:.0f} holding {t['placed_update']:.0f} tokens (each group's prompt once); response "
+          f"length mean {t['response_length_mean']:.1f}, max {t['response_length_max']:.0f}")
     print(f"matmul rate (float32, this run): square {r['machine']['matmul_flops'] / 1e9:.1f} GFLOP/s, SmolLM2-shaped "
           f"(6144x576 @ 576x1536) {r['machine']['model_matmul_flops'] / 1e9:.1f} GFLOP/s; actor update on real tokens: "
           f"{r['update_flops_per_s_real_tokens'] / 1e9:.1f} GFLOP/s = {r['update_fraction_of_matmul']:.2f} of square, "
-          f"{r['update_fraction_of_model_matmul']:.2f} of SmolLM2-shaped")
+          f"{r['update_fraction_of_model_matmul']:.2f} of SmolLM2-shaped; on the tokens it computes: "
+          f"{r['update_fraction_of_matmul_computed_tokens']:.2f} of square")
     print(f"packing speed-up of the training passes (ref + update): {r['packing_speedup_ref_plus_update']:.2f}x")
     print(f"resident memory after each step (GiB): packed {r['rss_gib_per_step']['packed']}, "
           f"padded {r['rss_gib_per_step']['padded']}")

@@ -57,9 +57,9 @@ def packed_micro(rows: int, row_len: int, logits: int, segment: int, vocab: int,
     positions = np.broadcast_to(t % segment, (rows, row_len))
     segment_ids = np.broadcast_to(t // segment + 1, (rows, row_len))
     where = np.sort(rng.choice(rows * row_len - 1, logits, replace=False))
-    return {"input_ids": rng.integers(0, vocab, (rows, row_len)).astype(np.int32),
-            "positions": positions.astype(np.int32), "segment_ids": segment_ids.astype(np.int32),
-            "logit_positions": where.astype(np.int32)}
+    ids = rng.integers(0, vocab, (rows, row_len)).astype(np.int32)
+    return {"input_ids": ids, "positions": positions.astype(np.int32), "segment_ids": segment_ids.astype(np.int32),
+            "logit_positions": where.astype(np.int32), "logit_token_ids": ids.reshape(-1)[where + 1]}
 
 
 def main(argv=None) -> int:

@@ -2,18 +2,31 @@
 
 A rollout batch holds left-padded prompts (N, P) and right-padded responses (N, R).
 Most of those N x (P + R) cells are padding when responses have a long tail. Here
-each sequence's valid tokens (its prompt tokens, then its response tokens) are
-laid end to end in rows of ``row_len`` tokens with
+the valid tokens are laid end to end in rows of ``row_len`` tokens, and the samples
+of one prompt (GRPO's group, every sample of ``rollout.n > 1``) share a single copy
+of it: a *unit* is one prompt followed by the responses drawn from it (as many as fit
+a row; a group too long for one row becomes several units, each with the prompt).
+On the GRPO benchmark shape (8 samples of ~40-token prompts, ~35-token responses)
+that removes about half of the tokens the training passes would otherwise compute.
+The outputs are exactly those of separate sequences: a prompt token's state does not
+depend on what follows it, and each response sees only its prompt and itself.
 
-- ``segment_ids``: 1, 2, ... per sequence within the row, 0 for the padding at
-  the row's end (attention is confined to equal non-zero segments);
-- ``positions``: restarting at 0 for each sequence (rotary positions as if alone);
-- ``targets``: the grid cell that the token at the *next* position fills, i.e.
-  ``r * R + t`` for the hidden state that predicts response token t of grid row
-  r, and ``-1`` elsewhere. A training pass computes per-position log-probs (or
-  values) and scatters them through ``targets`` into the ordinary (N, R) layout,
-  where the loss code runs unchanged: losses and their denominators are exactly
-  those of the unpacked batch.
+- ``segment_ids``: unit u of a row has ``u << BRANCH_BITS`` on its prompt and
+  ``(u << BRANCH_BITS) | k`` on its k-th response, 0 on the row's padding. A query sees
+  a key with the same id or its unit's prompt id (``models.blockwise.visible``); ids
+  below ``1 << BRANCH_BITS`` (one plain sequence each) see only their own segment.
+- ``positions``: restarting at 0 for each unit's prompt, a response continuing from its
+  prompt's length (rotary positions as if each sequence were alone).
+- ``logit_positions`` / ``logit_targets``: per shard, the flat positions (within the
+  shard's ``rows x row_len`` block) of the states that predict a response token, and
+  the grid cell ``r * R + t`` of the token each predicts (response token 0 of every
+  response of a unit is predicted by the same state, the prompt's last, so a position
+  may appear several times). Padded with position 0 and target -1 to a size from the
+  same two-per-octave set in sixteenths of the micro-batch (``logit_list_size``).
+  Only these states go through the vocabulary projection; a training pass scatters
+  its per-entry log-probs (or values) through the targets into the ordinary (N, R)
+  layout, where the loss code runs unchanged: losses and their denominators are
+  exactly those of the unpacked batch.
 
 Rows are grouped into micro-batches of at most ``max_rows_per_micro`` rows on
 each data-parallel shard (a token budget of ``max_rows_per_micro x row_len``):
@@ -24,14 +37,6 @@ up to a small set of sizes (1, 2, 3, 4, 6, 8, 12, ...: two per octave, see
 shard packs only the sequences it holds (batch rows are split over shards in
 contiguous blocks), so a micro-batch never needs another shard's data.
 
-Log-prob passes need the vocabulary projection only where a response token is
-predicted, not at prompt positions: ``logit_positions`` lists, per shard, the flat
-positions (within the shard's ``rows x row_len`` block) whose ``targets`` are set,
-padded with position 0 and target -1 to a size from the same two-per-octave set in
-sixteenths of the micro-batch (``logit_list_size``), and ``logit_targets`` their grid
-cells. (A list in whole rows wasted half the vocabulary projection of a two-row
-micro-batch whose responses fill a bit more than one row's worth.)
-
 Everything here is host NumPy; it runs once per mini-batch on a few integers per sequence.
 """
 
@@ -41,22 +46,28 @@ import dataclasses
 
 import numpy as np
 
+from rlhf_jax.models.blockwise import BRANCH_BITS
 from rlhf_jax.rollout.buckets import next_power_of_two
 
 MIN_ROW_LEN = 64
 
 
+MAX_BRANCHES = (1 << BRANCH_BITS) - 1
+
+
 @dataclasses.dataclass(frozen=True)
 class PackedBatch:
-    """Packed micro-batches of one (mini-)batch; arrays are (n_micro, dp x rows_per_micro, row_len) int32."""
+    """Packed micro-batches of one (mini-)batch: rows (n_micro, dp x rows_per_micro, row_len) int32 and
+    logit lists (n_micro, dp x list size) int32."""
 
     input_ids: np.ndarray
     positions: np.ndarray
     segment_ids: np.ndarray
-    targets: np.ndarray  # flat index into the shard's block of the (rows, R) grid, -1 = none
-    logit_positions: np.ndarray  # (n_micro, dp x logit_rows x row_len): positions whose target is set
-    logit_targets: np.ndarray  # their grid cells (-1 on padding entries)
-    real_tokens: int  # prompt + response tokens actually present
+    logit_positions: np.ndarray  # positions of the states that predict a response token
+    logit_targets: np.ndarray  # the grid cell each predicts (-1 on padding entries)
+    logit_token_ids: np.ndarray  # the token each predicts (0 on padding entries)
+    real_tokens: int  # prompt + response tokens of the batch's sequences
+    placed_tokens: int  # tokens laid in the rows (fewer than real_tokens when prompts are shared)
     padded_tokens: int  # cells computed: n_micro x dp x rows_per_micro x row_len
 
     @property
@@ -65,8 +76,8 @@ class PackedBatch:
 
     def micro(self, i: int) -> dict[str, np.ndarray]:
         return {"input_ids": self.input_ids[i], "positions": self.positions[i], "segment_ids": self.segment_ids[i],
-                "targets": self.targets[i], "logit_positions": self.logit_positions[i],
-                "logit_targets": self.logit_targets[i]}
+                "logit_positions": self.logit_positions[i], "logit_targets": self.logit_targets[i],
+                "logit_token_ids": self.logit_token_ids[i]}
 
 
 def row_length(max_seq_len: int, budget: int | None = None) -> int:
@@ -125,6 +136,36 @@ def deal_rows(rows: list[list[int]], lengths: np.ndarray, n_micro: int, cap: int
     return groups
 
 
+def prompt_units(prompts: np.ndarray, prompt_mask: np.ndarray, r_len: np.ndarray, rows: np.ndarray, row_len: int,
+                 share_prompts: bool) -> list[tuple[int, list[int]]]:
+    """The shard's sequences as packing units (prompt row, response rows): with ``share_prompts`` the rows of
+    ``rows`` whose prompts are equal share one copy of it, cut into as many units as needed to fit ``row_len``
+    (and ``MAX_BRANCHES`` responses); otherwise one unit per row. Rows with an empty response are left out."""
+    groups: dict[bytes, list[int]] = {}
+    for i in rows:
+        if r_len[i] == 0:
+            continue
+        key = prompts[i][prompt_mask[i].astype(bool)].tobytes() if share_prompts else int(i).to_bytes(8, "little")
+        groups.setdefault(key, []).append(int(i))
+    units = []
+    for members in groups.values():
+        p = int(prompt_mask[members[0]].sum())
+        if p == 0:  # its first response token would have no state to be predicted from
+            raise ValueError(f"row {members[0]} has an empty prompt; packing needs at least one prompt token")
+        chunk, used = [], p
+        for i in members:
+            r = int(r_len[i])
+            if p + r > row_len:
+                raise ValueError(f"a sequence of {p + r} tokens does not fit a packed row of {row_len} tokens")
+            if chunk and (used + r > row_len or len(chunk) == MAX_BRANCHES):
+                units.append((chunk[0], chunk))
+                chunk, used = [], p
+            chunk.append(i)
+            used += r
+        units.append((chunk[0], chunk))
+    return units
+
+
 def pack_batch(
     prompts: np.ndarray,
     prompt_mask: np.ndarray,
@@ -135,6 +176,7 @@ def pack_batch(
     row_len: int,
     max_rows_per_micro: int,
     pad_token_id: int = 0,
+    share_prompts: bool = True,
 ) -> PackedBatch:
     """Pack a batch whose rows are split over ``dp`` shards in contiguous blocks.
 
@@ -146,37 +188,45 @@ def pack_batch(
     per_shard = N // dp
     p_len = prompt_mask.sum(1).astype(np.int64)
     r_len = response_mask.sum(1).astype(np.int64)
-    lengths = p_len + r_len
-    shard_rows = []
+    shard_units, shard_rows = [], []
     for s in range(dp):
-        idx = np.arange(s * per_shard, (s + 1) * per_shard)
-        shard_rows.append([[int(idx[j]) for j in row] for row in first_fit_decreasing(lengths[idx], row_len)])
+        units = prompt_units(prompts, prompt_mask, r_len, np.arange(s * per_shard, (s + 1) * per_shard), row_len,
+                             share_prompts)
+        sizes = np.array([p_len[first] + r_len[members].sum() for first, members in units], np.int64)
+        shard_units.append((units, sizes))
+        shard_rows.append(first_fit_decreasing(sizes, row_len))
     n_micro, rows_per_micro = micro_layout(max(len(rows) for rows in shard_rows), max_rows_per_micro)
 
     shape = (n_micro, dp * rows_per_micro, row_len)
     ids = np.full(shape, pad_token_id, np.int32)
     pos = np.zeros(shape, np.int32)
     seg = np.zeros(shape, np.int32)
-    tgt = np.full(shape, -1, np.int32)
-    for s, rows in enumerate(shard_rows):
-        for m, group in enumerate(deal_rows(rows, lengths, n_micro, rows_per_micro)):
+    cells = rows_per_micro * row_len
+    logits: list[list[list[tuple[int, int, int]]]] = [[[] for _ in range(dp)] for _ in range(n_micro)]
+    for s, ((units, sizes), rows) in enumerate(zip(shard_units, shard_rows)):
+        for m, group in enumerate(deal_rows(rows, sizes, n_micro, rows_per_micro)):
             for k, row in enumerate(group):
-                out_row = s * rows_per_micro + k
-                col = 0
-                for segment, i in enumerate(row, start=1):
-                    p, r = int(p_len[i]), int(r_len[i])
-                    prompt_ids = prompts[i][prompt_mask[i].astype(bool)]
-                    ids[m, out_row, col:col + p] = prompt_ids
-                    ids[m, out_row, col + p:col + p + r] = responses[i, :r]
-                    pos[m, out_row, col:col + p + r] = np.arange(p + r)
-                    seg[m, out_row, col:col + p + r] = segment
-                    # The state at column col + p - 1 + t predicts response token t.
-                    local_row = i - s * per_shard
-                    tgt[m, out_row, col + p - 1:col + p - 1 + r] = local_row * R + np.arange(r)
-                    col += p + r
-    logit_pos, logit_tgt = compact_targets(tgt, dp, row_len, rows_per_micro)
-    return PackedBatch(ids, pos, seg, tgt, logit_pos, logit_tgt, real_tokens=int(lengths.sum()),
-                       padded_tokens=int(np.prod(shape)))
+                out_row, col = s * rows_per_micro + k, 0
+                for u, unit in enumerate(row, start=1):
+                    first, members = units[unit]
+                    base, p = u << BRANCH_BITS, int(p_len[first])
+                    ids[m, out_row, col:col + p] = prompts[first][prompt_mask[first].astype(bool)]
+                    pos[m, out_row, col:col + p] = np.arange(p)
+                    seg[m, out_row, col:col + p] = base
+                    prompt_last, col = k * row_len + col + p - 1, col + p
+                    for branch, i in enumerate(members, start=1):
+                        r = int(r_len[i])
+                        ids[m, out_row, col:col + r] = responses[i, :r]
+                        pos[m, out_row, col:col + r] = p + np.arange(r)
+                        seg[m, out_row, col:col + r] = base | branch
+                        # Response token 0 is predicted by the prompt's last state, token t by the state of t - 1.
+                        cell = (i - s * per_shard) * R
+                        at = k * row_len + col - 1 + np.arange(r)
+                        at[0] = prompt_last
+                        logits[m][s].extend(zip(at.tolist(), range(cell, cell + r), responses[i, :r].tolist()))
+                        col += r
+    return PackedBatch(ids, pos, seg, *compact_logits(logits, cells), real_tokens=int((p_len + r_len).sum()),
+                       placed_tokens=int((seg > 0).sum()), padded_tokens=int(np.prod(shape)))
 
 
 LOGIT_STEPS = 16  # the list's granularity: sixteenths of a micro-batch's cells
@@ -190,16 +240,15 @@ def logit_list_size(count: int, cells: int) -> int:
     return unit * next(b for b in row_buckets(-(-cells // unit)) if b * unit >= count)
 
 
-def compact_targets(tgt: np.ndarray, dp: int, row_len: int, rows_per_micro: int) -> tuple[np.ndarray, np.ndarray]:
-    """(positions, targets) of the cells with a target, per shard, padded to a bucketed count (see module doc)."""
-    n_micro = tgt.shape[0]
-    blocks = tgt.reshape(n_micro, dp, rows_per_micro * row_len)
-    size = logit_list_size(int((blocks >= 0).sum(-1).max(initial=1)), rows_per_micro * row_len)
-    positions = np.zeros((n_micro, dp, size), np.int32)
-    targets = np.full((n_micro, dp, size), -1, np.int32)
-    for m in range(n_micro):
-        for s in range(dp):
-            where = np.nonzero(blocks[m, s] >= 0)[0]
-            positions[m, s, :len(where)] = where
-            targets[m, s, :len(where)] = blocks[m, s, where]
-    return positions.reshape(n_micro, dp * size), targets.reshape(n_micro, dp * size)
+def compact_logits(entries: list[list[list[tuple[int, int, int]]]], cells: int) -> tuple[np.ndarray, ...]:
+    """(positions, targets, token ids) lists per micro-batch and shard, padded to one bucketed size with
+    (0, -1, 0) entries."""
+    n_micro, dp = len(entries), len(entries[0])
+    size = logit_list_size(max([len(e) for micro in entries for e in micro] + [1]), cells)
+    lists = np.zeros((3, n_micro, dp, size), np.int32)
+    lists[1] = -1
+    for m, micro in enumerate(entries):
+        for s, triples in enumerate(micro):
+            if triples:
+                lists[:, m, s, :len(triples)] = np.array(triples, np.int32).T
+    return tuple(x.reshape(n_micro, dp * size) for x in lists)

@@ -5,8 +5,8 @@
     softmax over the keys j that query i sees of (q_i . k_j) * scale, applied to v
 
 where query (b, i) sees key (b, j) iff ``key_valid[b, j]``, ``j <= q_slots[b, i]``
-(a key's slot is its index), and, when given, ``q_seg[b, i] == kv_seg[b, j] != 0``
-(sequence packing) and ``q_slots[b, i] - j < sliding_window``. With ``softcap`` the scores are
+(a key's slot is its index), and, when given, the key's segment is the query's or that of
+the prompt the query's response shares (sequence packing, ``blockwise.visible``) and ``q_slots[b, i] - j < sliding_window``. With ``softcap`` the scores are
 ``softcap * tanh(scores / softcap)`` (Gemma 2); the fused kernels do not cap, so capped calls take
 the dense or blockwise path. H query heads share
 K key/value heads (grouped-query attention, G = H // K). A query that sees no key
@@ -70,7 +70,8 @@ def _cudnn_fits(call: CallShape) -> bool:
 
 
 def _splash_fits(call: CallShape) -> bool:
-    return call.self_attention and attention_kernels.splash_block(call.q_len) is not None
+    # Splash's segment mask is equality only; packed rows also let a response see its shared prompt.
+    return call.self_attention and not call.has_segments and attention_kernels.splash_block(call.q_len) is not None
 
 
 def _xla_choice(call: CallShape) -> str:
@@ -92,7 +93,8 @@ def select_implementation(requested: str, backend: str, call: CallShape, *, spla
     elif want_splash:
         if backend == "tpu" and splash_available and _splash_fits(call):
             return "splash", "tpu"
-        reason = "splash needs a TPU, jax's Pallas TPU ops, and self-attention over a multiple of 128 tokens"
+        reason = ("splash needs a TPU, jax's Pallas TPU ops, and self-attention without segment ids over a "
+                  "multiple of 128 tokens")
     else:
         reason = f"{backend}: {call.q_len} x {call.kv_len} pairs vs dense limit {DENSE_MAX_PAIRS}"
     return _xla_choice(call), reason

@@ -23,15 +23,22 @@ import functools
 import jax
 import jax.numpy as jnp
 
+# Segment id bits that number the responses sharing one packed prompt (see rlhf_jax.batch.packing).
+BRANCH_BITS = 12
+
 # 128 was the fastest or tied on CPU for T = 128 ... 4096 (SmolLM2 heads) against 256 and 512.
 DEFAULT_BLOCK = 128
 
 
 def visible(q_slots_BT, q_seg_BT, key_slots_S, key_valid_BS, kv_seg_BS, window: int | None) -> jax.Array:
-    """(B, T, S) boolean: query i sees key j (valid, causal by slot, same non-zero segment, in the window)."""
+    """(B, T, S) boolean: query i sees key j (valid, causal by slot, in the window, and of the same non-zero
+    segment or of the query's shared prompt: segment ``(q >> BRANCH_BITS) << BRANCH_BITS``, see
+    ``rlhf_jax.batch.packing``; for ids below ``1 << BRANCH_BITS`` that is 0, i.e. no other segment)."""
     qs, ks = q_slots_BT[:, :, None], key_slots_S[None, None, :]
     mask = key_valid_BS[:, None, :] & (ks <= qs)
-    mask &= (q_seg_BT[:, :, None] == kv_seg_BS[:, None, :]) & (q_seg_BT[:, :, None] != 0)
+    q_seg, kv_seg = q_seg_BT[:, :, None], kv_seg_BS[:, None, :]
+    prompt_seg = (q_seg >> BRANCH_BITS) << BRANCH_BITS
+    mask &= ((kv_seg == q_seg) | (kv_seg == prompt_seg)) & (q_seg != 0) & (kv_seg != 0)
     if window is not None:
         mask &= qs - ks < window
     return mask

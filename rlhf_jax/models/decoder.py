@@ -14,9 +14,10 @@ also runs incrementally over a preallocated KV cache (``init_cache`` / ``forward
 
 Sequence packing: ``segment_ids`` (B, T) int32 numbers the sequences packed in a row
 (1, 2, ...; 0 is padding). Attention is then causal within the row and confined to
-equal non-zero segments; ``positions`` should restart at 0 for each sequence (by
-default they do, for segments that are contiguous runs), and ``attention_mask`` may be
-omitted (it is ``segment_ids > 0``).
+equal non-zero segments, except that responses packed after one shared prompt also see
+it (segment ids ``unit << BRANCH_BITS | branch``, see ``rlhf_jax.batch.packing``);
+``positions`` should restart at 0 for each sequence (by default they do, for segments
+that are contiguous runs), and ``attention_mask`` may be omitted (it is ``segment_ids > 0``).
 """
 
 from __future__ import annotations

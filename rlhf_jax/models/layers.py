@@ -128,7 +128,7 @@ class Attention(nnx.Module):
         """Attend from T new tokens; with ``cache`` (k (B, K, D, S), v (B, K, S, D)) write them at slot ``cache_index``.
 
         ``q_slots_BT=None`` (no cache) is self-attention over the T tokens, query i at slot i.
-        ``segment_ids_BT`` (no cache only) confines attention to equal non-zero segments.
+        ``segment_ids_BT`` (no cache only) confines attention to packed segments (``blockwise.visible``).
         Returns (output (B, T, E), new cache or None).
         """
         cfg, dt = self.cfg, self.cfg.dtype

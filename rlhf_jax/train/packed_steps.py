@@ -1,8 +1,9 @@
 """Jittable training passes over packed micro-batches (see ``rlhf_jax.batch.packing``).
 
 The model runs on packed rows (B', L) with segment ids and restarting positions;
-per-position outputs (log-probs, entropies, values) are scattered through the
-micro-batch's ``targets`` into the ordinary (rows, R) grid of the mini-batch, and
+the outputs (log-probs, entropies, values) of the states listed in the micro-batch's
+``logit_positions`` are scattered through its ``logit_targets`` into the ordinary
+(rows, R) grid of the mini-batch, and
 the loss code of ``steps`` runs on that grid unchanged, with the mini-batch's
 denominators. A micro-batch's mask on the grid is the response mask restricted to
 the cells it filled, so summing its loss over micro-batches gives the mini-batch
@@ -23,14 +24,15 @@ from rlhf_jax import algos
 from rlhf_jax.train.steps import ActorLossSpec, Batch, CriticLossSpec, actor_denominators, actor_loss, critic_loss, token_log_probs
 
 
-# A packed micro-batch: (dp*M, L) int32 rows, and the (dp*C,) list of positions where a response token is predicted.
-ROW_KEYS = ("input_ids", "positions", "segment_ids", "targets")
-LOGIT_KEYS = ("logit_positions", "logit_targets")
+# A packed micro-batch: (dp*M, L) int32 rows, and (dp*C,) lists of the states that predict a response token: their
+# positions, the grid cells they fill and the tokens they predict.
+ROW_KEYS = ("input_ids", "positions", "segment_ids")
+LOGIT_KEYS = ("logit_positions", "logit_targets", "logit_token_ids")
 MICRO_KEYS = ROW_KEYS + LOGIT_KEYS
 
 
 def scatter_to_grid(values_BL: jax.Array, targets_BL: jax.Array, grid_shape: tuple[int, int], dp: int) -> jax.Array:
-    """Per-position values -> the (rows, R) grid; shard d's packed rows fill shard d's block of grid rows.
+    """Per-entry values -> the (rows, R) grid; shard d's entries fill shard d's block of grid rows.
 
     ``targets`` are flat indices into the shard's block (``local_row * R + t``), -1 for none.
     The scatter is batched over the shard axis, so it stays local to each shard.
@@ -56,19 +58,26 @@ def packed_log_probs(model, micro: Batch, temperature: float, with_entropy: bool
 
     Only those positions go through the vocabulary projection (prompt and padding positions do not).
     """
-    hidden = packed_hidden(model, micro)
-    E = hidden.shape[-1]
-    hidden = hidden.reshape(dp, -1, E)
-    ids = micro["input_ids"].reshape(dp, -1)
+    picked = pick(packed_hidden(model, micro), micro, dp)  # (dp, C, E)
+    return token_log_probs(model, picked, micro["logit_token_ids"].reshape(dp, -1), temperature, with_entropy)
+
+
+def pick(per_position: jax.Array, micro: Batch, dp: int) -> jax.Array:
+    """The (dp, C, ...) entries of per-position outputs (B', L, ...) at each shard's ``logit_positions``."""
+    flat = per_position.reshape(dp, -1, *per_position.shape[2:])
     where = micro["logit_positions"].reshape(dp, -1)
-    picked = jnp.take_along_axis(hidden, where[..., None], axis=1)  # (dp, C, E)
-    next_ids = jnp.take_along_axis(ids, jnp.minimum(where + 1, ids.shape[1] - 1), axis=1)
-    return token_log_probs(model, picked, next_ids, temperature, with_entropy)
+    return jnp.take_along_axis(flat, where.reshape(where.shape + (1,) * (flat.ndim - 2)), axis=1)
+
+
+def packed_values(model, micro: Batch, dp: int) -> jax.Array:
+    """Critic values (dp, C) of the listed states (those before each response token)."""
+    return pick(model(micro["input_ids"], positions=micro["positions"], segment_ids=micro["segment_ids"]), micro, dp)
 
 
 def covered_mask(micro: Batch, grid_shape: tuple[int, int], dp: int) -> jax.Array:
     """1.0 on the grid cells this micro-batch fills."""
-    return scatter_to_grid((micro["targets"] >= 0).astype(jnp.float32), micro["targets"], grid_shape, dp)
+    targets = micro["logit_targets"]
+    return scatter_to_grid((targets >= 0).astype(jnp.float32), targets, grid_shape, dp)
 
 
 def forward_log_probs(graphdef, params, grid_acc, micro: Batch, *, temperature: float, dp: int):
@@ -81,8 +90,7 @@ def forward_log_probs(graphdef, params, grid_acc, micro: Batch, *, temperature: 
 def forward_values(graphdef, params, grid_acc, micro: Batch, *, dp: int):
     """Add this micro-batch's critic values (of the states before each response token) into ``grid_acc``."""
     model = nnx.merge(graphdef, params)
-    values = model(micro["input_ids"], positions=micro["positions"], segment_ids=micro["segment_ids"])
-    return grid_acc + scatter_to_grid(values, micro["targets"], grid_acc.shape, dp)
+    return grid_acc + scatter_to_grid(packed_values(model, micro, dp), micro["logit_targets"], grid_acc.shape, dp)
 
 
 def actor_grads(graphdef, spec: ActorLossSpec, params, grad_acc, micro: Batch, grid: Batch, key, *, dp: int):
@@ -110,8 +118,8 @@ def critic_grads(graphdef, spec: CriticLossSpec, params, grad_acc, micro: Batch,
 
     def loss_fn(p):
         model = nnx.merge(graphdef, p)
-        values = model(micro["input_ids"], positions=micro["positions"], segment_ids=micro["segment_ids"])
-        return critic_loss(spec, scatter_to_grid(values, micro["targets"], mask.shape, dp), grid, m_mask, den)
+        values = scatter_to_grid(packed_values(model, micro, dp), micro["logit_targets"], mask.shape, dp)
+        return critic_loss(spec, values, grid, m_mask, den)
 
     (_, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
     return jax.tree.map(jnp.add, grad_acc, grads), aux, jnp.sum(m_mask)

@@ -432,8 +432,9 @@ class Trainer:
         packed = pack_batch(host["prompts"], host["prompt_mask"], host["responses"], host["response_mask"],
                             dp=dp, row_len=plan.row_len, max_rows_per_micro=plan.rows_per_micro,
                             pad_token_id=int(self.c.sampling.pad_token_id))
-        self._layout_metrics[f"perf/packed_tokens/{plan.name}"] = self._layout_metrics.get(
-            f"perf/packed_tokens/{plan.name}", 0.0) + float(packed.padded_tokens)
+        for key, count in (("packed_tokens", packed.padded_tokens), ("placed_tokens", packed.placed_tokens)):
+            name = f"perf/{key}/{plan.name}"  # cells computed; tokens laid in them (shared prompts once)
+            self._layout_metrics[name] = self._layout_metrics.get(name, 0.0) + float(count)
 
         def local(x: np.ndarray) -> np.ndarray:  # this process's shards: a contiguous block of every array
             n = x.shape[0] // jax.process_count()

@@ -16,7 +16,13 @@ def reference_mask(slots, valid, q_seg, kv_seg, window):
     """(B, T, S) visibility written from the rule: valid, j <= slot, same non-zero segment, in the window."""
     j = np.arange(valid.shape[1])[None, None, :]
     i = slots[:, :, None]
-    mask = valid[:, None, :] & (j <= i) & (q_seg[:, :, None] == kv_seg[:, None, :]) & (q_seg[:, :, None] != 0)
+    # Packed units: a unit's prompt has branch 0, its responses branches 1, 2, ... (segment = unit << 12 | branch);
+    # plain segments are units of their own (ids below 4096). A query sees its own segment and its unit's prompt.
+    q_unit, q_branch = np.divmod(q_seg[:, :, None], 4096)
+    kv_unit, kv_branch = np.divmod(kv_seg[:, None, :], 4096)
+    same_segment = q_seg[:, :, None] == kv_seg[:, None, :]
+    own_prompt = (q_unit == kv_unit) & (q_unit > 0) & (kv_branch == 0)
+    mask = valid[:, None, :] & (j <= i) & (same_segment | own_prompt) & (q_seg[:, :, None] != 0)
     if window is not None:
         mask &= i - j < window
     return mask
@@ -76,6 +82,13 @@ def case(name, rng):
         seg = np.repeat(np.arange(1, 6), 9)[None].repeat(B, 0).astype(np.int32)
         seg[1, 30:] = 0
         return T, T, None, seg > 0, seg, seg, 4
+    if name == "shared_prompts":
+        # Row 0: a 10-token prompt with responses of 8, 5 and 12 tokens, then a plain segment; row 1: two units.
+        seg = np.zeros((B, T), np.int32)
+        seg[0, :10], seg[0, 10:18], seg[0, 18:23], seg[0, 23:35], seg[0, 35:42] = 4096, 4097, 4098, 4099, 3
+        seg[1, :6], seg[1, 6:20], seg[1, 20:30], seg[1, 30:38], seg[1, 38:45] = 4096, 4097, 8192, 8193, 8194
+        seg[2, 2:40] = 1
+        return T, T, None, seg > 0, seg, seg, None
     if name == "prefill_into_cache":
         # 20 new queries at slots 17..36 of a 52-slot cache whose first rows hold left-padded prompts.
         S = 52
@@ -86,7 +99,8 @@ def case(name, rng):
     raise ValueError(name)
 
 
-CASES = ["left_padding", "left_and_right_padding_window", "packed_segments", "packed_segments_window", "prefill_into_cache"]
+CASES = ["left_padding", "left_and_right_padding_window", "packed_segments", "packed_segments_window", "shared_prompts",
+         "prefill_into_cache"]
 
 
 def run(impl, q, k, v, d_out, T, slots, valid, q_seg, kv_seg, window, **kw):
@@ -166,7 +180,9 @@ def test_select_implementation():
     assert select_implementation("auto", "gpu", call_shape(segments=True))[0] == "blockwise"
     assert select_implementation("auto", "gpu", call_shape(self_attention=False))[0] == "blockwise"
     assert select_implementation("auto", "gpu", call_shape(D=256))[0] == "blockwise"
-    assert select_implementation("auto", "tpu", call_shape(segments=True))[0] == "splash"
+    assert select_implementation("auto", "tpu", large)[0] == "splash"
+    # Packed rows let a response see its shared prompt: splash's equality-only segment mask cannot say that.
+    assert select_implementation("auto", "tpu", call_shape(segments=True))[0] == "blockwise"
     assert select_implementation("auto", "tpu", call_shape(T=500, S=500))[0] == "blockwise"
     assert select_implementation("auto", "tpu", large, splash_available=False)[0] == "blockwise"
     assert select_implementation("auto", "tpu", call_shape(T=64, S=64))[0] == "dense"

@@ -18,7 +18,7 @@ import pytest
 
 from rlhf_jax import models
 from rlhf_jax.batch import first_fit_decreasing, micro_layout, pack_batch, row_buckets
-from rlhf_jax.batch.packing import logit_list_size
+from rlhf_jax.batch.packing import BRANCH_BITS, MAX_BRANCHES, logit_list_size
 from rlhf_jax.parallel import make_mesh
 from rlhf_jax.train.batching import to_global
 from rlhf_jax.train.engine import Role
@@ -28,14 +28,19 @@ N, P, R, DP = 16, 12, 10, 4
 
 
 def ragged_batch(seed: int, vocab: int) -> dict[str, np.ndarray]:
+    """Left-padded prompts of 2..12 tokens (rows 2j and 2j + 1 share one in the first half of every shard, as
+    the samples of one prompt do), right-padded responses of 1..10 tokens."""
     rng = np.random.default_rng(seed)
     prompts = np.zeros((N, P), np.int32)
     prompt_mask = np.zeros((N, P), np.int32)
     responses = np.zeros((N, R), np.int32)
     response_mask = np.zeros((N, R), np.int32)
     for i in range(N):
-        p, r = rng.integers(2, P + 1), rng.integers(1, R + 1)
-        prompts[i, P - p:] = rng.integers(1, vocab, p)
+        if i % (N // DP) >= N // DP // 2 or i % 2 == 0:
+            p = rng.integers(2, P + 1)
+            prompt = rng.integers(1, vocab, p)
+        r = rng.integers(1, R + 1)
+        prompts[i, P - p:] = prompt
         prompt_mask[i, P - p:] = 1
         responses[i, :r] = rng.integers(1, vocab, r)
         response_mask[i, :r] = 1
@@ -74,39 +79,41 @@ def _micros(mesh, host, rows=None, row_len=32, rows_per_micro=1) -> list[dict]:
     packed = pack_batch(host["prompts"], host["prompt_mask"], host["responses"], host["response_mask"],
                         dp=DP, row_len=row_len, max_rows_per_micro=rows_per_micro)
     assert packed.num_micro >= 2  # gradient accumulation over several packed micro-batches
-    assert (packed.segment_ids.max(axis=-1) >= 2).any()  # several sequences share a row
+    assert ((packed.segment_ids >> BRANCH_BITS).max(axis=-1) >= 2).any()  # several prompts share a row
+    assert ((packed.segment_ids & MAX_BRANCHES) >= 2).any()  # two responses share a prompt
     return [{k: to_global(mesh, v) for k, v in packed.micro(i).items()} for i in range(packed.num_micro)]
 
 
-def test_pack_layout_puts_every_token_where_its_target_says():
+@pytest.mark.parametrize("share", [True, False])
+def test_pack_layout_puts_every_token_where_its_target_says(share):
     host = ragged_batch(1, vocab=50)
     packed = pack_batch(host["prompts"], host["prompt_mask"], host["responses"], host["response_mask"],
-                        dp=DP, row_len=24, max_rows_per_micro=2)
-    per_shard = N // DP
+                        dp=DP, row_len=24, max_rows_per_micro=2, share_prompts=share)
+    per_shard, rows, L = N // DP, 2, 24
     filled = np.zeros((N, R), int)
     for m in range(packed.num_micro):
-        for row in range(packed.input_ids.shape[1]):
-            shard = row // 2
-            ids, pos, seg, tgt = (a[m, row] for a in (packed.input_ids, packed.positions, packed.segment_ids, packed.targets))
-            for col in np.nonzero(tgt >= 0)[0]:
-                local, t = divmod(int(tgt[col]), R)
+        ids, pos, seg = (a[m].reshape(DP, rows * L) for a in (packed.input_ids, packed.positions, packed.segment_ids))
+        where, cells, tokens = (a[m].reshape(DP, -1) for a in (packed.logit_positions, packed.logit_targets,
+                                                               packed.logit_token_ids))
+        assert where.shape[1] % (rows * L // 16) == 0
+        for shard in range(DP):
+            for at, cell, token in zip(where[shard], cells[shard], tokens[shard]):
+                if cell < 0:
+                    continue
+                local, t = divmod(int(cell), R)
                 i = shard * per_shard + local
-                assert ids[col + 1] == host["responses"][i, t]  # the state at col predicts the token at col + 1
-                assert seg[col + 1] == seg[col] != 0
-                assert pos[col + 1] == host["prompt_mask"][i].sum() + t
+                p = host["prompt_mask"][i].sum()
+                assert token == host["responses"][i, t]
+                assert pos[shard, at] == p - 1 + t  # the state predicting token t sits at position p - 1 + t
+                if t == 0:  # the prompt's last token, in a prompt segment
+                    assert ids[shard, at] == host["prompts"][i, -1] and seg[shard, at] & MAX_BRANCHES == 0
+                else:  # the response's previous token, in a response segment of the same unit
+                    assert ids[shard, at] == host["responses"][i, t - 1] and seg[shard, at] & MAX_BRANCHES > 0
                 filled[i, t] += 1
     np.testing.assert_array_equal(filled, host["response_mask"])  # every response token exactly once
-    # The compact list of predicted positions holds exactly the cells with a target, per shard.
-    rows, L = 2, 24
-    for m in range(packed.num_micro):
-        blocks = packed.targets[m].reshape(DP, rows * L)
-        pos, tgt = (a[m].reshape(DP, -1) for a in (packed.logit_positions, packed.logit_targets))
-        assert pos.shape[1] % (rows * L // 16) == 0
-        for shard in range(DP):
-            keep = tgt[shard] >= 0
-            np.testing.assert_array_equal(pos[shard][keep], np.nonzero(blocks[shard] >= 0)[0])
-            np.testing.assert_array_equal(tgt[shard][keep], blocks[shard][blocks[shard] >= 0])
     assert packed.real_tokens == int(host["prompt_mask"].sum() + host["response_mask"].sum())
+    shared = int(host["prompt_mask"][0::2][:: 2].sum())  # a prompt per shared pair is laid once
+    assert packed.placed_tokens == packed.real_tokens - (shared if share else 0)
 
 
 def test_micro_layout_uses_few_shapes_and_little_padding():
