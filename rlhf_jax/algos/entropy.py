@@ -64,7 +64,8 @@ def _scaled(logits: Array, temperature: float) -> Array:
 def _entropy_chunk(z: Array) -> Array:
     # -sum p log p equals logsumexp(z) - sum p z, but every term is >= 0: no float32 cancellation.
     logp = jax.nn.log_softmax(z, axis=-1)
-    return -jnp.sum(jnp.exp(logp) * logp, axis=-1)
+    # A contraction, not multiply-then-sum: XLA:CPU runs the latter ~5x slower over a vocabulary.
+    return -jnp.einsum("...v,...v->...", jnp.exp(logp), logp)
 
 
 def _logprob_chunk(z: Array, ids: Array) -> Array:

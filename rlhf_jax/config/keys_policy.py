@@ -62,8 +62,9 @@ MODEL = (
         "dense on CPU by length), dense, blockwise (flash-style, memory linear in length), cudnn, splash.",
         choices=ATTN_IMPLEMENTATIONS),
     Key(A + "model.use_remove_padding", True,
-        "Pack several sequences per row in the training passes (no FLOPs on padding; exact). False = padded "
-        "rows cut to the step's longest prompt and response."),
+        "Pack several sequences per row in the training passes, the samples of one prompt sharing a single copy "
+        "of it (no FLOPs on padding or repeated prompts; exact). False = padded rows cut to the step's longest "
+        "prompt and response."),
 )
 
 ACTOR = (

@@ -62,7 +62,9 @@ def token_log_probs(model, hidden, ids, temperature: float, with_entropy: bool):
         logp = jnp.take_along_axis(z, tok[..., None].astype(jnp.int32), axis=-1)[..., 0] - lse
         if not with_entropy:
             return logp
-        ent = lse - jnp.sum(jax.nn.softmax(z, axis=-1) * z, axis=-1)
+        # sum_v p z as a contraction: XLA:CPU's library fusion runs the same multiply-then-reduce ~5x slower
+        # (it was 0.8 s of a 4 s SmolLM2 update micro-batch).
+        ent = lse - jnp.einsum("...v,...v->...", jnp.exp(z - lse[..., None]), z)
         return logp, ent
 
     out = algos.map_sequence_chunks(per_chunk, hidden, ids, chunk_size=chunk)

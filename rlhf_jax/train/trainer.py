@@ -241,8 +241,8 @@ class Trainer:
 
     def _rollout(self, pb: PromptBatch, timer, out_metrics: dict, key, extras: dict | None = None):
         """Sample the prompts and score the responses: (the sampler's batch, process-local scores (N,))."""
-        with timer("gen"):
-            out, _ = self._generate(pb, self.c.sampling, key)
+        with timer("gen"):  # waits for the sampler: dispatch is asynchronous, the reward would be billed for it
+            out = jax.block_until_ready(self._generate(pb, self.c.sampling, key)[0])
         self._abandon_if_stopping()
         with timer("reward"):
             scores, reward_metrics, texts, found = self._score(pb, to_local(out.responses), to_local(out.response_mask),
