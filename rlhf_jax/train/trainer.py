@@ -224,9 +224,10 @@ class Trainer:
         """The sampler key of (seed, step) (see train/generation.py)."""
         return self._key_fn(seed, step)
 
-    def _generate(self, pb: PromptBatch, sampling, key):
+    def _generate(self, pb: PromptBatch, sampling, key, bucket: bool = True):
         """Sample from a (process-local) prompt batch (see train/generation.py)."""
-        return generate_batch(self.sampler, self.actor.params, self.mesh, self.cfg.derived.dp_size, pb, sampling, key)
+        return generate_batch(self.sampler, self.actor.params, self.mesh, self.cfg.derived.dp_size, pb, sampling, key,
+                              bucket)
 
     def _score(self, pb: PromptBatch, responses: np.ndarray, rmask: np.ndarray,
                n: int) -> tuple[np.ndarray, dict, list[str], dict[str, np.ndarray]]:
@@ -242,7 +243,7 @@ class Trainer:
     def _rollout(self, pb: PromptBatch, timer, out_metrics: dict, key, extras: dict | None = None):
         """Sample the prompts and score the responses: (the sampler's batch, process-local scores (N,))."""
         with timer("gen"):
-            out, _ = self._generate(pb, self.c.sampling, key)
+            out, _ = self._generate(pb, self.c.sampling, key, bucket=False)  # every row is trained on
         self._abandon_if_stopping()
         with timer("reward"):
             scores, reward_metrics, texts, found = self._score(pb, to_local(out.responses), to_local(out.response_mask),
