@@ -12,6 +12,7 @@ import os
 import sys
 
 DEFAULT_RECIPE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "grpo.py")
+_ABANDON_WRITERS = []  # set when a checkpoint save failed: see the end of this file
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"config error: {e}", file=sys.stderr)
         return 2
     from rlhf_jax.rewards import RewardFunctionError, RewardLoadError
-    from rlhf_jax.train.checkpoint import CheckpointError
+    from rlhf_jax.train.checkpoint import CheckpointError, CheckpointWriteError
     from rlhf_jax.train.preemption import STOP
     from rlhf_jax.train.trainer import Trainer
 
@@ -47,9 +48,12 @@ def main(argv: list[str] | None = None) -> int:
         try:
             trainer.fit()  # a signal received during the set-up stops it before the first step
         except (RewardLoadError, RewardFunctionError, CheckpointError) as e:  # a reward worker found the file broken,
-            # a reward call failed under fail_on_error=True, or the checkpoint to resume from cannot be read
+            # a reward call failed under fail_on_error=True, the checkpoint to resume from cannot be read, or a
+            # save failed (a full disk)
             trainer.close()
-            print(f"error: {e}", file=sys.stderr)
+            print(f"error: {e}", file=sys.stderr, flush=True)
+            if isinstance(e, CheckpointWriteError):
+                _ABANDON_WRITERS.append(e)
             return 2
     return 0
 
@@ -58,4 +62,10 @@ if __name__ == "__main__":
     from rlhf_jax.hostmem import reexec_with_hugepages
 
     reexec_with_hugepages()  # once, before JAX is imported: huge pages for XLA:CPU's buffers (hostmem.py)
-    sys.exit(main())
+    code = main()
+    if _ABANDON_WRITERS:  # the storage library's threads still hold the failed write; the interpreter's teardown
+        # would finalize them and print their tracebacks. Everything of ours is closed and flushed by now.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)

@@ -40,7 +40,7 @@ from rlhf_jax.rollout.decode import RolloutBatch
 from rlhf_jax.batch import pack_batch, trim_columns
 from rlhf_jax.train import metrics as M
 from rlhf_jax.train.batching import gather_all, mini_batches, sum_over_processes, to_global, to_local
-from rlhf_jax.train.checkpoint import CheckpointError, Checkpointer, quiet_failed_reads, resolve_resume
+from rlhf_jax.train.checkpoint import CheckpointError, Checkpointer, quiet_storage_noise, resolve_resume
 from rlhf_jax.train.dynamic_sampling import ROLLOUT_KEYS, Collected, varied_groups
 from rlhf_jax.train.engine import Role
 from rlhf_jax.train.generation import generate_batch, key_function
@@ -171,7 +171,7 @@ class Trainer:
         own = root == self.checkpointer.directory
         while step is not None:
             ckpt = self.checkpointer if own else Checkpointer(root, async_save=False)
-            with quiet_failed_reads() as quiet:
+            with quiet_storage_noise() as quiet:
                 try:
                     extra, restored = self._read_checkpoint(ckpt, step)
                     problem = None
@@ -551,7 +551,8 @@ class Trainer:
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> dict[str, Any]:
-        with self.stop.installed():
+        # A failed save's writer threads print their noise while training goes on (see quiet_storage_noise).
+        with self.stop.installed(), quiet_storage_noise():
             return self._fit()
 
     def _fit(self) -> dict[str, Any]:
@@ -585,6 +586,7 @@ class Trainer:
                 stopping = True
                 break
             self.step += 1
+            self.checkpointer.check()  # an asynchronous save that failed (a full disk) stops the run now
             is_last = self.step == self.total_steps
             stopping = self.stop.agreed()
             if _due(t.test_freq, self.step, is_last) and not stopping:

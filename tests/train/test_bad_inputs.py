@@ -295,6 +295,39 @@ def test_unreadable_latest_checkpoint_falls_back_to_the_previous_one(damaged_res
     assert os.path.isdir(os.path.join(ckpt, f"{step}.unreadable"))  # set aside, not deleted
 
 
+def _small_files_only():
+    """In the child process: files stop growing at 64 KiB, as on a full disk (writes fail with EFBIG instead of
+    the process being killed by SIGXFSZ). The tiny model's checkpoint has larger files; its logs do not."""
+    import resource
+    import signal
+
+    resource.setrlimit(resource.RLIMIT_FSIZE, (64 << 10, 64 << 10))
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+
+
+def test_full_disk_during_a_save_keeps_the_previous_checkpoint(tmp_path, finished_run):
+    out = str(tmp_path / "run")
+    shutil.copytree(finished_run, out)
+    ckpt = os.path.join(out, "checkpoints")
+    before = _snapshot(os.path.join(ckpt, "1"))
+    args = cli_args(out, **{"trainer.total_training_steps": 2, **ONE_DEVICE})
+    proc = run_main(args, devices=1, timeout=300, preexec_fn=_small_files_only)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, proc.stderr[-3000:]
+    assert lines[0].startswith("error: cannot write the checkpoint of step 2 in " + ckpt), lines[0]
+    assert "File too large" in lines[0] and "step 1 is intact" in lines[0], lines[0]
+    assert _snapshot(os.path.join(ckpt, "1")) == before
+    # With room again, the same command resumes from step 1 and completes.
+    again = run_main(args, devices=1, timeout=300)
+    assert again.returncode == 0 and "Traceback" not in again.stderr, again.stderr[-3000:]
+    assert [r["step"] for r in read_metrics(out)] == [1, 2]
+    c = Checkpointer(ckpt, async_save=False)
+    assert c.all_steps() == [1, 2]
+    c.close()
+
+
 def test_second_run_on_the_same_directory_refuses(tmp_path, finished_run):
     import signal
     import subprocess
