@@ -30,6 +30,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from rlhf_jax.rewards import RewardFunctionError, RewardLoadError
     from rlhf_jax.train.checkpoint import CheckpointError, CheckpointWriteError
+    from rlhf_jax.train.oom import out_of_memory_message
     from rlhf_jax.train.preemption import STOP
     from rlhf_jax.train.trainer import Trainer
 
@@ -54,6 +55,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {e}", file=sys.stderr, flush=True)
             if isinstance(e, CheckpointWriteError):
                 _ABANDON_WRITERS.append(e)
+            return 2
+        except Exception as e:  # an out-of-memory in a step, despite the memory plan
+            message = out_of_memory_message(trainer, e)
+            if message is None:
+                raise
+            trainer.close()
+            print(f"error: {message}", file=sys.stderr, flush=True)
             return 2
     return 0
 

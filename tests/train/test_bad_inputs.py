@@ -328,6 +328,34 @@ def test_full_disk_during_a_save_keeps_the_previous_checkpoint(tmp_path, finishe
     c.close()
 
 
+def test_out_of_memory_in_a_step_is_one_line_naming_the_keys(tmp_path, finished_run):
+    """An allocation that fails inside a step, despite the memory plan: a real XLA RESOURCE_EXHAUSTED (a 1 TiB
+    buffer, refused by the host as a device allocation too large would be) becomes the one line main prints."""
+    import jax
+    import jax.numpy as jnp
+
+    from rlhf_jax.train.oom import out_of_memory_message
+    from rlhf_jax.train.trainer import Trainer
+    from tests.train.helpers import make_config
+
+    out = str(tmp_path / "run")
+    shutil.copytree(finished_run, out)
+    trainer = Trainer(make_config(out))
+    try:
+        with pytest.raises(Exception) as caught:
+            jax.jit(lambda a: jnp.broadcast_to(a[0], (1 << 40,)) * 2)(jnp.ones(4)).block_until_ready()
+        assert "RESOURCE_EXHAUSTED" in str(caught.value)
+        message = out_of_memory_message(trainer, caught.value)
+        assert message is not None and "\n" not in message
+        assert message.startswith("out of memory in training step 1 (RESOURCE_EXHAUSTED"), message
+        for key in ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", "enable_gradient_checkpointing",
+                    "compute_dtype=bfloat16", "mesh.fsdp", f"step 1 in {out}/checkpoints is intact"):
+            assert key in message, (key, message)
+        assert out_of_memory_message(trainer, ValueError("not memory")) is None
+    finally:
+        trainer.close()
+
+
 def test_second_run_on_the_same_directory_refuses(tmp_path, finished_run):
     import signal
     import subprocess
