@@ -7,7 +7,6 @@ recipe runs on the built-in tiny model and synthetic arithmetic data.
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 
@@ -17,7 +16,9 @@ _ABANDON_WRITERS = []  # set when a checkpoint save failed: see the end of this 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv if argv is None else argv)
-    logging.basicConfig(level=os.environ.get("RLHF_JAX_LOG_LEVEL", "WARNING"), format="%(levelname)s %(name)s: %(message)s")
+    from rlhf_jax import console
+
+    console.configure()
     from rlhf_jax.config import load_config_from_argv
     from rlhf_jax.parallel.distributed import maybe_initialize
 
