@@ -16,7 +16,6 @@ trainer's reward manager. Prints one JSON object with, per data source and n res
 from __future__ import annotations
 
 import json
-import logging
 import math
 import os
 import sys
@@ -86,7 +85,9 @@ def main(argv: list[str] | None = None) -> int:
     from rlhf_jax import verl_cli
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    logging.basicConfig(level=os.environ.get("RLHF_JAX_LOG_LEVEL", "WARNING"), format="%(levelname)s %(name)s: %(message)s")
+    from rlhf_jax import console
+
+    console.configure()
     try:
         cfg, own = verl_cli.apply(verl_cli.parse_args(argv), MAPPING, IGNORED, OWN, "evaluate")
         metrics = evaluate(cfg, own)

@@ -14,7 +14,6 @@ The prompts are sampled exactly as the trainer's validation samples them (same b
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 
@@ -106,7 +105,9 @@ def generate(cfg, output_path: str) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    logging.basicConfig(level=os.environ.get("RLHF_JAX_LOG_LEVEL", "WARNING"), format="%(levelname)s %(name)s: %(message)s")
+    from rlhf_jax import console
+
+    console.configure()
     try:
         cfg, output_path = config_from_args(argv)
         rows = generate(cfg, output_path)

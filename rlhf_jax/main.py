@@ -7,16 +7,18 @@ recipe runs on the built-in tiny model and synthetic arithmetic data.
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 
 DEFAULT_RECIPE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "grpo.py")
+_ABANDON_WRITERS = []  # set when a checkpoint save failed: see the end of this file
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv if argv is None else argv)
-    logging.basicConfig(level=os.environ.get("RLHF_JAX_LOG_LEVEL", "WARNING"), format="%(levelname)s %(name)s: %(message)s")
+    from rlhf_jax import console
+
+    console.configure()
     from rlhf_jax.config import load_config_from_argv
     from rlhf_jax.parallel.distributed import maybe_initialize
 
@@ -28,7 +30,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"config error: {e}", file=sys.stderr)
         return 2
     from rlhf_jax.rewards import RewardFunctionError, RewardLoadError
-    from rlhf_jax.train.checkpoint import CheckpointError
+    from rlhf_jax.train.checkpoint import CheckpointError, CheckpointWriteError
+    from rlhf_jax.train.oom import out_of_memory_message
     from rlhf_jax.train.preemption import STOP
     from rlhf_jax.train.trainer import Trainer
 
@@ -47,9 +50,19 @@ def main(argv: list[str] | None = None) -> int:
         try:
             trainer.fit()  # a signal received during the set-up stops it before the first step
         except (RewardLoadError, RewardFunctionError, CheckpointError) as e:  # a reward worker found the file broken,
-            # a reward call failed under fail_on_error=True, or the checkpoint to resume from cannot be read
+            # a reward call failed under fail_on_error=True, the checkpoint to resume from cannot be read, or a
+            # save failed (a full disk)
             trainer.close()
-            print(f"error: {e}", file=sys.stderr)
+            print(f"error: {e}", file=sys.stderr, flush=True)
+            if isinstance(e, CheckpointWriteError):
+                _ABANDON_WRITERS.append(e)
+            return 2
+        except Exception as e:  # an out-of-memory in a step, despite the memory plan
+            message = out_of_memory_message(trainer, e)
+            if message is None:
+                raise
+            trainer.close()
+            print(f"error: {message}", file=sys.stderr, flush=True)
             return 2
     return 0
 
@@ -58,4 +71,10 @@ if __name__ == "__main__":
     from rlhf_jax.hostmem import reexec_with_hugepages
 
     reexec_with_hugepages()  # once, before JAX is imported: huge pages for XLA:CPU's buffers (hostmem.py)
-    sys.exit(main())
+    code = main()
+    if _ABANDON_WRITERS:  # the storage library's threads still hold the failed write; the interpreter's teardown
+        # would finalize them and print their tracebacks. Everything of ours is closed and flushed by now.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)

@@ -19,7 +19,7 @@ DATA = (
     Key("data.prompt_key", None, "Prompt column (a string or chat messages); None = first of prompt, messages, question, "
         "query, problem, instruction (any case).", type=str),
     Key("data.ground_truth_key", None, "Dotted path of the ground truth in a row; None = first of "
-        "reward_model.ground_truth, ground_truth, answer, solution, target, label; '' = none.", type=str),
+        "reward_model.ground_truth, ground_truth, answer, solution, target, label, response; '' = none.", type=str),
     Key("data.default_data_source", None,
         "data_source for rows without one (selects the rule-based scorer); None = the file's name.", type=str),
     Key("data.prompt_template", "native",

@@ -6,7 +6,9 @@ messages (``[{"role": ..., "content": ...}, ...]``, verl's and ROLL's
 (``data.ground_truth_key``, e.g. ``reward_model.ground_truth`` as in verl's
 preprocessed parquet). Left unset, both columns are recognised by name (see
 ``PROMPT_COLUMNS`` and ``GROUND_TRUTH_COLUMNS``, any case), so a plain
-``{"Question": ..., "Answer": ...}`` file needs no keys. A row without a
+``{"Question": ..., "Answer": ...}`` file needs no keys, nor do the defaults of ROLL's ``data_args``
+(``prompt`` / ``messages`` columns, ``instruction`` in its examples) and of Trinity-RFT's taskset
+``format`` (``prompt_key`` "prompt", ``messages_key`` "messages", ``response_key`` "response" for the answer). A row without a
 ``data_source`` takes ``data.default_data_source``, else its file's name.
 All other columns travel to the reward function inside ``extra_info`` (a row's
 own ``extra_info`` keys win on name clashes).
@@ -26,7 +28,9 @@ Messages = list[dict[str, str]]
 
 # Columns tried, in order, when data.prompt_key / data.ground_truth_key are unset (names match in any case).
 PROMPT_COLUMNS = ("prompt", "messages", "question", "query", "problem", "instruction")
-GROUND_TRUTH_COLUMNS = ("reward_model.ground_truth", "ground_truth", "answer", "solution", "target", "label")
+# "response" last: Trinity-RFT's taskset format names its answer column with response_key (default "response").
+GROUND_TRUTH_COLUMNS = ("reward_model.ground_truth", "ground_truth", "answer", "solution", "target", "label",
+                        "response")
 
 
 @dataclasses.dataclass

@@ -1,7 +1,7 @@
 """Scoring a batch of responses with rule-based or custom functions (reward_model.reward_manager).
 
 ``naive`` runs the function in this process (each call in a thread with a
-timeout, ``num_workers`` at a time); ``prime`` runs it in a pool of worker
+timeout, ``num_workers`` at a time; ``sys.exit`` and ``os._exit`` fail only the call); ``prime`` runs it in a pool of worker
 processes, replacing any worker that hangs past the timeout; ``batch`` calls it
 once per batch as verl's batch manager does, with keyword lists
 (``data_sources=, solution_strs=, ground_truths=, extra_infos=``) and one result
@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from rlhf_jax.rewards.custom import ScoreSpec, check_reward_file, normalize_result, spec_from_config
-from rlhf_jax.rewards.pool import Outcome, ProcessPool, run_in_threads
+from rlhf_jax.rewards.pool import Outcome, ProcessPool, guard_os_exit, run_in_threads
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +83,8 @@ class RewardManager:
         self.total_timeouts = 0
         if self.spec.path:  # a broken file stops here, before any model is built
             check_reward_file(self.spec.path, self.spec.name)
+        if reward_manager != "prime":
+            guard_os_exit()  # before the user's module is imported (it may bind os._exit itself)
         self._fn = self.spec.load() if reward_manager != "prime" else None
         self._pool = ProcessPool(self.spec, self.num_workers) if reward_manager == "prime" else None
 

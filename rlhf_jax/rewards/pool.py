@@ -6,6 +6,12 @@ daemon threads that are joined with a deadline; a hung thread is abandoned (it
 cannot be killed, so it keeps whatever CPU it uses; prefer the process pool for
 untrusted functions). The process pool gives each worker one call at a time
 and kills and replaces a worker that overruns its deadline or dies.
+
+A scoring function that calls ``sys.exit`` raises ``SystemExit`` in its own call, which fails that call
+only. ``os._exit`` would end the process at once, so while a call runs, ``os._exit`` raises
+``SystemExit`` instead when called from that call's thread (:func:`guard_os_exit`); other threads
+still exit for real. (Worker processes are not guarded: one that exits is replaced.) A crash below Python (a segfault, ``os.abort``) still ends an in-process call's
+process: the process pool survives those too.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import multiprocessing as mp
+import os
 import signal
 import threading
 import time
@@ -34,16 +41,37 @@ class Outcome:
     message: str = ""
 
 
+_in_call = threading.local()  # .active: this thread is running a scoring call
+_real_os_exit = os._exit
+
+
+def _os_exit_in_call(status: int) -> None:
+    """``os._exit`` while the guard is installed: fails the scoring call that made it, exits anywhere else."""
+    if getattr(_in_call, "active", False):
+        raise SystemExit(f"os._exit({status}) called by the reward function")
+    _real_os_exit(status)
+
+
+def guard_os_exit() -> None:
+    """Make ``os._exit`` called from a scoring call fail that call (idempotent). Installed before the user's
+    module is imported, so that ``from os import _exit`` there binds the guarded function too."""
+    os._exit = _os_exit_in_call
+
+
 def _run_one(fn: ComputeScore, args: tuple) -> Outcome:
+    _in_call.active = True
     try:
         score, extras = normalize_result(fn(*args))
         return Outcome("ok", score, extras)
     except BaseException:  # noqa: BLE001 - any failure of user code becomes a logged error
         return Outcome("error", message=traceback.format_exc(limit=5))
+    finally:
+        _in_call.active = False
 
 
 def run_in_threads(fn: ComputeScore, calls: Sequence[tuple], timeout_s: float | None, max_parallel: int) -> list[Outcome]:
     """Call fn(*args) for each args tuple, at most `max_parallel` at a time, each limited to `timeout_s`."""
+    guard_os_exit()
     if timeout_s is None:
         return [_run_one(fn, args) for args in calls]
     outcomes: list[Outcome] = [Outcome("timeout")] * len(calls)

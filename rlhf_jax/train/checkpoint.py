@@ -37,6 +37,23 @@ class CheckpointError(ValueError):
     """A checkpoint cannot be read or written; the message names the directory."""
 
 
+class CheckpointWriteError(CheckpointError):
+    """Saving a checkpoint failed (a full disk, a quota, a lost mount). The checkpoints completed before it are
+    intact; the storage library's writer threads may still hold the failed write, so the process should end
+    without waiting for them."""
+
+
+def _os_error(error: BaseException) -> str:
+    """The operating system's words from a storage error (e.g. 'No space left on device'), else its first line."""
+    text = str(error)
+    found = re.findall(r"([^:\[\]]+?) \[os_error_code='?\d+'?\]", text)
+    if found:
+        return found[-1].strip()
+    if isinstance(error, OSError) and error.strerror:
+        return error.strerror
+    return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"[:300]
+
+
 def _key_name(path) -> str:
     return re.sub(r"[^A-Za-z0-9_]+", ".", jax.tree_util.keystr(path)).strip(".") or "root"
 
@@ -75,6 +92,31 @@ class Checkpointer:
             max_to_keep=max_to_keep, create=True, enable_async_checkpointing=async_save, cleanup_tmp_directories=True
         )
         self.manager = ocp.CheckpointManager(self.directory, options=self._options)
+        self._writing: int | None = None  # the step whose (asynchronous) save may still be in flight
+        self.failed: CheckpointWriteError | None = None
+
+    @contextlib.contextmanager
+    def _writes(self, step: int):
+        """Turn a failed save (of ``step`` or of the one still in flight) into one CheckpointWriteError."""
+        if self.failed is not None:
+            raise self.failed
+        try:
+            yield
+        except Exception as e:  # noqa: BLE001 - whatever the storage layer raises, the message says what failed
+            failed = self._writing if self._writing is not None else step
+            kept = self.complete_steps()
+            kept = [s for s in kept if s != failed]
+            self.failed = CheckpointWriteError(
+                f"cannot write the checkpoint of step {failed} in {self.directory}: {_os_error(e)}; "
+                + (f"the checkpoint of step {kept[-1]} is intact" if kept else "no earlier checkpoint exists")
+                + " (free space and run the same command to resume)")
+            raise self.failed from None
+
+    def complete_steps(self) -> list[int]:
+        """Steps whose checkpoint was completed (listed from the directory, as a new run would see them)."""
+        if not os.path.isdir(self.directory):
+            return []
+        return sorted(int(n) for n in os.listdir(self.directory) if n.isdigit())
 
     def set_aside(self, step: int) -> str:
         """Rename an unreadable step to ``<step>.unreadable[.N]`` (kept for inspection, no longer a step)."""
@@ -101,10 +143,25 @@ class Checkpointer:
         """Start saving ``arrays`` (item name -> tree) and ``extra`` for ``step``; returns before the write ends."""
         items = {name: ocp.args.StandardSave(to_flat_dict(tree)) for name, tree in arrays.items() if tree is not None}
         items["extra"] = ocp.args.JsonSave(extra)
-        self.manager.save(step, args=ocp.args.Composite(**items))
+        if self._writing is not None and not self.manager.is_saving_in_progress():
+            self.check()  # the previous save is over: a failure of its last moments is still its own
+            self._writing = None
+        with self._writes(step):  # also reports a failure of the previous save, which this one waits for
+            self.manager.save(step, args=ocp.args.Composite(**items))
+            self._writing = step
+            self.manager.check_for_errors()
+
+    def check(self) -> None:
+        """Raise CheckpointWriteError if the save in flight has failed so far (returns at once)."""
+        if self._writing is not None:
+            with self._writes(self._writing):
+                self.manager.check_for_errors()
 
     def wait(self) -> None:
-        self.manager.wait_until_finished()
+        with self._writes(self._writing or 0):
+            self.manager.wait_until_finished()
+            self.manager.check_for_errors()
+        self._writing = None
 
     def restore_extra(self, step: int) -> dict:
         return self.manager.restore(step, args=ocp.args.Composite(extra=ocp.args.JsonRestore()))["extra"]
@@ -119,30 +176,47 @@ class Checkpointer:
         return {name: from_flat_dict(templates[name], restored[name]) for name in templates}
 
     def close(self) -> None:
-        self.manager.wait_until_finished()
-        self.manager.close()
+        """Wait for the save in flight and release the manager; after a failed save, release only."""
+        try:
+            if self.failed is None:
+                self.wait()
+        finally:
+            if self.failed is None:
+                self.manager.close()
 
 
-# What the storage library prints when reads still in flight after a failed restore complete into Orbax's
-# already closed event loop: harmless, and not the user's concern (the failure itself is reported).
+# What the storage library prints when reads or writes still in flight after a failed restore or save complete
+# into Orbax's already closed event loop: harmless, and not the user's concern (the failure itself is reported).
 _CLOSED_LOOP_NOISE = re.compile(
     r"Traceback \(most recent call last\):|File \"[^\"]*asyncio/base_events\.py\", line \d+, in \w+|"
     r"self\._check_closed\(\)|raise RuntimeError\('Event loop is closed'\)|RuntimeError: Event loop is closed|"
     r"RuntimeError|: Event loop is closed")
+_TRACEBACK = "Traceback (most recent call last):"
 
 
 class _NoiseFilter:
-    """A stand-in for sys.stderr that drops lines made only of closed-event-loop noise."""
+    """A stand-in for sys.stderr that drops lines made only of closed-event-loop noise.
+
+    Several storage threads write at once, so their tracebacks arrive cut and interleaved: the filter works
+    line by line. A traceback header is held until the next line shows whose it is, so that any other
+    traceback still prints whole."""
 
     def __init__(self, stream):
-        self.stream, self.pending = stream, ""
+        self.stream, self.pending, self.header = stream, "", False
 
     def write(self, text: str) -> int:
         self.pending += text
         *lines, self.pending = self.pending.split("\n")
         for line in lines:
-            if _CLOSED_LOOP_NOISE.sub("", line).strip():
+            if line.strip() == _TRACEBACK:
+                self.header = True
+            elif _CLOSED_LOOP_NOISE.sub("", line).strip():
+                if self.header:
+                    self.stream.write(_TRACEBACK + "\n")
+                self.header = False
                 self.stream.write(line + "\n")
+            elif line.strip():
+                self.header = False
         return len(text)
 
     def flush(self) -> None:
@@ -155,24 +229,29 @@ class _NoiseFilter:
     def close(self) -> None:
         if _CLOSED_LOOP_NOISE.sub("", self.pending).strip():
             self.stream.write(self.pending)
-        self.pending = ""
+        self.pending, self.header = "", False
         self.stream.flush()
 
     def __getattr__(self, name):
         return getattr(self.stream, name)
 
 
-class _AbandonedReadFilter(logging.Filter):
-    """Drops asyncio's "exception was never retrieved" reports of Orbax reads abandoned by a failed restore.
+class _OrbaxFailureFilter(logging.Filter):
+    """Drops the logged reports of a failed Orbax read or write: the failure reaches the caller as an
+    exception, which reports it in one line (CheckpointError).
 
-    They come when the abandoned read tasks are garbage-collected, possibly long after the restore,
-    through the logging module (which holds the original stderr), so the stderr filter cannot see them.
+    asyncio reports read tasks abandoned by a failed restore ("exception was never retrieved") when they are
+    garbage-collected, possibly long after the restore; Orbax's writer threads log a failed write with its
+    traceback (through absl) as it happens. Both go through the logging module, which holds the original
+    stderr, so the stderr filter cannot see them.
     """
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if "exception was never retrieved" not in record.getMessage() or not record.exc_info:
+        if not record.exc_info or record.exc_info[1] is None:
             return True
-        tb = record.exc_info[1].__traceback__ if record.exc_info[1] is not None else None
+        if record.name == "asyncio" and "exception was never retrieved" not in record.getMessage():
+            return True
+        tb = record.exc_info[1].__traceback__
         while tb is not None:
             if "orbax" in tb.tb_frame.f_code.co_filename:
                 return False
@@ -180,13 +259,19 @@ class _AbandonedReadFilter(logging.Filter):
         return True
 
 
-_ABANDONED_READS = _AbandonedReadFilter()
+_ORBAX_FAILURES = _OrbaxFailureFilter()
+
+
+def _drop_logged_orbax_failures() -> None:
+    for name in ("asyncio", "absl"):  # stays: the reports can come at any later time
+        logging.getLogger(name).addFilter(_ORBAX_FAILURES)
 
 
 @contextlib.contextmanager
-def quiet_failed_reads():
-    """While restoring, drop the storage library's closed-event-loop noise from stderr (see _CLOSED_LOOP_NOISE)."""
-    logging.getLogger("asyncio").addFilter(_ABANDONED_READS)  # stays: the reports can come at any later time
+def quiet_storage_noise():
+    """While restoring or saving, drop the storage library's closed-event-loop noise from stderr (see
+    _CLOSED_LOOP_NOISE) and its logged failure reports (see _OrbaxFailureFilter)."""
+    _drop_logged_orbax_failures()
     noise = _NoiseFilter(sys.stderr)
     sys.stderr = noise
     try:

@@ -22,15 +22,16 @@ def key_function(mesh):
     return lambda seed, step: fn(np.uint32(seed), np.uint32(step))
 
 
-def generate_batch(sampler, params, mesh, dp_size: int, pb: PromptBatch, sampling, key):
-    """Sample from a (process-local) prompt batch; pads the batch to the data-parallel size.
+def generate_batch(sampler, params, mesh, dp_size: int, pb: PromptBatch, sampling, key, bucket: bool = True):
+    """Sample from a (process-local) prompt batch; pads the batch to the data-parallel size, and with ``bucket``
+    to a power of two (validation's batches vary in size; training's rollout is one size, every row its own).
 
     Returns the sampler's output and the number of its (process-local) rows that belong to ``pb``.
     """
     ids, mask = pb.input_ids, pb.attention_mask
     B = ids.shape[0]
-    dp = dp_size // jax.process_count()
-    padded = bucket_batch(B, multiple=max(dp, 1))
+    dp = max(dp_size // jax.process_count(), 1)
+    padded = bucket_batch(B, multiple=dp) if bucket else -(-B // dp) * dp
     if padded != B:  # validation tails: repeat the first row, drop its samples afterwards
         ids = np.concatenate([ids, np.repeat(ids[:1], padded - B, 0)])
         mask = np.concatenate([mask, np.repeat(mask[:1], padded - B, 0)])

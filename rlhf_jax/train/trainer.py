@@ -40,7 +40,7 @@ from rlhf_jax.rollout.decode import RolloutBatch
 from rlhf_jax.batch import pack_batch, trim_columns
 from rlhf_jax.train import metrics as M
 from rlhf_jax.train.batching import gather_all, mini_batches, sum_over_processes, to_global, to_local
-from rlhf_jax.train.checkpoint import CheckpointError, Checkpointer, quiet_failed_reads, resolve_resume
+from rlhf_jax.train.checkpoint import CheckpointError, Checkpointer, quiet_storage_noise, resolve_resume
 from rlhf_jax.train.dynamic_sampling import ROLLOUT_KEYS, Collected, varied_groups
 from rlhf_jax.train.engine import Role
 from rlhf_jax.train.generation import generate_batch, key_function
@@ -171,7 +171,7 @@ class Trainer:
         own = root == self.checkpointer.directory
         while step is not None:
             ckpt = self.checkpointer if own else Checkpointer(root, async_save=False)
-            with quiet_failed_reads() as quiet:
+            with quiet_storage_noise() as quiet:
                 try:
                     extra, restored = self._read_checkpoint(ckpt, step)
                     problem = None
@@ -224,9 +224,10 @@ class Trainer:
         """The sampler key of (seed, step) (see train/generation.py)."""
         return self._key_fn(seed, step)
 
-    def _generate(self, pb: PromptBatch, sampling, key):
+    def _generate(self, pb: PromptBatch, sampling, key, bucket: bool = True):
         """Sample from a (process-local) prompt batch (see train/generation.py)."""
-        return generate_batch(self.sampler, self.actor.params, self.mesh, self.cfg.derived.dp_size, pb, sampling, key)
+        return generate_batch(self.sampler, self.actor.params, self.mesh, self.cfg.derived.dp_size, pb, sampling, key,
+                              bucket)
 
     def _score(self, pb: PromptBatch, responses: np.ndarray, rmask: np.ndarray,
                n: int) -> tuple[np.ndarray, dict, list[str], dict[str, np.ndarray]]:
@@ -242,7 +243,8 @@ class Trainer:
     def _rollout(self, pb: PromptBatch, timer, out_metrics: dict, key, extras: dict | None = None):
         """Sample the prompts and score the responses: (the sampler's batch, process-local scores (N,))."""
         with timer("gen"):  # waits for the sampler: dispatch is asynchronous, the reward would be billed for it
-            out = jax.block_until_ready(self._generate(pb, self.c.sampling, key)[0])
+            out, _ = self._generate(pb, self.c.sampling, key, bucket=False)  # every row is trained on
+            out = jax.block_until_ready(out)
         self._abandon_if_stopping()
         with timer("reward"):
             scores, reward_metrics, texts, found = self._score(pb, to_local(out.responses), to_local(out.response_mask),
@@ -550,7 +552,8 @@ class Trainer:
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> dict[str, Any]:
-        with self.stop.installed():
+        # A failed save's writer threads print their noise while training goes on (see quiet_storage_noise).
+        with self.stop.installed(), quiet_storage_noise():
             return self._fit()
 
     def _fit(self) -> dict[str, Any]:
@@ -584,6 +587,7 @@ class Trainer:
                 stopping = True
                 break
             self.step += 1
+            self.checkpointer.check()  # an asynchronous save that failed (a full disk) stops the run now
             is_last = self.step == self.total_steps
             stopping = self.stop.agreed()
             if _due(t.test_freq, self.step, is_last) and not stopping:

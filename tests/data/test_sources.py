@@ -177,7 +177,8 @@ def test_bad_rows_name_file_row_and_key(tmp_path):
 
 
 def test_columns_recognised_by_name_and_data_source_from_the_file_name(tmp_path):
-    """Seed 003's Question/Answer JSON, ROLL's messages column and plain prompt/solution rows need no keys."""
+    """Seed 003's Question/Answer JSON, ROLL's messages column, Trinity's default prompt/response columns and plain
+    prompt/solution rows need no keys."""
     path = tmp_path / "qa.json"
     path.write_text(json.dumps(QA))
     train = to_examples(read_files(str(path), "train"))
@@ -195,6 +196,14 @@ def test_columns_recognised_by_name_and_data_source_from_the_file_name(tmp_path)
     assert (ex.prompt, ex.ground_truth, ex.data_source) == ("p", "s", "math")
     (ex,) = to_examples(read_files(str(roll)), default_data_source="gsm8k")
     assert ex.data_source == "gsm8k"
+    trinity = tmp_path / "taskset.jsonl"  # Trinity-RFT's default format keys: prompt / response
+    trinity.write_text(json.dumps({"prompt": "3+4=", "response": "7"}) + "\n")
+    (ex,) = to_examples(read_files(str(trinity)))
+    assert (ex.prompt, ex.ground_truth, ex.data_source) == ("3+4=", "7", "taskset")
+    both = tmp_path / "both.jsonl"  # an answer column wins over a response column
+    both.write_text(json.dumps({"prompt": "3+4=", "answer": "7", "response": "The answer is 7"}) + "\n")
+    (ex,) = to_examples(read_files(str(both)))
+    assert ex.ground_truth == "7" and ex.extra_info["response"] == "The answer is 7"
 
 
 def test_builtin_sources():

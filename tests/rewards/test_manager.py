@@ -169,3 +169,31 @@ def test_batch_manager_calls_once_with_lists_and_dapo_is_naive(tmp_path):
                        max_response_length=4) as mgr:
         result = mgr.score(["arithmetic"] * 2, ["3", "3"], ["3", "3"], response_lengths=[1, 4])
         np.testing.assert_allclose(result.scores, [1.0, 0.0])
+
+
+EXITS = textwrap.dedent(
+    """
+    import os
+    import sys
+    from os import _exit
+
+    def compute_score(data_source, solution_str, ground_truth, extra_info):
+        if solution_str == "os_exit":
+            os._exit(3)
+        if solution_str == "bound_exit":
+            _exit(4)
+        if solution_str == "sys_exit":
+            sys.exit(5)
+        return 1.0
+    """
+)
+
+
+@pytest.mark.parametrize("timeout_s", [2.0, None])  # calls in threads, or in this thread
+def test_naive_exits_fail_only_their_call(tmp_path, timeout_s):
+    path = tmp_path / "exits.py"
+    path.write_text(EXITS)
+    with RewardManager(ScoreSpec(path=str(path)), reward_manager="naive", num_workers=2, timeout_s=timeout_s) as mgr:
+        result = mgr.score(**_batch(["ok", "os_exit", "bound_exit", "sys_exit", "ok"]))
+    np.testing.assert_array_equal(result.scores, [1.0, 0.0, 0.0, 0.0, 1.0])
+    assert (result.num_errors, result.num_timeouts) == (3, 0)

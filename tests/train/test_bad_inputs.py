@@ -6,6 +6,7 @@ the failed calls scored 0 and counted.
 """
 
 import json
+import math
 import os
 import shutil
 import textwrap
@@ -89,41 +90,77 @@ def test_bad_data(tmp_path, finished_run, case):
 
 
 # ---------------------------------------------------------------------------------------------- bad reward code
-REWARD_FAULTS = {  # body of compute_score, and the manager that runs it
-    "raises": ("raise ValueError('boom')", "naive"),
-    "returns_none": ("return None", "naive"),
-    "returns_nan": ("return float('nan')", "naive"),
-    "returns_inf": ("return float('inf')", "naive"),
-    "returns_string": ("return 'high'", "naive"),
-    "dict_without_score": ("return {'acc': 1.0}", "naive"),
-    "hangs": ("time.sleep(120)", "naive"),
-    "sys_exit": ("sys.exit(3)", "naive"),
-    "os_exit": ("os._exit(3)", "prime"),
-    "prints_megabytes": ("print('x' * 4_000_000); return 1.0", "naive"),
+# One run per manager scores every fault: each prompt row's ground truth names the fault its reward call has.
+REWARD_FAULTS = {  # what compute_score does for the row, and the score it must get
+    "returns_one": ("return 1.0", 1.0),  # controls: a fault must not spill over to its neighbours
+    "returns_dict_with_score": ("return {'score': 1.0, 'acc': 1.0}", 1.0),
+    "raises": ("raise ValueError('boom')", 0.0),
+    "returns_none": ("return None", 0.0),
+    "returns_nan": ("return float('nan')", 0.0),
+    "returns_inf": ("return float('inf')", 0.0),
+    "returns_string": ("return 'high'", 0.0),
+    "dict_without_score": ("return {'acc': 1.0}", 0.0),
+    "hangs": ("time.sleep(120)", 0.0),
+    "sys_exit": ("sys.exit(3)", 0.0),
+    "os_exit": ("os._exit(3)", 0.0),
+    "bound_os_exit": ("_exit(3)", 0.0),  # os._exit bound when the file was imported
+    "prints_megabytes": ("print('x' * 4_000_000); return 1.0", 1.0),  # noisy but correct: scored as it returns
 }
+TIMEOUT_FAULTS = {"hangs"}
+FAULT_STEPS, FAULT_SAMPLES = 2, 2
 
 
-@pytest.mark.parametrize("case", sorted(REWARD_FAULTS))
-def test_reward_function_faults_score_zero_and_the_run_completes(tmp_path, case):
-    body, manager = REWARD_FAULTS[case]
-    reward = tmp_path / "reward.py"
-    reward.write_text(f"import os, sys, time\n\n\ndef compute_score(data_source, solution_str, ground_truth, extra_info):\n"
-                      f"    {body}\n")
-    out = str(tmp_path / "run")
-    proc = run_main(cli_args(out, **{"trainer.total_training_steps": 2, **ONE_DEVICE,
-                                     "custom_reward_function.path": str(reward), "reward_model.reward_manager": manager,
-                                     "reward_model.num_workers": 2, "reward_model.timeout_s": 1.0}),
-                    devices=1, timeout=300)
+def _fault_reward_file(path) -> None:
+    lines = ["import os, sys, time", "from os import _exit", "", "",
+             "def compute_score(data_source, solution_str, ground_truth, extra_info):"]
+    for fault, (body, _) in REWARD_FAULTS.items():
+        lines += [f"    if ground_truth == {fault!r}:", f"        {body}"]
+    lines.append("    raise AssertionError(ground_truth)")
+    path.write_text("\n".join(lines) + "\n")
+
+
+@pytest.fixture(scope="module", params=["naive", "prime"])
+def reward_fault_run(request, tmp_path_factory):
+    """One run of FAULT_STEPS steps whose every batch holds one prompt per fault: (metrics, rollout rows)."""
+    tmp = tmp_path_factory.mktemp(f"faults_{request.param}")
+    reward, data = tmp / "reward.py", tmp / "faults.jsonl"
+    _fault_reward_file(reward)
+    data.write_bytes(_jsonl([{"prompt": f"{i}+1=", "data_source": "faults", "answer": fault}
+                             for i, fault in enumerate(REWARD_FAULTS)]))
+    out, n = str(tmp / "run"), len(REWARD_FAULTS)
+    proc = run_main(cli_args(out, **{
+        **ONE_DEVICE, "trainer.total_training_steps": FAULT_STEPS, "data.train_files": (str(data),),
+        "data.train_batch_size": n, "actor_rollout_ref.rollout.n": FAULT_SAMPLES,
+        "actor_rollout_ref.actor.ppo_mini_batch_size": n, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": n,
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": n,
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": n,
+        "trainer.rollout_data_dir": str(tmp / "rollouts"),
+        "custom_reward_function.path": str(reward), "reward_model.reward_manager": request.param,
+        "reward_model.num_workers": 4, "reward_model.timeout_s": 1.0}), devices=1, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    rows = read_metrics(out)
-    assert [r["step"] for r in rows] == [1, 2] and all(isinstance(r["actor/pg_loss"], float) for r in rows)
-    failed = sum(r["reward/num_errors"] + r["reward/num_timeouts"] for r in rows)
-    if case == "prints_megabytes":  # noisy but correct: scored as it returns
-        assert failed == 0 and rows[-1]["critic/score/mean"] == 1.0
-    else:  # every call of both steps (4 prompts x 2 samples) failed, was scored 0 and counted
-        assert failed == 2 * 8 and all(r["critic/score/mean"] == 0.0 for r in rows)
-    assert os.path.isdir(os.path.join(out, "checkpoints", "2"))
+    assert os.path.isdir(os.path.join(out, "checkpoints", str(FAULT_STEPS)))
+    rows = []
+    for step in range(1, FAULT_STEPS + 1):
+        with open(tmp / "rollouts" / f"{step}.jsonl") as f:
+            rows += [json.loads(line) for line in f]
+    return read_metrics(out), rows
+
+
+@pytest.mark.parametrize("fault", sorted(REWARD_FAULTS))
+def test_reward_function_faults_score_zero_and_the_run_completes(reward_fault_run, fault):
+    metrics, rows = reward_fault_run
+    assert [r["step"] for r in metrics] == list(range(1, FAULT_STEPS + 1))
+    assert all(isinstance(r["actor/pg_loss"], float) and math.isfinite(r["actor/pg_loss"]) for r in metrics)
+    scores = [r["score"] for r in rows if r["gts"] == fault]
+    assert scores == [REWARD_FAULTS[fault][1]] * (FAULT_STEPS * FAULT_SAMPLES), scores
+    # Every failed call of every step was counted, as an error or (hangs) a timeout.
+    failed = [f for f, (_, score) in REWARD_FAULTS.items() if score == 0.0]
+    timeouts = sum(r["reward/num_timeouts"] for r in metrics)
+    errors = sum(r["reward/num_errors"] for r in metrics)
+    per_fault = FAULT_STEPS * FAULT_SAMPLES
+    assert timeouts == per_fault * len(TIMEOUT_FAULTS)
+    assert errors == per_fault * (len(failed) - len(TIMEOUT_FAULTS))
 
 
 IMPORTS_MISSING = "import not_a_module_anywhere\n\n\ndef compute_score(*args):\n    return 1.0\n"
@@ -199,15 +236,6 @@ def test_bad_config(tmp_path, finished_run, case):
 
 
 # ---------------------------------------------------------------------------------------------- faults
-@pytest.fixture(scope="module")
-def two_checkpoints(tmp_path_factory):
-    """A run directory with complete checkpoints of steps 1 and 2."""
-    out = str(tmp_path_factory.mktemp("two") / "run")
-    proc = run_main(cli_args(out, **{"trainer.total_training_steps": 2, "trainer.save_freq": 1, **ONE_DEVICE}), devices=1)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return out
-
-
 def _garble(paths):
     for path in paths:
         with open(path, "r+b") as f:
@@ -219,37 +247,113 @@ def _files(directory):
     return [os.path.join(root, name) for root, _, names in os.walk(directory) for name in names]
 
 
-CHECKPOINT_DAMAGE = {
-    "actor_params_deleted": lambda step: shutil.rmtree(os.path.join(step, "actor_params")),
-    "array_data_garbled": lambda step: _garble(f for f in _files(os.path.join(step, "actor_params"))
-                                               if os.sep + "d" + os.sep in f),
-    "extra_garbled": lambda step: _garble(_files(os.path.join(step, "extra"))),
-    "optimizer_manifest_deleted": lambda step: os.remove(os.path.join(step, "actor_opt", "manifest.ocdbt")),
+CHECKPOINT_DAMAGE = {  # step -> (case, damage): the resumed run meets them newest first, one after another
+    5: ("actor_params_deleted", lambda step: shutil.rmtree(os.path.join(step, "actor_params"))),
+    4: ("array_data_garbled", lambda step: _garble(f for f in _files(os.path.join(step, "actor_params"))
+                                                   if os.sep + "d" + os.sep in f)),
+    3: ("extra_garbled", lambda step: _garble(_files(os.path.join(step, "extra")))),
+    2: ("optimizer_manifest_deleted", lambda step: os.remove(os.path.join(step, "actor_opt", "manifest.ocdbt"))),
 }
+DAMAGED = {case: step for step, (case, _) in CHECKPOINT_DAMAGE.items()}
 
 
-@pytest.mark.parametrize("case", sorted(CHECKPOINT_DAMAGE))
-def test_unreadable_latest_checkpoint_falls_back_to_the_previous_one(tmp_path, two_checkpoints, case):
-    out = str(tmp_path / "run")
-    shutil.copytree(two_checkpoints, out)
+@pytest.fixture(scope="module")
+def damaged_resume(tmp_path_factory):
+    """Checkpoints of steps 1-5, each of 2-5 damaged its own way, then a resumed run of 6 steps: it must fall
+    back step by step to checkpoint 1. Returns (checkpoint dir, first run's metrics, resumed run's process)."""
+    out = str(tmp_path_factory.mktemp("damaged") / "run")
+    last = max(CHECKPOINT_DAMAGE)
+    proc = run_main(cli_args(out, **{"trainer.total_training_steps": last, "trainer.save_freq": 1, **ONE_DEVICE}),
+                    devices=1)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    first = read_metrics(out)
     ckpt = os.path.join(out, "checkpoints")
-    CHECKPOINT_DAMAGE[case](os.path.join(ckpt, "2"))
-    first_step_2 = read_metrics(out)[1]
-    proc = run_main(cli_args(out, **{"trainer.total_training_steps": 3, "trainer.save_freq": 1, **ONE_DEVICE}),
-                    devices=1, timeout=300)
+    for step, (_, damage) in CHECKPOINT_DAMAGE.items():
+        damage(os.path.join(ckpt, str(step)))
+    proc = run_main(cli_args(out, **{"trainer.total_training_steps": last + 1, "trainer.save_freq": 1, **ONE_DEVICE}),
+                    devices=1, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    warning = [line for line in proc.stderr.splitlines() if "cannot be read" in line]
-    assert len(warning) == 1 and f"{ckpt}/2 cannot be read" in warning[0] and "resuming from step 1" in warning[0]
-    assert os.path.isdir(os.path.join(ckpt, "2.unreadable"))  # set aside, not deleted
     rows = read_metrics(out)
-    assert [r["step"] for r in rows] == [1, 2, 3]  # step 2 ran again from checkpoint 1, logged once ...
+    assert [r["step"] for r in rows] == list(range(1, last + 2))  # steps 2.. ran again from checkpoint 1, logged once
     from tests.train.test_resume import _assert_same_rows
 
-    _assert_same_rows(first_step_2, rows[1])  # ... exactly as the first time
+    for step in range(2, last + 1):  # ... exactly as the first time
+        _assert_same_rows(first[step - 1], rows[step - 1])
     c = Checkpointer(ckpt, async_save=False)
-    assert c.all_steps() == [1, 2, 3]
+    assert c.all_steps() == list(range(1, last + 2))
     c.close()
+    return ckpt, proc
+
+
+@pytest.mark.parametrize("case", sorted(DAMAGED))
+def test_unreadable_latest_checkpoint_falls_back_to_the_previous_one(damaged_resume, case):
+    ckpt, proc = damaged_resume
+    step = DAMAGED[case]
+    warning = [line for line in proc.stderr.splitlines() if f"{ckpt}/{step} cannot be read" in line]
+    assert len(warning) == 1 and f"resuming from step {step - 1}" in warning[0], proc.stderr[-3000:]
+    assert os.path.isdir(os.path.join(ckpt, f"{step}.unreadable"))  # set aside, not deleted
+
+
+def _small_files_only():
+    """In the child process: files stop growing at 64 KiB, as on a full disk (writes fail with EFBIG instead of
+    the process being killed by SIGXFSZ). The tiny model's checkpoint has larger files; its logs do not."""
+    import resource
+    import signal
+
+    resource.setrlimit(resource.RLIMIT_FSIZE, (64 << 10, 64 << 10))
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+
+
+def test_full_disk_during_a_save_keeps_the_previous_checkpoint(tmp_path, finished_run):
+    out = str(tmp_path / "run")
+    shutil.copytree(finished_run, out)
+    ckpt = os.path.join(out, "checkpoints")
+    before = _snapshot(os.path.join(ckpt, "1"))
+    args = cli_args(out, **{"trainer.total_training_steps": 2, **ONE_DEVICE})
+    proc = run_main(args, devices=1, timeout=300, preexec_fn=_small_files_only)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, proc.stderr[-3000:]
+    assert lines[0].startswith("error: cannot write the checkpoint of step 2 in " + ckpt), lines[0]
+    assert "File too large" in lines[0] and "step 1 is intact" in lines[0], lines[0]
+    assert _snapshot(os.path.join(ckpt, "1")) == before
+    # With room again, the same command resumes from step 1 and completes.
+    again = run_main(args, devices=1, timeout=300)
+    assert again.returncode == 0 and "Traceback" not in again.stderr, again.stderr[-3000:]
+    assert [r["step"] for r in read_metrics(out)] == [1, 2]
+    c = Checkpointer(ckpt, async_save=False)
+    assert c.all_steps() == [1, 2]
+    c.close()
+
+
+def test_out_of_memory_in_a_step_is_one_line_naming_the_keys(tmp_path, finished_run):
+    """An allocation that fails inside a step, despite the memory plan: a real XLA RESOURCE_EXHAUSTED (a 1 TiB
+    buffer, refused by the host as a device allocation too large would be) becomes the one line main prints."""
+    import jax
+    import jax.numpy as jnp
+
+    from rlhf_jax.train.oom import out_of_memory_message
+    from rlhf_jax.train.trainer import Trainer
+    from tests.train.helpers import make_config
+
+    out = str(tmp_path / "run")
+    shutil.copytree(finished_run, out)
+    trainer = Trainer(make_config(out))
+    try:
+        with pytest.raises(Exception) as caught:
+            jax.jit(lambda a: jnp.broadcast_to(a[0], (1 << 40,)) * 2)(jnp.ones(4)).block_until_ready()
+        assert "RESOURCE_EXHAUSTED" in str(caught.value)
+        message = out_of_memory_message(trainer, caught.value)
+        assert message is not None and "\n" not in message
+        assert message.startswith("out of memory in training step 1 (RESOURCE_EXHAUSTED"), message
+        for key in ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", "enable_gradient_checkpointing",
+                    "compute_dtype=bfloat16", "mesh.fsdp", f"step 1 in {out}/checkpoints is intact"):
+            assert key in message, (key, message)
+        assert out_of_memory_message(trainer, ValueError("not memory")) is None
+    finally:
+        trainer.close()
 
 
 def test_second_run_on_the_same_directory_refuses(tmp_path, finished_run):

@@ -1,0 +1,30 @@
+"""An out-of-memory that happens during training anyway (the memory plan, ``train/passes.py``, stops before the
+first step for sizes that XLA's estimate says cannot fit): one line naming the keys that lower memory.
+
+XLA reports a failed device (or XLA:CPU host) allocation as a runtime error whose message starts with
+``RESOURCE_EXHAUSTED``; NumPy and Python raise ``MemoryError`` when the host runs out.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rlhf_jax.train.passes import memory_hint
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    return isinstance(error, MemoryError) or "RESOURCE_EXHAUSTED" in str(error).split("\n", 1)[0]
+
+
+def out_of_memory_message(trainer: Any, error: BaseException) -> str | None:
+    """The one-line report of ``error`` when it is an out-of-memory, else None."""
+    if not is_out_of_memory(error):
+        return None
+    cause = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+    keys = sorted({k for plan in getattr(trainer, "plans", {}).values() for k in plan.size_keys})
+    lower = f"lower {' / '.join(keys)} (or set them to -1 to size them automatically), " if keys else ""
+    steps = trainer.checkpointer.complete_steps()
+    kept = (f"the checkpoint of step {steps[-1]} in {trainer.checkpointer.directory} is intact and the same command "
+            "resumes from it" if steps else "no checkpoint was saved yet")
+    return (f"out of memory in training step {trainer.step + 1} ({cause}): {lower}"
+            f"{memory_hint(trainer.cfg, 'actor')}; {kept}")
