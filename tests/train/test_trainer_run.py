@@ -14,7 +14,7 @@ import torch
 import transformers
 
 from rlhf_jax.train.trainer import Trainer
-from tests.train.helpers import cli_args, make_config, read_metrics, run_main
+from tests.train.helpers import REPO, cli_args, make_config, read_metrics, run_main
 
 DOCUMENTED = [
     "critic/score/mean", "critic/score/max", "critic/score/min", "critic/rewards/mean", "critic/advantages/mean",
@@ -84,11 +84,19 @@ def test_adaptive_kl_controller_moves_the_coefficient(tmp_path):
     assert coeffs[2] == pytest.approx(0.1 * 0.84 * 1.16, rel=1e-5)
 
 
-def test_exported_hf_directory_matches_trained_model(tmp_path):
-    cfg = make_config(str(tmp_path), "grpo", **{"trainer.save_hf_checkpoint": "last"})
-    trainer = Trainer(cfg)
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """One 2-step GRPO run shared by the export tests: a checkpoint after each step and an HF export of the last."""
+    out = str(tmp_path_factory.mktemp("trained"))
+    trainer = Trainer(make_config(out, "grpo", **{"trainer.save_freq": 1, "trainer.total_training_steps": 2,
+                                                  "trainer.save_hf_checkpoint": "last"}))
     trainer.fit()
-    export = os.path.join(str(tmp_path), "hf", "global_step_2")
+    return trainer, out
+
+
+def test_exported_hf_directory_matches_trained_model(trained):
+    trainer, out = trained
+    export = os.path.join(out, "hf", "global_step_2")
     hf_model = transformers.AutoModelForCausalLM.from_pretrained(export).eval()
     tok = transformers.AutoTokenizer.from_pretrained(export)
     ids = np.asarray([tok("3+4=12+1=")["input_ids"]], np.int64)
@@ -102,16 +110,9 @@ def test_exported_hf_directory_matches_trained_model(tmp_path):
         assert np.abs(initial(input_ids=torch.tensor(ids)).logits.numpy() - expected).max() > 1e-4
 
 
-def test_export_cli_for_any_saved_step(tmp_path):
-    import subprocess
-    import sys
-
-    from tests.train.helpers import REPO
-
-    cfg = make_config(str(tmp_path), "grpo", **{"trainer.save_freq": 1, "trainer.total_training_steps": 2})
-    trainer = Trainer(cfg)
-    trainer.fit()
-    ckpt_root = os.path.join(str(tmp_path), "checkpoints")
+def test_export_cli_for_any_saved_step(tmp_path, trained):
+    trainer, run_dir = trained
+    ckpt_root = os.path.join(run_dir, "checkpoints")
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     for step_arg, out_name in ((["--step", "1"], "step1"), ([], "latest")):
         out = str(tmp_path / out_name)
