@@ -62,9 +62,8 @@ MODEL = (
         "dense on CPU by length), dense, blockwise (flash-style, memory linear in length), cudnn, splash.",
         choices=ATTN_IMPLEMENTATIONS),
     Key(A + "model.use_remove_padding", True,
-        "Pack several sequences per row in the training passes, the samples of one prompt sharing a single copy "
-        "of it (no FLOPs on padding or repeated prompts; exact). False = padded rows cut to the step's longest "
-        "prompt and response."),
+        "Pack sequences in rows for the training passes, the samples of a prompt sharing one copy of it (no "
+        "FLOPs on padding or repeated prompts; exact). False = padded rows cut to the longest ones."),
 )
 
 ACTOR = (
