@@ -115,3 +115,26 @@ def test_unsupported_model_type_names_the_moe_families():
         from_hf_dict({"model_type": "mixtral", "vocab_size": 8, "hidden_size": 8, "intermediate_size": 8,
                       "num_hidden_layers": 1, "num_attention_heads": 1})
     assert "'mixtral' is not supported" in str(err.value) and "llama" in str(err.value)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_expert_parallel_logits_equal_one_device(hf_checkpoint, kind):
+    """8 fake devices, expert axis 4 (x data 2): each device holds 2 of the 8 experts; same logits as one device."""
+    from jax.sharding import PartitionSpec as P
+
+    from rlhf_jax.parallel import batch_sharding, make_mesh
+
+    path, _ = hf_checkpoint(kind)
+    ids, mask = left_padded_batch(np.random.default_rng(5), 128, [12, 7, 3, 12, 9, 1, 5, 12])
+    expected = _ours(from_pretrained(path), ids, mask)
+    mesh = make_mesh(data=2, fsdp=1, tensor=1, expert=4)
+    model = from_pretrained(path, mesh=mesh)
+    sparse = next(layer for layer in model.model.layers if layer.sparse)
+    gate = sparse.mlp.experts.gate_proj[...]
+    assert gate.sharding.spec == P("expert", None, None)
+    assert {s.data.shape for s in gate.addressable_shards} == {(2, 64, 32)}
+    ids_s = jax.device_put(jnp.asarray(ids, jnp.int32), batch_sharding(mesh, 2))
+    mask_s = jax.device_put(jnp.asarray(mask, jnp.int32), batch_sharding(mesh, 2))
+    assert ids_s.sharding.spec[0] == ("data", "expert")
+    logits = np.asarray(jax.jit(lambda m, i, a: m(i, a))(model, ids_s, mask_s))
+    np.testing.assert_allclose(logits[mask.astype(bool)], expected[mask.astype(bool)], atol=1e-5)
