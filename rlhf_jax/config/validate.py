@@ -153,8 +153,9 @@ def _check_ranges(cfg: ConfigDict) -> None:
     for path in ("algorithm.gamma", "algorithm.lam"):
         if not 0 <= schema.get_path(cfg, path) <= 1:
             raise ValueError(f"{path}={schema.get_path(cfg, path)} must be in [0, 1]")
-    for path in ("algorithm.kl_ctrl.kl_coef", a + "actor.kl_loss_coef", a + "actor.entropy_coeff"):
-        if schema.get_path(cfg, path) < 0:
+    for path in ("algorithm.kl_ctrl.kl_coef", a + "actor.kl_loss_coef", a + "actor.entropy_coeff",
+                 a + "actor.router_aux_loss_coef"):
+        if (schema.get_path(cfg, path) or 0) < 0:
             raise ValueError(f"{path}={schema.get_path(cfg, path)} must be >= 0")
     for role in (a + "actor", "critic"):  # a negative rate ascends the loss; NaN/inf wreck the weights
         optim = schema.get_path(cfg, role + ".optim")
