@@ -138,3 +138,27 @@ def test_expert_parallel_logits_equal_one_device(hf_checkpoint, kind):
     assert ids_s.sharding.spec[0] == ("data", "expert")
     logits = np.asarray(jax.jit(lambda m, i, a: m(i, a))(model, ids_s, mask_s))
     np.testing.assert_allclose(logits[mask.astype(bool)], expected[mask.astype(bool)], atol=1e-5)
+
+
+def test_remat_keeps_router_stats_and_gradients(hf_checkpoint):
+    """A checkpointed (remat) sparse layer returns its router statistics too; gradients of logits + aux loss agree."""
+    from flax import nnx
+
+    path, _ = hf_checkpoint("qwen2_moe")
+    ids, mask = left_padded_batch(np.random.default_rng(6), 128, [9, 4, 7])
+    ids, mask = jnp.asarray(ids, jnp.int32), jnp.asarray(mask, jnp.int32)
+
+    def loss_and_grad(remat):
+        graphdef, params = nnx.split(from_pretrained(path, remat=remat))
+
+        def loss(p):
+            hidden, stats = nnx.merge(graphdef, p).hidden_states(ids, mask, with_router_stats=True)
+            return jnp.mean(hidden ** 2) + load_balancing_loss(stats)
+
+        return jax.jit(jax.value_and_grad(loss))(params)
+
+    (plain, plain_grads), (full, full_grads) = loss_and_grad("none"), loss_and_grad("full")
+    assert float(full) == pytest.approx(float(plain), rel=1e-6)
+    router = lambda g: np.asarray(g["model"]["layers"][1]["mlp"]["gate"][...])  # noqa: E731
+    assert np.abs(router(plain_grads)).max() > 0
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6), plain_grads, full_grads)
