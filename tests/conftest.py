@@ -77,6 +77,15 @@ ARCHS = {
         rope_parameters={"full_attention": dict(rope_type="linear", factor=4.0, rope_theta=1e6),
                          "sliding_attention": dict(rope_type="default", rope_theta=100.0)},
         pad_token_id=0, bos_token_id=2, eos_token_id=1)),
+    # Mixture-of-Experts: 8 experts of width 32, top 2, a wide router init so that routing is decisive.
+    # Qwen3-MoE: normalised top-k, q/k norms, layer 1 dense through mlp_only_layers. Qwen2-MoE: raw top-k
+    # weights, a gated shared expert, q/k/v biases, every second layer sparse (decoder_sparse_step=2).
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(
+        head_dim=16, num_hidden_layers=3, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+        norm_topk_prob=True, mlp_only_layers=[1], initializer_range=0.1, tie_word_embeddings=False)),
+    "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM", dict(
+        num_hidden_layers=4, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+        shared_expert_intermediate_size=48, decoder_sparse_step=2, norm_topk_prob=False, initializer_range=0.1)),
     "phi3_seq_cls": ("Phi3Config", "Phi3ForSequenceClassification", dict(partial_rotary_factor=0.5, num_labels=1, pad_token_id=0)),
     "gemma2_seq_cls": ("Gemma2Config", "Gemma2ForSequenceClassification", dict(
         head_dim=16, sliding_window=6, attn_logit_softcapping=2.0, initializer_range=0.2, num_labels=2, pad_token_id=0)),

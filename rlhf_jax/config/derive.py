@@ -18,8 +18,8 @@ from ml_collections import ConfigDict
 DERIVED_DOCS: dict[str, str] = {
     "derived.num_devices": "Devices in the mesh.",
     "derived.num_processes": "JAX processes (hosts).",
-    "derived.mesh_shape": "(data, fsdp, tensor) axis sizes with -1 resolved.",
-    "derived.dp_size": "Data-parallel shards = mesh data x fsdp.",
+    "derived.mesh_shape": "(data, fsdp, tensor, expert) axis sizes with -1 resolved.",
+    "derived.dp_size": "Data-parallel shards = mesh data x fsdp x expert (the batch is split over all three).",
     "derived.rollout_batch_size": "Sequences per step = data.train_batch_size x rollout.n.",
     "derived.rollout_batch_size_per_shard": "Sequences per step on one data-parallel shard.",
     "derived.prompts_per_process": "Prompts each process loads per step = train_batch_size / num_processes.",
@@ -81,7 +81,7 @@ def _warmup(steps: int, ratio: float, total: int) -> int:
 def derive_batches(
     cfg: ConfigDict,
     *,
-    mesh: tuple[int, int, int],
+    mesh: tuple[int, int, int, int],
     num_devices: int,
     num_processes: int,
     train_dataset_size: int | None,
@@ -90,8 +90,8 @@ def derive_batches(
     arr = cfg.actor_rollout_ref
     actor, rollout, critic = arr.actor, arr.rollout, cfg.critic
     train, n = cfg.data.train_batch_size, rollout.n
-    dp = mesh[0] * mesh[1]
-    cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor = mesh
+    dp = mesh[0] * mesh[1] * mesh[3]
+    cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor, cfg.mesh.expert = mesh
     d = ConfigDict()
     d.num_devices, d.num_processes, d.mesh_shape, d.dp_size = num_devices, num_processes, tuple(mesh), dp
     d.prompts_per_process = _divides(
@@ -100,7 +100,7 @@ def derive_batches(
     d.rollout_batch_size = train * n
     d.rollout_batch_size_per_shard = _divides(
         f"data.train_batch_size x rollout.n = {train} x {n} sequences vs {dp} data-parallel shards (mesh data x fsdp)",
-        train * n, dp, "make data.train_batch_size x actor_rollout_ref.rollout.n a multiple of mesh.data x mesh.fsdp")
+        train * n, dp, "make data.train_batch_size x actor_rollout_ref.rollout.n a multiple of mesh.data x mesh.fsdp x mesh.expert")
     d.max_seq_len = cfg.data.max_prompt_length + rollout.response_length
     d.need_ref = bool(actor.use_kl_loss or cfg.algorithm.use_kl_in_reward)
 

@@ -164,9 +164,12 @@ MESH = (
     Key("mesh.data", -1, "Devices on the pure data-parallel axis; -1 = the devices left over."),
     Key("mesh.fsdp", 1, "Devices on the fully-sharded data-parallel axis (parameters sharded); -1 = the rest."),
     Key("mesh.tensor", 1, "Devices on the tensor-parallel axis (heads, mlp, vocab sharded); -1 = the rest."),
+    Key("mesh.expert", 1,
+        "Devices on the expert-parallel axis (a MoE model's experts split over it); the batch is split over it "
+        "too, like data. -1 = the rest."),
     Key("mesh.logical_axis_rules",
-        (("batch", ("data", "fsdp")), ("embed", "fsdp"), ("mlp", "tensor"), ("heads", "tensor"),
-         ("kv_heads", "tensor"), ("vocab", "tensor")),
+        (("batch", ("data", "fsdp", "expert")), ("embed", "fsdp"), ("mlp", "tensor"), ("heads", "tensor"),
+         ("kv_heads", "tensor"), ("vocab", "tensor"), ("expert", "expert")),
         "(logical axis name, mesh axis or axes or None) pairs; names not listed are replicated."),
 )
 

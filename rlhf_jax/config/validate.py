@@ -28,7 +28,7 @@ from rlhf_jax.config.names import GROUP_ESTIMATORS, check_name
 
 log = logging.getLogger("rlhf_jax.config")
 
-MESH_AXES = ("data", "fsdp", "tensor")
+MESH_AXES = ("data", "fsdp", "tensor", "expert")
 
 
 def _resolve_references(cfg: ConfigDict) -> None:
@@ -153,8 +153,9 @@ def _check_ranges(cfg: ConfigDict) -> None:
     for path in ("algorithm.gamma", "algorithm.lam"):
         if not 0 <= schema.get_path(cfg, path) <= 1:
             raise ValueError(f"{path}={schema.get_path(cfg, path)} must be in [0, 1]")
-    for path in ("algorithm.kl_ctrl.kl_coef", a + "actor.kl_loss_coef", a + "actor.entropy_coeff"):
-        if schema.get_path(cfg, path) < 0:
+    for path in ("algorithm.kl_ctrl.kl_coef", a + "actor.kl_loss_coef", a + "actor.entropy_coeff",
+                 a + "actor.router_aux_loss_coef"):
+        if (schema.get_path(cfg, path) or 0) < 0:
             raise ValueError(f"{path}={schema.get_path(cfg, path)} must be >= 0")
     for role in (a + "actor", "critic"):  # a negative rate ascends the loss; NaN/inf wreck the weights
         optim = schema.get_path(cfg, role + ".optim")
@@ -258,9 +259,9 @@ def _check_trackers_installed(backends: tuple) -> None:
                              f"(or pip install 'rlhf_jax[{name}]'), or remove {name!r} from trainer.logger") from None
 
 
-def resolve_mesh(data: int, fsdp: int, tensor: int, num_devices: int) -> tuple[int, int, int]:
-    """Mesh axis sizes with the one -1 (if any) filled so that they multiply to ``num_devices``."""
-    sizes = {"data": data, "fsdp": fsdp, "tensor": tensor}
+def resolve_mesh(data: int, fsdp: int, tensor: int, num_devices: int, expert: int = 1) -> tuple[int, int, int, int]:
+    """(data, fsdp, tensor, expert) sizes with the one -1 (if any) filled so that they multiply to ``num_devices``."""
+    sizes = {"data": data, "fsdp": fsdp, "tensor": tensor, "expert": expert}
     for name, size in sizes.items():
         if size == 0 or size < -1:
             raise ValueError(f"mesh.{name}={size} must be a positive size or -1 (the rest)")
@@ -271,12 +272,13 @@ def resolve_mesh(data: int, fsdp: int, tensor: int, num_devices: int) -> tuple[i
     if free:
         if num_devices % fixed:
             raise ValueError(f"mesh.{free[0]}=-1: {num_devices} devices are not divisible by the other axes' "
-                             f"product {fixed}; change mesh.data/fsdp/tensor")
+                             f"product {fixed}; change mesh.data/fsdp/tensor/expert")
         sizes[free[0]] = num_devices // fixed
     elif fixed != num_devices:
-        raise ValueError(f"mesh.data x mesh.fsdp x mesh.tensor = {data} x {fsdp} x {tensor} = {fixed}, but there are "
+        raise ValueError(f"mesh.data x mesh.fsdp x mesh.tensor x mesh.expert = {data} x {fsdp} x {tensor} x {expert} = "
+                         f"{fixed}, but there are "
                          f"{num_devices} devices; make them multiply to {num_devices} or set one axis to -1")
-    return sizes["data"], sizes["fsdp"], sizes["tensor"]
+    return sizes["data"], sizes["fsdp"], sizes["tensor"], sizes["expert"]
 
 
 def _check_axis_rules(rules: tuple) -> None:
@@ -373,7 +375,7 @@ def finalize(
     _check_token_budgets(out)
     _check_axis_rules(out.mesh.logical_axis_rules)
     _check_trackers_installed(out.trainer.logger)
-    mesh = resolve_mesh(out.mesh.data, out.mesh.fsdp, out.mesh.tensor, num_devices)
+    mesh = resolve_mesh(out.mesh.data, out.mesh.fsdp, out.mesh.tensor, num_devices, out.mesh.expert)
     if check_paths:
         _check_paths(out)
     if out.algorithm.filter_groups.enable and num_processes > 1:

@@ -1,4 +1,5 @@
-"""Flax NNX decoder models (Llama, Mistral, Qwen2, Qwen3) with Hugging Face import and export."""
+"""Flax NNX decoder models (Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma 2/3, Qwen2-MoE, Qwen3-MoE) with Hugging Face
+import and export."""
 
 from rlhf_jax.models.config import (
     SUPPORTED_MODEL_TYPES,

@@ -4,7 +4,8 @@ One decoder implementation serves the Llama family (Llama 2/3, SmolLM2, Mistral
 with its sliding window), Qwen2/Qwen2.5 (q/k/v bias), Qwen3 (q/k RMSNorm), Phi-3
 (Llama with fused q/k/v and gate/up projections in the checkpoint, see ``hf_names``), Gemma 2 and
 Gemma 3 text (the fields from ``hidden_act`` to ``final_logit_softcap`` below; Gemma 3 adds q/k norms
-and a RoPE of its own on the sliding layers).
+and a RoPE of its own on the sliding layers), and the Mixture-of-Experts Qwen3-MoE and Qwen2-MoE (the
+fields from ``num_experts`` on; their sparse MLP blocks are ``models/moe.py``).
 ``ModelConfig`` holds exactly what that decoder needs; the original HF dict is
 kept so that export writes back a config that ``transformers`` understands.
 """
@@ -22,7 +23,8 @@ from rlhf_jax.models import remat
 from rlhf_jax.models.attention import IMPLEMENTATIONS
 from rlhf_jax.models.rope import ROPE_TYPES, RopeConfig
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text", "qwen2_moe", "qwen3_moe")
+MOE_MODEL_TYPES = ("qwen2_moe", "qwen3_moe")
 
 # MLP gate activations by their transformers names.
 ACTIVATIONS = ("silu", "gelu_pytorch_tanh", "gelu")
@@ -40,7 +42,8 @@ _ARCH_SUFFIX_TO_TASK = {
     "ForSequenceClassification": TASK_SEQ_CLS,
     "ForTokenClassification": TASK_TOKEN_VALUE,
 }
-_ARCH_PREFIX = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3", "phi3": "Phi3", "gemma2": "Gemma2", "gemma3_text": "Gemma3"}
+_ARCH_PREFIX = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3", "phi3": "Phi3", "gemma2": "Gemma2", "gemma3_text": "Gemma3",
+                "qwen2_moe": "Qwen2Moe", "qwen3_moe": "Qwen3Moe"}
 
 
 class UnsupportedModelError(ValueError):
@@ -78,6 +81,13 @@ class ModelConfig:
     attn_scale: float | None = None  # query scaling (None: head_dim ** -0.5; Gemma: query_pre_attn_scalar ** -0.5)
     attn_logit_softcap: float | None = None  # attention scores capped to cap * tanh(s / cap) (Gemma 2)
     final_logit_softcap: float | None = None  # the same on the output logits (Gemma 2)
+    # Mixture-of-Experts (0 experts: every layer is a dense MLP).
+    num_experts: int = 0
+    num_experts_per_tok: int = 0  # top-k experts per token
+    moe_intermediate_size: int = 0  # each expert's MLP width
+    norm_topk_prob: bool = False  # the top-k routing weights are renormalised to sum to 1
+    shared_expert_intermediate_size: int = 0  # > 0: a shared expert behind a sigmoid gate (Qwen2-MoE)
+    sparse_layers: tuple[bool, ...] = ()  # per layer: a sparse MoE block (True) or the dense MLP
     num_labels: int = 1
     pad_token_id: int | None = None
     # Runtime settings, not part of the checkpoint.
@@ -97,6 +107,10 @@ class ModelConfig:
         if self.sliding_window is None or (self.layer_types and self.layer_types[layer] != "sliding_attention"):
             return None
         return self.sliding_window
+
+    def is_sparse(self, layer: int) -> bool:
+        """Whether decoder layer ``layer`` has a Mixture-of-Experts block instead of the dense MLP."""
+        return bool(self.sparse_layers) and self.sparse_layers[layer]
 
     def replace(self, **changes) -> "ModelConfig":
         return dataclasses.replace(self, **changes)
@@ -198,6 +212,8 @@ def _gemma3_ropes(hf: dict) -> dict:
 def _sliding_window_from_hf(hf: dict, model_type: str) -> dict:
     """``sliding_window`` and ``layer_types`` as the transformers models apply them."""
     window = hf.get("sliding_window")
+    if model_type == "qwen3_moe":  # every layer, when switched on
+        return dict(sliding_window=int(window)) if window and hf.get("use_sliding_window") else {}
     if model_type in ("mistral", "phi3"):  # every layer, whenever a window is set
         return dict(sliding_window=int(window)) if window else {}
     if model_type in _GEMMA:  # local (sliding) and global layers: Gemma 2 alternates, Gemma 3 has 5 local per global
@@ -207,11 +223,32 @@ def _sliding_window_from_hf(hf: dict, model_type: str) -> dict:
         return dict(sliding_window=int(window), layer_types=tuple(types)) if window else {}
     if not (window and hf.get("use_sliding_window")):  # Qwen2/Qwen3 switch it on explicitly
         return {}
-    layers = int(hf["num_hidden_layers"])
-    types = hf.get("layer_types") or [
-        "sliding_attention" if i >= int(hf.get("max_window_layers", 28)) else "full_attention" for i in range(layers)
-    ]
+    layers, max_window = int(hf["num_hidden_layers"]), int(hf.get("max_window_layers", 28))
+    if model_type == "qwen2_moe":  # even-numbered layers below max_window_layers (Qwen2MoeConfig's default)
+        default = ["sliding_attention" if (i + 1) % 2 and i < max_window else "full_attention" for i in range(layers)]
+    else:
+        default = ["sliding_attention" if i >= max_window else "full_attention" for i in range(layers)]
+    types = hf.get("layer_types") or default
     return dict(sliding_window=int(window), layer_types=tuple(types))
+
+
+def _moe_from_hf(hf: dict, model_type: str) -> dict:
+    """The experts, the router's top-k and which layers are sparse, as the transformers decoder layers decide:
+    a layer is sparse unless listed in ``mlp_only_layers``, when (layer + 1) is a multiple of ``decoder_sparse_step``."""
+    if model_type not in MOE_MODEL_TYPES:
+        return {}
+    experts = int(hf.get("num_experts") or hf.get("num_local_experts") or 0)
+    step = int(hf.get("decoder_sparse_step") or 1)
+    only_mlp = set(hf.get("mlp_only_layers") or ())
+    sparse = tuple(i not in only_mlp and experts > 0 and (i + 1) % step == 0 for i in range(int(hf["num_hidden_layers"])))
+    return dict(
+        num_experts=experts,
+        num_experts_per_tok=int(hf["num_experts_per_tok"]),
+        moe_intermediate_size=int(hf["moe_intermediate_size"]),
+        norm_topk_prob=bool(hf.get("norm_topk_prob", False)),
+        shared_expert_intermediate_size=int(hf.get("shared_expert_intermediate_size") or 0) if model_type == "qwen2_moe" else 0,
+        sparse_layers=sparse,
+    )
 
 
 def task_from_hf(hf: dict) -> str:
@@ -262,12 +299,14 @@ def from_hf_dict(hf: dict, **runtime) -> ModelConfig:
         max_position_embeddings=max_pos,
         **(_gemma3_ropes(hf) if model_type == "gemma3_text" else dict(rope=_rope_from_hf(hf))),
         tie_word_embeddings=bool(hf.get("tie_word_embeddings", model_type in _GEMMA)),
-        qkv_bias=model_type == "qwen2" or (model_type in ("llama", "qwen3") and bool(hf.get("attention_bias"))),
-        o_bias=model_type in ("llama", "qwen3") and bool(hf.get("attention_bias")),
+        qkv_bias=(model_type == "qwen2" or (model_type == "qwen2_moe" and bool(hf.get("qkv_bias", True)))
+                  or (model_type in ("llama", "qwen3", "qwen3_moe") and bool(hf.get("attention_bias")))),
+        o_bias=model_type in ("llama", "qwen3", "qwen3_moe") and bool(hf.get("attention_bias")),
         mlp_bias=model_type == "llama" and bool(hf.get("mlp_bias")),
-        qk_norm=model_type in ("qwen3", "gemma3_text"),
+        qk_norm=model_type in ("qwen3", "gemma3_text", "qwen3_moe"),
         **_sliding_window_from_hf(hf, model_type),
         **_gemma_from_hf(hf, model_type, hidden),
+        **_moe_from_hf(hf, model_type),
         num_labels=int(num_labels),
         pad_token_id=pad,
         hf_config=dict(hf),

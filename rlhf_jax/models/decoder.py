@@ -58,7 +58,8 @@ def _checkpointed_layer(layer: DecoderLayer, policy: str, x_BTE, *args) -> jax.A
     graphdef, state = nnx.split(layer)
 
     def run(state, x, *args):
-        return nnx.merge(graphdef, state)(x, *args)[0]
+        out = nnx.merge(graphdef, state)(x, *args)
+        return (out[0], out[2]) if layer.sparse else out[0]  # a sparse layer's router statistics too
 
     return checkpointed(run, policy)(state, x_BTE, *args)
 
@@ -73,10 +74,12 @@ class Decoder(nnx.Module):
         self.norm = norm(cfg, cfg.hidden_size, rngs)
 
     def __call__(self, input_ids_BT, positions_BT, key_valid_BS, q_slots_BT, cache=None, cache_index=None,
-                 segment_ids_BT=None):
+                 segment_ids_BT=None, with_router_stats=False):
         """Hidden states (B, T, E) and the new cache (None without one).
 
         ``q_slots_BT=None`` (no cache): self-attention over the T tokens, query i at slot i.
+        ``with_router_stats`` (no cache): also the ``moe.RouterStats`` summed over the sparse layers (None
+        for a dense model) over the tokens where ``key_valid_BS`` (then the (B, T) token mask) holds.
         """
         table = self.embed_tokens[...]
         x = jnp.take(table, input_ids_BT, axis=0)
@@ -85,26 +88,40 @@ class Decoder(nnx.Module):
         x = x.astype(self.cfg.dtype)
         if cache is None:
             args = (positions_BT, key_valid_BS, q_slots_BT, None, None, segment_ids_BT)
+            stats = None
             for layer in self.layers:
                 if self.cfg.remat == "none":
-                    x = layer(x, *args)[0]
+                    out = layer(x, *args)
+                    x, layer_stats = out[0], (out[2] if layer.sparse else None)
+                elif layer.sparse:
+                    x, layer_stats = _checkpointed_layer(layer, self.cfg.remat, x, *args)
                 else:
-                    x = _checkpointed_layer(layer, self.cfg.remat, x, *args)
+                    x, layer_stats = _checkpointed_layer(layer, self.cfg.remat, x, *args), None
+                if layer_stats is not None:
+                    stats = layer_stats if stats is None else stats + layer_stats
+            if with_router_stats:
+                return self.norm(x), None, stats
             return self.norm(x), None
         new_cache = []
         for layer, layer_cache in zip(self.layers, cache):
-            x, c = layer(x, positions_BT, key_valid_BS, q_slots_BT, layer_cache, cache_index)
+            x, c = layer(x, positions_BT, key_valid_BS, q_slots_BT, layer_cache, cache_index)[:2]
             new_cache.append(c)
         return self.norm(x), new_cache
 
-    def full_sequence(self, input_ids_BT, attention_mask_BT=None, positions_BT=None, segment_ids_BT=None) -> jax.Array:
-        """Hidden states (B, T, E) of whole sequences, no cache: left-padded rows, or packed rows with segment ids."""
+    def full_sequence(self, input_ids_BT, attention_mask_BT=None, positions_BT=None, segment_ids_BT=None,
+                      with_router_stats=False):
+        """Hidden states (B, T, E) of whole sequences, no cache: left-padded rows, or packed rows with segment ids.
+        ``with_router_stats``: (hidden states, RouterStats or None) over the real tokens."""
         if segment_ids_BT is not None:
             mask = segment_ids_BT > 0 if attention_mask_BT is None else attention_mask_BT
             positions = positions_from_segments(segment_ids_BT) if positions_BT is None else positions_BT
         else:
             mask = jnp.ones(input_ids_BT.shape, jnp.int32) if attention_mask_BT is None else attention_mask_BT
             positions = positions_from_mask(mask) if positions_BT is None else positions_BT
+        if with_router_stats:
+            hidden, _, stats = self(input_ids_BT, positions, mask, None, segment_ids_BT=segment_ids_BT,
+                                    with_router_stats=True)
+            return hidden, stats
         hidden, _ = self(input_ids_BT, positions, mask, None, segment_ids_BT=segment_ids_BT)
         return hidden
 
@@ -128,8 +145,9 @@ class CausalLM(nnx.Module):
         logits = (hidden @ self.unembedding().astype(self.config.dtype)).astype(jnp.float32)
         return soft_cap(logits, self.config.final_logit_softcap)
 
-    def hidden_states(self, input_ids, attention_mask=None, positions=None, segment_ids=None) -> jax.Array:
-        return self.model.full_sequence(input_ids, attention_mask, positions, segment_ids)
+    def hidden_states(self, input_ids, attention_mask=None, positions=None, segment_ids=None, with_router_stats=False):
+        """(B, T, E) hidden states; ``with_router_stats``: (hidden states, moe.RouterStats or None for a dense model)."""
+        return self.model.full_sequence(input_ids, attention_mask, positions, segment_ids, with_router_stats)
 
     def __call__(self, input_ids, attention_mask=None, positions=None, segment_ids=None) -> jax.Array:
         return self.logits_from_hidden(self.hidden_states(input_ids, attention_mask, positions, segment_ids))

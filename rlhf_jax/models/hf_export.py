@@ -47,19 +47,32 @@ def hf_config_dict(model: nnx.Module) -> dict:
     return hf
 
 
-def _hf_tensors(model: nnx.Module) -> list[tuple[str, list[tuple[TensorMapping, nnx.Variable]]]]:
-    """Each HF tensor with the parameters it is made of: one, or the row blocks of a fused tensor in row order."""
+Part = tuple[TensorMapping, nnx.Variable, "int | None"]  # (mapping, parameter, expert index of a stacked one)
+
+
+def _hf_tensors(model: nnx.Module) -> list[tuple[str, list[Part]]]:
+    """Each HF tensor with the parameters it is made of: one, the row blocks of a fused tensor in row order,
+    or one expert's slice of a stacked expert parameter (the experts of one parameter come consecutively)."""
     groups: dict[str, list] = {}
     for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
         mapping = mapping_for(path, model.config)
-        groups.setdefault(mapping.hf_name, []).append((mapping, var))
+        if mapping.experts:
+            for e in range(mapping.experts):
+                groups.setdefault(mapping.hf_name.format(e), []).append((mapping.expert(e), var, e))
+        else:
+            groups.setdefault(mapping.hf_name, []).append((mapping, var, None))
     return [(name, sorted(parts, key=lambda p: p[0].rows or ())) for name, parts in groups.items()]
+
+
+def _part_bytes(var: nnx.Variable, expert: int | None) -> int:
+    shape = var.get_value().shape[(expert is not None):]
+    return int(np.prod(shape)) * np.dtype(var.get_value().dtype).itemsize
 
 
 def _plan_shards(entries: list[tuple[str, list]], max_bytes: int) -> list[list[int]]:
     shards, current, size = [], [], 0
     for i, (_, parts) in enumerate(entries):
-        nbytes = sum(int(np.prod(v.get_value().shape)) * np.dtype(v.get_value().dtype).itemsize for _, v in parts)
+        nbytes = sum(_part_bytes(v, e) for _, v, e in parts)
         if current and size + nbytes > max_bytes:
             shards.append(current)
             current, size = [], 0
@@ -92,12 +105,21 @@ def save_pretrained(
         os.makedirs(tmp_dir)
     weight_map: dict[str, str] = {}
     total = 0
+    last: dict = {}  # the most recently gathered stacked parameter: its experts are written one after another
+
+    def host_value(var: nnx.Variable, expert: int | None) -> np.ndarray:
+        if expert is None:
+            return to_host(var.get_value())
+        if last.get("var") is not var:
+            last.update(var=var, value=to_host(var.get_value()))
+        return last["value"][expert]
+
     for k, shard in enumerate(shards):
         fname = "model.safetensors" if len(shards) == 1 else f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors"
         tensors = {}
         for i in shard:
             name, parts = entries[i]
-            blocks = [mapping.to_hf(to_host(var.get_value())) for mapping, var in parts]  # every process gathers
+            blocks = [mapping.to_hf(host_value(var, e)) for mapping, var, e in parts]  # every process gathers
             tensors[name] = blocks[0] if len(blocks) == 1 else np.concatenate(blocks, axis=0)
             weight_map[name] = fname
             total += tensors[name].nbytes

@@ -105,6 +105,20 @@ def _fresh_head(shape, dtype, seed: int) -> np.ndarray:
     return (0.02 * rng.standard_normal(shape)).astype(dtype)
 
 
+def _read(reader: CheckpointReader, mapping, shape: tuple[int, ...], path: str) -> np.ndarray:
+    """One HF tensor (or our block of a fused one) in our layout of ``shape``, its shape checked."""
+    try:
+        hf_tensor = mapping.block(reader.get(mapping.hf_name))
+    except ValueError as e:
+        raise CheckpointError(f"{path}: {e}") from None
+    expected = mapping.hf_shape(shape)
+    if tuple(hf_tensor.shape) != expected:
+        raise CheckpointError(
+            f"{path}: tensor {mapping.hf_name} has shape {tuple(hf_tensor.shape)}, but config.json implies {expected}"
+        )
+    return mapping.to_ours(hf_tensor, shape)
+
+
 def from_pretrained(
     path: str,
     *,
@@ -144,23 +158,18 @@ def from_pretrained(
     for var_path, var in nnx.to_flat_state(state):
         mapping = mapping_for(var_path, cfg)
         shape, target_dtype = tuple(var.get_value().shape), var.get_value().dtype
-        if mapping.hf_name in available:
-            try:
-                hf_tensor = mapping.block(reader.get(mapping.hf_name))
-            except ValueError as e:
-                raise CheckpointError(f"{path}: {e}") from None
-            expected = mapping.hf_shape(shape)
-            if tuple(hf_tensor.shape) != expected:
-                raise CheckpointError(
-                    f"{path}: tensor {mapping.hf_name} has shape {tuple(hf_tensor.shape)}, "
-                    f"but config.json implies {expected}"
-                )
-            host = mapping.to_ours(hf_tensor, shape).astype(target_dtype)
-            consumed.add(mapping.hf_name)
+        names = mapping.hf_names()
+        if all(name in available for name in names):
+            if mapping.experts:  # one HF tensor per expert, stacked on our leading axis
+                host = np.stack([_read(reader, mapping.expert(e), shape[1:], path) for e in range(mapping.experts)])
+            else:
+                host = _read(reader, mapping, shape, path)
+            host = host.astype(target_dtype)
+            consumed.update(names)
         elif task != checkpoint_task and var_path[0] in ("score", "score_bias"):
             host = (np.zeros(shape) if var_path[0] == "score_bias" else _fresh_head(shape, np.float32, seed)).astype(target_dtype)
         else:
-            missing.append(mapping.hf_name)
+            missing.extend(name for name in names if name not in available)
             continue
         sharding = variable_sharding(var, mesh, rules)
         var.set_value(jax.make_array_from_callback(shape, sharding, lambda idx, h=host: h[idx]))

@@ -7,6 +7,10 @@ norms and the embedding table are reshaped copies.
 
 Some families fuse projections into one HF tensor (Phi-3: ``qkv_proj``, ``gate_up_proj``);
 each of our separate projections is then a block of that tensor's output rows.
+
+Mixture-of-Experts checkpoints store each expert's projections as separate tensors
+(``mlp.experts.{e}.gate_proj.weight``, the layout transformers writes and older versions read);
+ours stack them on a leading expert axis, so one of our parameters is ``experts`` HF tensors.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ _LINEAR_INPUT_DIMS = {
     "q_proj": 1, "k_proj": 1, "v_proj": 1, "o_proj": 2,
     "gate_proj": 1, "up_proj": 1, "down_proj": 1,
     "lm_head": 1, "score": 1,
+    "gate": 1, "shared_expert_gate": 1,  # MoE router, Qwen2-MoE's shared-expert gate
 }
 
 
@@ -29,6 +34,15 @@ class TensorMapping:
     hf_name: str
     linear_input_dims: int  # 0 = plain reshape copy
     rows: tuple[int, int, int] | None = None  # (first, end, total): our block of a fused HF tensor's rows
+    experts: int = 0  # > 0: our leading axis stacks this many HF tensors, named by ``hf_name.format(e)``
+
+    def hf_names(self) -> list[str]:
+        """The HF tensor(s) of this parameter: one, or one per expert."""
+        return [self.hf_name.format(e) for e in range(self.experts)] if self.experts else [self.hf_name]
+
+    def expert(self, e: int) -> "TensorMapping":
+        """The mapping of expert ``e``'s slice of a stacked parameter."""
+        return dataclasses.replace(self, hf_name=self.hf_name.format(e), experts=0)
 
     def block(self, hf: np.ndarray) -> np.ndarray:
         """Our rows of the HF tensor (all of it unless fused); a fused tensor must have exactly ``total`` rows."""
@@ -82,6 +96,8 @@ def mapping_for(path: tuple, cfg=None) -> TensorMapping:
     if fused:
         name, *rows = fused
         return TensorMapping(join(f"{name}.weight"), _LINEAR_INPUT_DIMS[leaf], tuple(rows))
+    if len(parts) > 1 and parts[-2] == "experts" and cfg is not None and cfg.num_experts:
+        return TensorMapping(f"{prefix}.{{}}.{leaf}.weight", _LINEAR_INPUT_DIMS[leaf], experts=cfg.num_experts)
     if leaf in _LINEAR_INPUT_DIMS:
         return TensorMapping(join(f"{leaf}.weight"), _LINEAR_INPUT_DIMS[leaf])
     if leaf == "score_bias":

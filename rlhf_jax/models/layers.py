@@ -173,7 +173,7 @@ class Attention(nnx.Module):
         return out
 
 
-_ACTIVATIONS = {
+ACTIVATION_FNS = {
     "silu": jax.nn.silu,
     "gelu_pytorch_tanh": lambda x: jax.nn.gelu(x, approximate=True),
     "gelu": lambda x: jax.nn.gelu(x, approximate=False),
@@ -181,10 +181,13 @@ _ACTIVATIONS = {
 
 
 class MLP(nnx.Module):
-    """Gated MLP: down(act(gate(x)) * up(x)), act silu (SwiGLU) or gelu (GeGLU, Gemma)."""
+    """Gated MLP: down(act(gate(x)) * up(x)), act silu (SwiGLU) or gelu (GeGLU, Gemma).
 
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs | None):
-        E, F, pd = cfg.hidden_size, cfg.intermediate_size, cfg.param_dtype
+    ``width`` (default ``intermediate_size``): Qwen2-MoE's shared expert has a width of its own.
+    """
+
+    def __init__(self, cfg: ModelConfig, *, width: int | None = None, rngs: nnx.Rngs | None):
+        E, F, pd = cfg.hidden_size, width or cfg.intermediate_size, cfg.param_dtype
         self.cfg = cfg
         self.gate_proj = param(rngs, (E, F), ("embed", "mlp"), pd)
         self.up_proj = param(rngs, (E, F), ("embed", "mlp"), pd)
@@ -200,7 +203,7 @@ class MLP(nnx.Module):
         up = x_BTE @ self.up_proj[...].astype(dt)
         if bias:
             gate, up = gate + self.gate_bias[...].astype(dt), up + self.up_bias[...].astype(dt)
-        out = (_ACTIVATIONS[self.cfg.hidden_act](gate) * up) @ self.down_proj[...].astype(dt)
+        out = (ACTIVATION_FNS[self.cfg.hidden_act](gate) * up) @ self.down_proj[...].astype(dt)
         return out + self.down_bias[...].astype(dt) if bias else out
 
 
@@ -213,16 +216,28 @@ class DecoderLayer(nnx.Module):
         self.self_attn = Attention(cfg, window=cfg.window_of(layer), rngs=rngs)
         # Llama: the norm before the MLP. Gemma: the attention output's norm (transformers' names both ways).
         self.post_attention_layernorm = norm(cfg, E, rngs)
-        self.mlp = MLP(cfg, rngs=rngs)
+        self.sparse = cfg.is_sparse(layer)
+        if self.sparse:
+            from rlhf_jax.models.moe import SparseMoeBlock  # moe builds on this module's MLP
+
+            self.mlp = SparseMoeBlock(cfg, rngs=rngs)
+        else:
+            self.mlp = MLP(cfg, rngs=rngs)
         self.sandwich = cfg.sandwich_norms
         if self.sandwich:
             self.pre_feedforward_layernorm = norm(cfg, E, rngs)
             self.post_feedforward_layernorm = norm(cfg, E, rngs)
 
     def __call__(self, x_BTE, positions_BT, key_valid_BS, q_slots_BT, cache=None, cache_index=None, segment_ids_BT=None):
+        """(output, new cache); a sparse layer returns (output, new cache, RouterStats or None), the statistics
+        over the real tokens of a whole-sequence pass (``key_valid_BS`` is then the (B, T) token mask)."""
         attn, new_cache = self.self_attn(
             self.input_layernorm(x_BTE), positions_BT, key_valid_BS, q_slots_BT, cache, cache_index, segment_ids_BT
         )
+        if self.sparse:  # Qwen MoE families: pre-norm, no sandwich norms
+            x_BTE = x_BTE + attn
+            out, stats = self.mlp(self.post_attention_layernorm(x_BTE), key_valid_BS if cache is None else None)
+            return x_BTE + out, new_cache, stats
         if not self.sandwich:
             x_BTE = x_BTE + attn
             return x_BTE + self.mlp(self.post_attention_layernorm(x_BTE)), new_cache

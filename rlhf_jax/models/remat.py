@@ -29,7 +29,7 @@ POLICIES = {
 
 def _after(tree, cotangent: jax.Array):
     """``tree`` with every floating leaf made to depend on ``cotangent``; values are unchanged."""
-    first = cotangent.reshape(-1)[0]
+    first = jax.tree.leaves(cotangent)[0].reshape(-1)[0]  # an array output, or the first (a sparse layer's hidden states)
     zero = jnp.where(jnp.isfinite(first), first * 0, 0)
 
     def depend(leaf):
@@ -41,7 +41,7 @@ def _after(tree, cotangent: jax.Array):
 
 
 def checkpointed(fn: Callable[..., jax.Array], policy: str) -> Callable[..., jax.Array]:
-    """``fn`` (positional array arguments, one array output) recomputed in the backward pass per ``policy``."""
+    """``fn`` (positional array arguments, an array output or a pytree of arrays) recomputed in the backward pass per ``policy``."""
     remat_fn = jax.checkpoint(fn, policy=POLICIES[policy])
 
     @jax.custom_vjp

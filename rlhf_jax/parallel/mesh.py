@@ -2,13 +2,16 @@
 
 Parameters and activations name their dimensions logically (``embed``, ``mlp``,
 ``heads``, ...). A rule table maps each logical name to mesh axes; the mesh
-has three named axes:
+has four named axes:
 
 - ``data``: pure data parallelism (parameters replicated);
 - ``fsdp``: data parallelism with parameters sharded along their ``embed`` dimension;
+- ``expert``: expert parallelism: a Mixture-of-Experts layer's experts (their leading ``expert``
+  dimension) are split over it; outside the expert weights it is data parallelism;
 - ``tensor``: tensor parallelism (attention heads, MLP width and vocabulary split).
 
-The batch is split over ``data`` and ``fsdp`` together.
+The batch is split over ``data``, ``fsdp`` and ``expert`` together. An axis of size 1 drops out of
+every partition spec, so a mesh without expert parallelism shards exactly as a three-axis one.
 """
 
 from __future__ import annotations
@@ -23,12 +26,12 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 log = logging.getLogger(__name__)
 
-MESH_AXES = ("data", "fsdp", "tensor")
-BATCH_AXES = ("data", "fsdp")
+MESH_AXES = ("data", "fsdp", "expert", "tensor")  # device order: tensor innermost
+BATCH_AXES = ("data", "fsdp", "expert")
 
 # logical name -> mesh axis, tuple of mesh axes, or None (replicated)
 DEFAULT_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
-    ("batch", ("data", "fsdp")),
+    ("batch", ("data", "fsdp", "expert")),
     ("length", None),
     ("embed", "fsdp"),
     ("vocab", "tensor"),
@@ -38,6 +41,7 @@ DEFAULT_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ("head_dim", None),
     ("norm", None),
     ("labels", None),
+    ("expert", "expert"),
 )
 
 Rules = Sequence[tuple[str, str | tuple[str, ...] | None]]
@@ -61,16 +65,17 @@ def resolve_axis_sizes(sizes: Mapping[str, int], num_devices: int) -> dict[str, 
         sizes[unknown[0]] = num_devices // known
     elif known != num_devices:
         raise ValueError(
-            f"mesh: data*fsdp*tensor = {known} but {num_devices} devices are available; "
+            f"mesh: data*fsdp*expert*tensor = {known} but {num_devices} devices are available; "
             "set one axis to -1 to use the rest"
         )
     return sizes
 
 
-def make_mesh(data: int = 1, fsdp: int = -1, tensor: int = 1, devices: Sequence[jax.Device] | None = None) -> Mesh:
-    """A (data, fsdp, tensor) mesh over ``devices`` (default: all devices of all processes)."""
+def make_mesh(data: int = 1, fsdp: int = -1, tensor: int = 1, expert: int = 1,
+              devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """A (data, fsdp, expert, tensor) mesh over ``devices`` (default: all devices of all processes)."""
     devices = list(devices) if devices is not None else jax.devices()
-    sizes = resolve_axis_sizes({"data": data, "fsdp": fsdp, "tensor": tensor}, len(devices))
+    sizes = resolve_axis_sizes({"data": data, "fsdp": fsdp, "tensor": tensor, "expert": expert}, len(devices))
     shape = tuple(sizes[a] for a in MESH_AXES)
     try:
         from jax.experimental import mesh_utils
@@ -83,7 +88,7 @@ def make_mesh(data: int = 1, fsdp: int = -1, tensor: int = 1, devices: Sequence[
 
 def single_device_mesh(device: jax.Device | None = None) -> Mesh:
     device = device or jax.devices()[0]
-    return Mesh(np.asarray([device]).reshape(1, 1, 1), MESH_AXES)
+    return Mesh(np.asarray([device]).reshape((1,) * len(MESH_AXES)), MESH_AXES)
 
 
 def _mesh_axes_for(name: str | None, rules: Rules) -> tuple[str, ...]:

@@ -21,7 +21,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from rlhf_jax import algos
-from rlhf_jax.train.steps import ActorLossSpec, Batch, CriticLossSpec, actor_denominators, actor_loss, critic_loss, token_log_probs
+from rlhf_jax.train.steps import (ActorLossSpec, Batch, CriticLossSpec, actor_denominators, actor_loss, add_router_loss,
+                                  critic_loss, token_log_probs)
 
 
 # A packed micro-batch: (dp*M, L) int32 rows, and (dp*C,) lists of the states that predict a response token: their
@@ -49,16 +50,26 @@ def scatter_to_grid(values_BL: jax.Array, targets_BL: jax.Array, grid_shape: tup
     return jax.vmap(one)(values, targets).reshape(rows, R)
 
 
-def packed_hidden(model, micro: Batch) -> jax.Array:
-    return model.hidden_states(micro["input_ids"], positions=micro["positions"], segment_ids=micro["segment_ids"])
+def packed_hidden(model, micro: Batch, with_router_stats: bool = False):
+    """Hidden states of the packed rows (and, ``with_router_stats``, the MoE router statistics)."""
+    return model.hidden_states(micro["input_ids"], positions=micro["positions"], segment_ids=micro["segment_ids"],
+                               with_router_stats=with_router_stats)
 
 
-def packed_log_probs(model, micro: Batch, temperature: float, with_entropy: bool, dp: int):
+def packed_log_probs(model, micro: Batch, temperature: float, with_entropy: bool, dp: int, with_router_stats=False):
     """Log-prob (and entropy) of the next token at each of the micro-batch's ``logit_positions``; (dp, C) float32.
 
     Only those positions go through the vocabulary projection (prompt and padding positions do not).
+    ``with_router_stats``: (that, the MoE router statistics over the real tokens).
     """
-    picked = pick(packed_hidden(model, micro), micro, dp)  # (dp, C, E)
+    if with_router_stats:
+        hidden, stats = packed_hidden(model, micro, True)
+        return _log_probs_at(model, hidden, micro, temperature, with_entropy, dp), stats
+    return _log_probs_at(model, packed_hidden(model, micro), micro, temperature, with_entropy, dp)
+
+
+def _log_probs_at(model, hidden, micro: Batch, temperature: float, with_entropy: bool, dp: int):
+    picked = pick(hidden, micro, dp)  # (dp, C, E)
     return token_log_probs(model, picked, micro["logit_token_ids"].reshape(dp, -1), temperature, with_entropy)
 
 
@@ -99,12 +110,18 @@ def actor_grads(graphdef, spec: ActorLossSpec, params, grad_acc, micro: Batch, g
     den, den_plain = actor_denominators(spec, mask)
     m_mask = mask * covered_mask(micro, mask.shape, dp)
 
+    moe = spec.router_aux_loss_coef is not None
+
     def loss_fn(p):
         model = nnx.merge(graphdef, p)
-        logp_c, ent_c = packed_log_probs(model, micro, spec.temperature, True, dp)
+        out = packed_log_probs(model, micro, spec.temperature, True, dp, with_router_stats=moe)
+        (logp_c, ent_c), stats = out if moe else (out, None)
         logp = scatter_to_grid(logp_c, micro["logit_targets"], mask.shape, dp)
         ent = scatter_to_grid(ent_c, micro["logit_targets"], mask.shape, dp)
-        return actor_loss(spec, logp, ent, grid, m_mask, den, den_plain, key)
+        loss, metrics = actor_loss(spec, logp, ent, grid, m_mask, den, den_plain, key)
+        if not moe:
+            return loss, metrics
+        return add_router_loss(spec, loss, metrics, stats, jnp.sum(m_mask) / jnp.maximum(jnp.sum(mask), 1.0))
 
     (_, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
     return jax.tree.map(jnp.add, grad_acc, grads), aux, jnp.sum(m_mask)

@@ -95,6 +95,15 @@ def _note_fallback_scorer(cfg: ConfigDict, *datasets) -> None:
                     ", ".join(unknown), cfg.reward_model.answer_match)
 
 
+def _check_expert_axis(cfg: ConfigDict, model_path: str) -> None:
+    """mesh.expert must split a Mixture-of-Experts model's experts evenly (otherwise they would be replicated)."""
+    hf = models.load_hf_config(model_path)
+    experts, ways = int(hf.get("num_experts") or hf.get("num_local_experts") or 0), int(cfg.mesh.expert)
+    if experts and ways > 1 and experts % ways:
+        raise ValueError(f"mesh.expert={ways} does not divide the {experts} experts of {model_path}; "
+                         f"choose a divisor of {experts}")
+
+
 def load_policy(cfg: ConfigDict, model_path: str, mesh, rules, *, role: str = "actor", task: str | None = None,
                 path: str | None = None):
     """The actor, reference or critic (``role``) with its dtypes, attention and remat policy.
@@ -103,6 +112,7 @@ def load_policy(cfg: ConfigDict, model_path: str, mesh, rules, *, role: str = "a
     has no backward pass and never rematerializes.
     """
     model_cfg = cfg.actor_rollout_ref.model
+    _check_expert_axis(cfg, path or model_path)
     role_cfg = cfg.critic.model if role == "critic" else model_cfg
     remat = role_cfg.remat_policy if role != "ref" and role_cfg.enable_gradient_checkpointing else "none"
     return models.from_pretrained(

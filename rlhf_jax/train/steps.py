@@ -12,6 +12,11 @@ needs no communication. Loss denominators are computed once over the whole
 mini-batch and passed to every micro-batch, so gradient accumulation gives exactly
 the gradient of the mini-batch (the micro-batch normalisation bug of the PyTorch
 frameworks does not exist here).
+
+A Mixture-of-Experts actor adds the router's load-balancing loss (``models.moe.load_balancing_loss``,
+transformers' definition over the real tokens of a forward pass) times ``router_aux_loss_coef``. That loss is
+not a sum over tokens, so it is formed per micro-batch and weighted by the micro-batch's share of the
+mini-batch's response tokens: with one micro-batch it is exactly transformers' value for the batch.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from flax import nnx
 
 from rlhf_jax import algos
 from rlhf_jax.algos.entropy import auto_chunk_size
+from rlhf_jax.models.moe import load_balancing_loss
 
 Batch = dict[str, jax.Array]
 
@@ -71,9 +77,14 @@ def token_log_probs(model, hidden, ids, temperature: float, with_entropy: bool):
     return out if with_entropy else (out, None)
 
 
-def response_log_probs(model, input_ids, attention_mask, responses, temperature: float, with_entropy: bool):
-    """Log-probs (and entropies) of ``responses`` under ``model`` at ``temperature``; (b, R) float32."""
+def response_log_probs(model, input_ids, attention_mask, responses, temperature: float, with_entropy: bool,
+                       with_router_stats: bool = False):
+    """Log-probs (and entropies) of ``responses`` under ``model`` at ``temperature``; (b, R) float32.
+    ``with_router_stats``: (that, the MoE router statistics over the real tokens)."""
     R = responses.shape[1]
+    if with_router_stats:
+        hidden, stats = model.hidden_states(input_ids, attention_mask, with_router_stats=True)
+        return token_log_probs(model, hidden[:, -R - 1 : -1], responses, temperature, with_entropy), stats
     hidden = model.hidden_states(input_ids, attention_mask)[:, -R - 1 : -1]  # states that predict each response token
     return token_log_probs(model, hidden, responses, temperature, with_entropy)
 
@@ -140,6 +151,8 @@ class ActorLossSpec:
     use_old_log_probs: bool = True  # False: one mini-batch x one epoch, old = current (ratio 1)
     norm_constant: float | None = None
     options: tuple[tuple[str, Any], ...] = ()  # extra policy-loss options, e.g. (("clip_cov_ratio", 2e-4),)
+    # Mixture-of-Experts actor: weight of the router load-balancing loss (0: router metrics only); None: dense actor.
+    router_aux_loss_coef: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,8 +162,14 @@ class CriticLossSpec:
     norm_constant: float | None = None
 
 
-# Metrics that are losses already divided by the mini-batch denominator: summed over micro-batches.
-SUMMED_METRICS = ("actor/pg_loss", "actor/entropy", "actor/kl_loss", "critic/vf_loss")
+# Metrics that are losses already divided by the mini-batch denominator (or weighted by the micro-batch's
+# share): summed over micro-batches.
+SUMMED_METRICS = ("actor/pg_loss", "actor/entropy", "actor/kl_loss", "critic/vf_loss", "actor/router_aux_loss")
+EXPERT_LOAD = "actor/expert_load/"  # + expert index: its fraction of the router's top-k assignments (summed too)
+
+
+def is_summed(name: str) -> bool:
+    return name in SUMMED_METRICS or name.startswith(EXPERT_LOAD)
 
 
 def _weighted_metrics(metrics_per_micro: dict, weights) -> dict:
@@ -165,7 +184,7 @@ def combine_micro_metrics(per_micro: list[dict], tokens: list) -> dict:
     out = {}
     for k in per_micro[0]:
         values = jnp.stack([m[k] for m in per_micro])
-        out[k] = jnp.sum(values) if k in SUMMED_METRICS else jnp.sum(values * weights)
+        out[k] = jnp.sum(values) if is_summed(k) else jnp.sum(values * weights)
     return out
 
 
@@ -212,6 +231,18 @@ def actor_loss(spec: ActorLossSpec, logp, ent, m: Batch, m_mask, den, den_plain,
     return loss, aux
 
 
+def add_router_loss(spec: ActorLossSpec, loss, metrics: dict, stats, share):
+    """The actor loss plus the router load-balancing loss of one micro-batch, weighted by ``share`` (its part of the
+    mini-batch's response tokens), and the router metrics (aux loss, each expert's share of the assignments)."""
+    aux_loss = load_balancing_loss(stats)
+    load = stats.counts_X / jnp.maximum(jnp.sum(stats.counts_X), 1.0)
+    metrics = {**metrics, "actor/router_aux_loss": share * aux_loss}
+    metrics.update({f"{EXPERT_LOAD}{e}": share * load[e] for e in range(load.shape[0])})
+    if spec.router_aux_loss_coef:
+        loss = loss + spec.router_aux_loss_coef * share * aux_loss
+    return loss, metrics
+
+
 def actor_denominators(spec: ActorLossSpec, mask):
     """(policy-loss denominator, plain-mode denominator) of a whole mini-batch mask."""
     agg_mode = algos.effective_loss_agg_mode(spec.loss_mode, spec.loss_agg_mode)
@@ -233,15 +264,21 @@ def actor_update(graphdef, tx, spec: ActorLossSpec, params, opt_state, mb: Batch
 
         def loss_fn(p):
             model = nnx.merge(graphdef, p)
-            logp, ent = response_log_probs(model, m["input_ids"], m["attention_mask"], m["responses"], spec.temperature, True)
-            return actor_loss(spec, logp, ent, m, m["response_mask"].astype(jnp.float32), den, den_plain, key)
+            m_mask = m["response_mask"].astype(jnp.float32)
+            args = (model, m["input_ids"], m["attention_mask"], m["responses"], spec.temperature, True)
+            if spec.router_aux_loss_coef is None:
+                logp, ent = response_log_probs(*args)
+                return actor_loss(spec, logp, ent, m, m_mask, den, den_plain, key)
+            (logp, ent), stats = response_log_probs(*args, with_router_stats=True)
+            loss, metrics = actor_loss(spec, logp, ent, m, m_mask, den, den_plain, key)
+            return add_router_loss(spec, loss, metrics, stats, jnp.sum(m_mask) / jnp.maximum(jnp.sum(mask), 1.0))
 
         (_, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
         return jax.tree.map(jnp.add, grad_acc, grads), aux
 
     zeros = jax.tree.map(jnp.zeros_like, params)
     grads, aux = jax.lax.scan(micro_step, zeros, (micro, rngs))
-    summed = {k: jnp.sum(v) for k, v in aux.items() if k in SUMMED_METRICS}
+    summed = {k: jnp.sum(v) for k, v in aux.items() if is_summed(k)}
     averaged = _weighted_metrics({k: v for k, v in aux.items() if k not in summed}, weights)
     params, opt_state, grad_norm = apply_update(tx, params, opt_state, grads)
     return params, opt_state, {**summed, **averaged, "actor/grad_norm": grad_norm}

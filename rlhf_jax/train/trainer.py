@@ -55,10 +55,30 @@ from rlhf_jax.train.steps import ActorLossSpec, CriticLossSpec, advantage_stage
 log = logging.getLogger(__name__)
 
 
-def actor_loss_spec(cfg: ConfigDict, recompute_old: bool, temperature: float) -> ActorLossSpec:
+def router_aux_loss_coef(cfg: ConfigDict, model_cfg) -> float | None:
+    """The weight of the router load-balancing loss of a Mixture-of-Experts actor (None for a dense one).
+
+    Unset, it is the checkpoint's ``router_aux_loss_coef`` when its config has ``output_router_logits`` (the
+    switch with which transformers adds the loss to the training loss), else 0 (router metrics only).
+    """
+    setting = cfg.actor_rollout_ref.actor.router_aux_loss_coef
+    if model_cfg is None or not any(model_cfg.sparse_layers):
+        if setting:
+            raise ValueError(f"actor_rollout_ref.actor.router_aux_loss_coef={setting} applies to Mixture-of-Experts "
+                             "models; the actor has no expert layers (unset it)")
+        return None
+    if setting is not None:
+        return float(setting)
+    hf = model_cfg.hf_config
+    return float(hf.get("router_aux_loss_coef", 0.001)) if hf.get("output_router_logits") else 0.0
+
+
+def actor_loss_spec(cfg: ConfigDict, recompute_old: bool, temperature: float, model_cfg=None) -> ActorLossSpec:
+    """The actor loss settings; ``model_cfg`` (the actor's ModelConfig) decides the router loss of a MoE actor."""
     a = cfg.actor_rollout_ref.actor
     pl = a.policy_loss
     return ActorLossSpec(
+        router_aux_loss_coef=router_aux_loss_coef(cfg, model_cfg),
         loss_mode=pl.loss_mode, loss_agg_mode=a.loss_agg_mode,
         clip_ratio_low=a.clip_ratio_low if a.clip_ratio_low is not None else a.clip_ratio,
         clip_ratio_high=a.clip_ratio_high if a.clip_ratio_high is not None else a.clip_ratio,
@@ -120,7 +140,8 @@ class Trainer:
             self.reward_model = RewardModelScorer.from_config(cfg.reward_model, mesh=self.mesh)
         kc = cfg.algorithm.kl_ctrl
         self.kl_ctrl = algos.init_kl_controller(kc.kl_coef, kc.type, kc.target_kl, kc.horizon)
-        self.actor_spec = actor_loss_spec(cfg, d.recompute_old_log_prob, c.sampling.logprob_temperature)
+        self.actor_spec = actor_loss_spec(cfg, d.recompute_old_log_prob, c.sampling.logprob_temperature,
+                                          self.actor.config)
         alg = cfg.algorithm
         self._advantage_fn = jax.jit(functools.partial(
             advantage_stage, estimator=alg.adv_estimator, gamma=alg.gamma, lam=alg.lam,

@@ -56,7 +56,7 @@ def test_types_and_placeholders():
         else:
             assert isinstance(value, key.value_type), key.path
     assert cfg.trainer.logger == ("console", "tensorboard", "jsonl")
-    assert dict(cfg.mesh.logical_axis_rules)["batch"] == ("data", "fsdp")
+    assert dict(cfg.mesh.logical_axis_rules)["batch"] == ("data", "fsdp", "expert")
     assert dict(cfg.mesh.logical_axis_rules)["vocab"] == "tensor"
 
 

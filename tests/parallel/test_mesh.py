@@ -12,8 +12,9 @@ from tests.conftest import left_padded_batch
 
 
 def test_resolve_axis_sizes():
-    assert resolve_axis_sizes({"data": 2, "fsdp": -1, "tensor": 2}, 8) == {"data": 2, "fsdp": 2, "tensor": 2}
-    assert resolve_axis_sizes({"fsdp": 8}, 8) == {"data": 1, "fsdp": 8, "tensor": 1}
+    assert resolve_axis_sizes({"data": 2, "fsdp": -1, "tensor": 2}, 8) == {"data": 2, "fsdp": 2, "tensor": 2, "expert": 1}
+    assert resolve_axis_sizes({"fsdp": 8}, 8) == {"data": 1, "fsdp": 8, "tensor": 1, "expert": 1}
+    assert resolve_axis_sizes({"data": 2, "expert": -1}, 8) == {"data": 2, "fsdp": 1, "tensor": 1, "expert": 4}
     with pytest.raises(ValueError, match="at most one axis may be -1"):
         resolve_axis_sizes({"data": -1, "fsdp": -1}, 8)
     with pytest.raises(ValueError, match="3 devices"):

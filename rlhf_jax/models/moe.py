@@ -1,0 +1,115 @@
+"""Mixture-of-Experts MLP block (Qwen3-MoE, Qwen2-MoE): a top-k router and dropless grouped experts.
+
+Each token is routed to its ``num_experts_per_tok`` most probable experts. The (token, choice) pairs are
+sorted by expert so that each expert's tokens form one contiguous group, and every projection is one
+``jax.lax.ragged_dot`` over those groups: every pair is computed (no capacity, nothing dropped) and no
+FLOPs go to experts a token did not pick. Qwen2-MoE adds a dense shared expert scaled by a sigmoid gate.
+
+The block also returns the router's statistics over the real (unpadded) tokens, from which
+``load_balancing_loss`` forms transformers' auxiliary loss and the trainer its per-expert load metrics.
+Shapes: N tokens, E embed, X experts, K experts per token, F expert width.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from rlhf_jax.models.config import ModelConfig
+from rlhf_jax.models.layers import ACTIVATION_FNS, MLP, param
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class RouterStats:
+    """Sums over the real tokens of every sparse layer of one forward pass (float32)."""
+
+    counts_X: jax.Array  # top-k assignments per expert
+    probs_X: jax.Array  # router probabilities per expert (differentiable)
+    rows: jax.Array  # () token rows summed (real tokens x sparse layers)
+
+    def __add__(self, other: "RouterStats") -> "RouterStats":
+        return RouterStats(self.counts_X + other.counts_X, self.probs_X + other.probs_X, self.rows + other.rows)
+
+
+def load_balancing_loss(stats: RouterStats) -> jax.Array:
+    """transformers' ``load_balancing_loss_func`` (Switch Transformer eqs. 4-6) from the summed statistics:
+    X * sum_x (assignment fraction of x) * (mean router probability of x), fractions over all rows."""
+    rows = jnp.maximum(stats.rows, 1.0)
+    return stats.counts_X.shape[-1] * jnp.sum((stats.counts_X / rows) * (stats.probs_X / rows))
+
+
+def route(logits_NX: jax.Array, top_k: int, norm_topk_prob: bool):
+    """(probabilities (N, X) float32, top-k weights (N, K) float32, top-k expert ids (N, K)), as transformers routes."""
+    probs = jax.nn.softmax(logits_NX.astype(jnp.float32), axis=-1)
+    weights, ids = jax.lax.top_k(probs, top_k)
+    if norm_topk_prob:
+        weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
+    return probs, weights, ids
+
+
+def router_stats(probs_NX: jax.Array, ids_NK: jax.Array, valid_N: jax.Array) -> RouterStats:
+    """Assignment counts and probability sums over the tokens where ``valid_N`` holds."""
+    valid = valid_N.astype(jnp.float32)
+    X = probs_NX.shape[-1]
+    counts = jnp.sum(jax.nn.one_hot(ids_NK, X, dtype=jnp.float32) * valid[:, None, None], axis=(0, 1))
+    return RouterStats(jax.lax.stop_gradient(counts), jnp.sum(probs_NX * valid[:, None], axis=0), jnp.sum(valid))
+
+
+def grouped_experts(x_NE, ids_NK, weights_NK, gate_XEF, up_XEF, down_XFE, act, dtype) -> jax.Array:
+    """sum_k weights[n, k] * expert_{ids[n, k]}(x[n]) for every token, dropless, (N, E)."""
+    N, K = ids_NK.shape
+    X = gate_XEF.shape[0]
+    flat = ids_NK.reshape(-1)
+    order = jnp.argsort(flat, stable=True)  # pairs grouped by expert
+    sizes = jnp.bincount(flat, length=X).astype(jnp.int32)
+    xs = jnp.take(x_NE, order // K, axis=0)  # (N*K, E)
+    gate = jax.lax.ragged_dot(xs, gate_XEF.astype(dtype), sizes)
+    up = jax.lax.ragged_dot(xs, up_XEF.astype(dtype), sizes)
+    ys = jax.lax.ragged_dot(act(gate) * up, down_XFE.astype(dtype), sizes)  # (N*K, E), sorted
+    inverse = jnp.argsort(order)  # back to (token, choice) order: a gather, not a scatter-add
+    ys = jnp.take(ys, inverse, axis=0).reshape(N, K, -1)
+    return jnp.einsum("nke,nk->ne", ys, weights_NK.astype(dtype))
+
+
+class Experts(nnx.Module):
+    """The X experts' gated-MLP weights stacked on a leading ``expert`` axis (sharded by expert parallelism)."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs | None):
+        X, E, F, pd = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size, cfg.param_dtype
+        self.gate_proj = param(rngs, (X, E, F), ("expert", "embed", "mlp"), pd)
+        self.up_proj = param(rngs, (X, E, F), ("expert", "embed", "mlp"), pd)
+        self.down_proj = param(rngs, (X, F, E), ("expert", "mlp", "embed"), pd)
+
+
+class SparseMoeBlock(nnx.Module):
+    """Router + experts (+ Qwen2-MoE's gated shared expert); the MLP of a sparse decoder layer."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs | None):
+        self.cfg = cfg
+        # transformers' router is a (X, E) linear named ``gate``; ours is its (E, X) transpose.
+        self.gate = param(rngs, (cfg.hidden_size, cfg.num_experts), ("embed", None), cfg.param_dtype)
+        self.experts = Experts(cfg, rngs=rngs)
+        if cfg.shared_expert_intermediate_size:
+            self.shared_expert = MLP(cfg, width=cfg.shared_expert_intermediate_size, rngs=rngs)
+            self.shared_expert_gate = param(rngs, (cfg.hidden_size, 1), ("embed", None), cfg.param_dtype)
+
+    def __call__(self, x_BTE: jax.Array, valid_BT: jax.Array | None = None):
+        """(output (B, T, E), RouterStats over the tokens where ``valid_BT`` holds, or None without it)."""
+        cfg, dt = self.cfg, self.cfg.dtype
+        B, T, E = x_BTE.shape
+        x = x_BTE.reshape(B * T, E)
+        logits = x @ self.gate[...].astype(dt)
+        probs, weights, ids = route(logits, cfg.num_experts_per_tok, cfg.norm_topk_prob)
+        # transformers casts the routing weights back to the hidden dtype before weighting the experts.
+        ex = self.experts
+        out = grouped_experts(x, ids, weights.astype(dt), ex.gate_proj[...], ex.up_proj[...], ex.down_proj[...],
+                              ACTIVATION_FNS[cfg.hidden_act], dt)
+        if cfg.shared_expert_intermediate_size:
+            shared_gate = jax.nn.sigmoid(x @ self.shared_expert_gate[...].astype(dt))
+            out = out + shared_gate * self.shared_expert(x)
+        stats = None if valid_BT is None else router_stats(probs, ids, valid_BT.reshape(B * T))
+        return out.reshape(B, T, E), stats
