@@ -17,6 +17,7 @@ matmul rate measured in the same run. Run it on a quiet machine:
     python benchmarks/micro_batch.py                      # 2 rows x 256 tokens, 256 logit positions
     python benchmarks/micro_batch.py --rows 4 --logits 512
     RLHF_JAX_HUGEPAGES=0 python benchmarks/micro_batch.py   # without huge-page malloc (rlhf_jax/hostmem.py)
+    python benchmarks/micro_batch.py --profile              # also the update's heaviest ops (benchmarks/op_profile.py)
 """
 
 from __future__ import annotations
@@ -69,6 +70,7 @@ def main(argv=None) -> int:
     ap.add_argument("--logits", type=int, default=256, help="positions through the vocabulary projection")
     ap.add_argument("--segment", type=int, default=80, help="tokens per packed sequence")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--profile", action="store_true", help="print the actor update's op profile (with entropy)")
     args = ap.parse_args(argv)
 
     import jax
@@ -141,6 +143,15 @@ def main(argv=None) -> int:
     print(f"  matmul rate (tokens x 576 @ 576 x 1536): {rate / 1e9:.1f} GFLOP/s; the step's matmul FLOPs "
           f"{flops / 1e9:.0f} G would take {flops / rate * 1e3:.0f} ms at that rate: the step runs at "
           f"{flops / whole / rate:.2f} of it")
+    if args.profile:
+        from benchmarks.op_profile import op_profile
+
+        def update_loss(p):  # as the actor update: log-probs and entropies of the logit positions
+            logp, ent = packed_log_probs(nnx.merge(graphdef, p), micro, 1.0, True, 1)
+            return -jnp.sum(logp) * 1e-3 + 1e-6 * jnp.sum(jax.lax.stop_gradient(ent))
+
+        print("\nactor update micro-batch, op by op (thread time):")
+        print(op_profile(jax.jit(jax.grad(update_loss)), params))
     return 0
 
 
