@@ -86,3 +86,25 @@ def run_main(args: list[str], *, devices: int = 8, timeout: float = 600, env: di
 def read_metrics(out_dir: str) -> list[dict]:
     with open(os.path.join(out_dir, "metrics.jsonl")) as f:
         return [json.loads(line) for line in f]
+
+
+def tiny_hf_checkpoint(config_cls: str, model_cls: str, out: str, **config_kwargs) -> str:
+    """A tiny random transformers checkpoint (2 layers, hidden 64) over the built-in tiny model's vocabulary, whose
+    tokenizer files it borrows; ``config_kwargs`` add to or override the shared shape."""
+    import shutil
+
+    import torch
+    import transformers
+
+    from rlhf_jax.tools import tiny
+
+    torch.manual_seed(0)
+    shape = dict(vocab_size=tiny.VOCAB_SIZE, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
+                 tie_word_embeddings=True, bos_token_id=tiny.BOS_ID, eos_token_id=tiny.EOS_ID, pad_token_id=tiny.PAD_ID)
+    config = getattr(transformers, config_cls)(**{**shape, **config_kwargs})
+    getattr(transformers, model_cls)(config).eval().save_pretrained(out)
+    source = tiny.ensure()
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"):
+        shutil.copy(os.path.join(source, name), out)
+    return out

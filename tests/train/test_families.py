@@ -7,13 +7,11 @@ whose tokenizer it borrows.
 from __future__ import annotations
 
 import math
-import os
-import shutil
 
 import pytest
 
 from rlhf_jax.train.trainer import Trainer
-from tests.train.helpers import make_config
+from tests.train.helpers import make_config, tiny_hf_checkpoint
 
 FAMILIES = {
     "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(partial_rotary_factor=0.5, sliding_window=6)),
@@ -24,22 +22,8 @@ FAMILIES = {
 
 
 def _family_checkpoint(kind: str, out: str) -> str:
-    import torch
-    import transformers
-
-    from rlhf_jax.tools import tiny
-
     config_cls, model_cls, extra = FAMILIES[kind]
-    torch.manual_seed(0)
-    config = getattr(transformers, config_cls)(
-        vocab_size=tiny.VOCAB_SIZE, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16, max_position_embeddings=512, tie_word_embeddings=True,
-        bos_token_id=tiny.BOS_ID, eos_token_id=tiny.EOS_ID, pad_token_id=tiny.PAD_ID, **extra)
-    getattr(transformers, model_cls)(config).eval().save_pretrained(out)
-    source = tiny.ensure()
-    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"):
-        shutil.copy(os.path.join(source, name), out)
-    return out
+    return tiny_hf_checkpoint(config_cls, model_cls, out, **extra)
 
 
 @pytest.mark.parametrize("kind", list(FAMILIES))

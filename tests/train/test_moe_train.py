@@ -11,13 +11,12 @@ model, whose sharded logits ``tests/models/test_moe.py`` compares (each run here
 from __future__ import annotations
 
 import os
-import shutil
 
 import numpy as np
 import pytest
 
 from rlhf_jax.models.safetensors_io import LazyFile
-from tests.train.helpers import cli_args, read_metrics, run_main
+from tests.train.helpers import cli_args, read_metrics, run_main, tiny_hf_checkpoint
 
 FAMILIES = {
     "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(norm_topk_prob=True, mlp_only_layers=[1])),
@@ -27,26 +26,11 @@ FAMILIES = {
 
 
 def _moe_checkpoint(kind: str, out: str) -> str:
-    """A tiny random MoE checkpoint over the built-in tiny model's vocabulary, whose tokenizer it borrows; its
-    config asks for the router loss (output_router_logits) with a coefficient of 0.05."""
-    import torch
-    import transformers
-
-    from rlhf_jax.tools import tiny
-
+    """A tiny random MoE checkpoint whose config asks for the router loss (output_router_logits) with a
+    coefficient of 0.05."""
     config_cls, model_cls, extra = FAMILIES[kind]
-    torch.manual_seed(0)
-    config = getattr(transformers, config_cls)(
-        vocab_size=tiny.VOCAB_SIZE, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16, max_position_embeddings=512, tie_word_embeddings=True,
-        num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, output_router_logits=True,
-        router_aux_loss_coef=0.05, initializer_range=0.1,
-        bos_token_id=tiny.BOS_ID, eos_token_id=tiny.EOS_ID, pad_token_id=tiny.PAD_ID, **extra)
-    getattr(transformers, model_cls)(config).eval().save_pretrained(out)
-    source = tiny.ensure()
-    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"):
-        shutil.copy(os.path.join(source, name), out)
-    return out
+    return tiny_hf_checkpoint(config_cls, model_cls, out, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+                              output_router_logits=True, router_aux_loss_coef=0.05, initializer_range=0.1, **extra)
 
 
 def _run(tmp_path, name: str, model_dir: str, devices: int, mesh: dict, packed: bool):
