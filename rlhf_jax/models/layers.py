@@ -167,7 +167,10 @@ class Attention(nnx.Module):
 
     def _output(self, out_BTHD: jax.Array) -> jax.Array:
         dt = self.cfg.dtype
-        out = jnp.einsum("bthd,hde->bte", out_BTHD.astype(dt), self.o_proj[...].astype(dt))
+        # One (B, T, H*D) @ (H*D, E) matmul: with two contracted axes XLA:CPU transposed the weight to (D, H, E)
+        # on every call (a decode step copied every layer's o_proj).
+        B, T, H, D = out_BTHD.shape
+        out = out_BTHD.astype(dt).reshape(B, T, H * D) @ self.o_proj[...].astype(dt).reshape(H * D, -1)
         if self.cfg.o_bias:
             out = out + self.o_bias[...].astype(dt)
         return out
