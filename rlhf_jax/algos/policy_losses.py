@@ -31,6 +31,10 @@ def _metrics(clipfrac: Array, clipfrac_lower: Array, ppo_kl: Array) -> dict[str,
 
 
 def _agg(loss_mat: Array, kw: dict[str, Any]) -> Array:
+    """Aggregate per-token losses; ``rollout_is_weights`` (off-policy correction) scale each token's loss first."""
+    weights = kw.get("rollout_is_weights")
+    if weights is not None:
+        loss_mat = loss_mat * sg(weights)
     return agg_loss(loss_mat, kw["response_mask"], kw["loss_agg_mode"],
                     denominator=kw.get("denominator"), norm_constant=kw.get("norm_constant"))
 
@@ -185,7 +189,8 @@ def policy_loss(
 ) -> tuple[Array, dict[str, Array]]:
     """Policy loss ``mode`` aggregated with ``loss_agg_mode`` (and the mini-batch ``denominator``).
 
-    Options: rng, clip_cov_ratio, clip_cov_lb, clip_cov_ub (clip_cov); kl_cov_ratio, ppo_kl_coef (kl_cov).
+    Options: rng, clip_cov_ratio, clip_cov_lb, clip_cov_ub (clip_cov); kl_cov_ratio, ppo_kl_coef (kl_cov);
+    rollout_is_weights (N, R) (every mode: each token's loss times its weight, see ``rollout_correction``).
     """
     check_loss_agg_mode(loss_agg_mode)
     fn = POLICY_LOSSES.get(mode)

@@ -80,6 +80,8 @@ ACTOR = (
     Key(A + "actor.shuffle", False, "Shuffle the rollout batch between PPO epochs."),
     Key(A + "actor.grad_clip", 1.0, "Clip the global gradient norm to this value (<= 0: no clipping)."),
     Key(A + "actor.clip_ratio", 0.2, "PPO clip epsilon; default for clip_ratio_low and clip_ratio_high."),
+    Key(A + "actor.tis_imp_ratio_cap", -1.0, "verl's older switch for truncated importance sampling: > 0 is "
+        "algorithm.rollout_correction.rollout_is=token with this rollout_is_threshold; <= 0 = off."),
     Key(A + "actor.clip_ratio_low", None, "Lower clip epsilon (ratio >= 1 - low); None = clip_ratio.", type=float),
     Key(A + "actor.clip_ratio_high", None, "Upper clip epsilon (ratio <= 1 + high); None = clip_ratio.", type=float),
     Key(A + "actor.clip_ratio_c", 3.0, "Dual-clip constant c > 1 bounding the loss for negative advantages."),

@@ -116,6 +116,21 @@ ALGORITHM = (
         choices=("acc", "score", "seq_reward", "seq_final_reward")),
     Key(_G + "filter_groups.max_num_gen_batches", 0,
         "Stop with an error after this many prompt batches in one step without a full batch; <= 0 = no limit."),
+    Key(_G + "rollout_correction.rollout_is", None, "Off-policy correction: importance weights trainer/sampler "
+        "probability per token or per sequence (product), truncated (TIS); None = off.", type=str,
+        choices=("token", "sequence")),
+    Key(_G + "rollout_correction.rollout_is_threshold", 2.0, "Truncation cap of the importance weights."),
+    Key(_G + "rollout_correction.rollout_is_batch_normalize", False, "Divide the truncated weights by their batch "
+        "mean (per token or per sequence, as rollout_is)."),
+    Key(_G + "rollout_correction.rollout_rs", None, "Rejection: drop tokens (token) or responses (sequence: product "
+        "of ratios; geometric: their geometric mean) whose ratio is outside the thresholds; None = off.", type=str,
+        choices=("token", "sequence", "geometric")),
+    Key(_G + "rollout_correction.rollout_rs_threshold", None, "Upper ratio kept by rollout_rs (required with it).",
+        type=float),
+    Key(_G + "rollout_correction.rollout_rs_threshold_lower", None, "Lower ratio kept by rollout_rs; None = "
+        "1 / rollout_rs_threshold.", type=float),
+    Key(_G + "rollout_correction.rollout_token_veto_threshold", None, "Drop every response with a token whose ratio "
+        "is below this; None = off.", type=float),
     Key(_G + "kl_ctrl.type", "fixed", "In-reward KL coefficient controller.", choices=("fixed", "adaptive")),
     Key(_G + "kl_ctrl.kl_coef", 0.001, "(Initial) in-reward KL coefficient beta."),
     Key(_G + "kl_ctrl.horizon", 10000, "Adaptive controller horizon."),

@@ -21,6 +21,7 @@ from typing import Any
 
 from ml_collections import ConfigDict
 
+from rlhf_jax.algos.rollout_correction import correction_from_config
 from rlhf_jax.config import builtin, schema
 from rlhf_jax.config.derive import derive_batches
 from rlhf_jax.config.interpolation import has_reference, resolve
@@ -225,6 +226,7 @@ def _check_algorithm(cfg: ConfigDict) -> None:
     if ob.enable and not 0 < ob.len < cfg.actor_rollout_ref.rollout.response_length:
         raise ValueError(f"reward_model.overlong_buffer.len={ob.len} must be in (0, rollout.response_length="
                          f"{cfg.actor_rollout_ref.rollout.response_length})")
+    correction_from_config(alg.rollout_correction, cfg.actor_rollout_ref.actor.tis_imp_ratio_cap)  # raises by key
     fg = alg.filter_groups
     if fg.enable and alg.adv_estimator == "remax":
         raise ValueError("algorithm.filter_groups with adv_estimator=remax is not supported: ReMax's greedy baseline "

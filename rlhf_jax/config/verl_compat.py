@@ -138,8 +138,6 @@ IGNORED: tuple[Ignored, ...] = (
     Ignored("critic.model.tokenizer_path", "the critic uses the policy tokenizer"),
     Ignored("actor_rollout_ref.hybrid_engine", "actor and sampler always share parameters in one program"),
     Ignored("actor_rollout_ref.model.custom_chat_template", "chat templates come from the tokenizer", _off),
-    Ignored("actor_rollout_ref.actor.tis_imp_ratio_cap", "sampler and trainer log-probs come from the same model",
-            _off),
     Ignored("actor_rollout_ref.rollout.name", _ENGINE),
     Ignored("actor_rollout_ref.rollout.mode", _ENGINE),
     Ignored("actor_rollout_ref.rollout.dtype", "the sampler uses actor_rollout_ref.model.dtype / compute_dtype"),
@@ -250,9 +248,10 @@ IGNORED: tuple[Ignored, ...] = (
     Ignored("reward_model.reward_loop_class_name", "custom reward loops: use custom_reward_function", _off),
     Ignored("reward_model.use_reward_loop", "scoring runs in the trainer (reward_model.reward_manager)"),
     Ignored("reward_model.rollout", "generative reward models are not implemented: the reward model is a classifier"),
-    Ignored("algorithm.rollout_correction", "sampler and trainer share the weights: no off-policy correction",
-            lambda v: not isinstance(v, dict) or (v.get("rollout_is") is None and v.get("rollout_rs") is None
-                                                  and not v.get("bypass_mode"))),
+    Ignored("algorithm.rollout_correction.bypass_mode", "old log-probs are always recomputed by the trainer "
+            "(the sampler's are the behaviour policy of algorithm.rollout_correction)", _off),
+    Ignored("algorithm.rollout_correction.loss_type", "the policy loss is actor_rollout_ref.actor.policy_loss.loss_mode",
+            _is("ppo_clip")),
 )
 
 

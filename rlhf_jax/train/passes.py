@@ -168,6 +168,8 @@ def compile_pass(trainer, name: str, role, plan: PassPlan):
         grid = {"response_mask": i32, "old_log_probs": f32, "advantages": f32}
         if trainer.actor_spec.use_kl_loss:
             grid["ref_log_probs"] = f32
+        if trainer.correction.rollout_is is not None:
+            grid["rollout_is_weights"] = f32
     else:
         grid = {"response_mask": i32, "values": f32, "returns": f32}
     grid = {k: ((rows, R), t) for k, t in grid.items()}

@@ -208,6 +208,8 @@ def actor_loss(spec: ActorLossSpec, logp, ent, m: Batch, m_mask, den, den_plain,
     options = dict(spec.options)
     if spec.loss_mode == "clip_cov":
         options["rng"] = key
+    if "rollout_is_weights" in m:  # algorithm.rollout_correction.rollout_is
+        options["rollout_is_weights"] = m["rollout_is_weights"]
     pg_loss, pg_metrics = algos.policy_loss(
         spec.loss_mode, old_log_prob=old, log_prob=logp, advantages=m["advantages"], response_mask=m_mask,
         loss_agg_mode=spec.loss_agg_mode, clip_ratio_low=spec.clip_ratio_low, clip_ratio_high=spec.clip_ratio_high,

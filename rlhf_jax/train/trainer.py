@@ -30,6 +30,7 @@ import numpy as np
 from ml_collections import ConfigDict
 
 from rlhf_jax import algos
+from rlhf_jax.algos.rollout_correction import correction_from_config, rollout_correction
 from rlhf_jax.config import resolve_model_path
 from rlhf_jax.data import PromptBatch, loader_from_config
 from rlhf_jax.models import TASK_TOKEN_VALUE, save_pretrained
@@ -142,6 +143,9 @@ class Trainer:
         self.kl_ctrl = algos.init_kl_controller(kc.kl_coef, kc.type, kc.target_kl, kc.horizon)
         self.actor_spec = actor_loss_spec(cfg, d.recompute_old_log_prob, c.sampling.logprob_temperature,
                                           self.actor.config)
+        self.correction = correction_from_config(cfg.algorithm.rollout_correction,
+                                                 cfg.actor_rollout_ref.actor.tis_imp_ratio_cap)
+        self._correction_fn = jax.jit(functools.partial(rollout_correction, cfg=self.correction))
         alg = cfg.algorithm
         self._advantage_fn = jax.jit(functools.partial(
             advantage_stage, estimator=alg.adv_estimator, gamma=alg.gamma, lam=alg.lam,
@@ -333,7 +337,7 @@ class Trainer:
                 with timer("gen_max"):  # verl's name for ReMax's greedy baseline rollout
                     baselines = self._greedy_baselines(pb, n)
             batch, rollout_logprobs = self._training_batch(out, host)
-            need_old = d.recompute_old_log_prob or cfg.algorithm.use_kl_in_reward
+            need_old = d.recompute_old_log_prob or cfg.algorithm.use_kl_in_reward or self.correction.enabled
             if need_old:
                 with timer("old_log_prob"):
                     batch["old_log_probs"] = self._forward_pass("old_log_prob", self.actor, batch, host)
@@ -342,6 +346,13 @@ class Trainer:
                         jnp.sum(diff) / jnp.maximum(jnp.sum(batch["response_mask"]), 1))
             else:
                 batch["old_log_probs"] = rollout_logprobs  # unused by the loss (ratio 1), kept for shapes
+            sampled_mask = batch["response_mask"]
+            if self.correction.enabled:  # before the advantages: rejected tokens leave every later stage
+                weights, batch["response_mask"], corr_metrics = self._correction_fn(
+                    batch["old_log_probs"], rollout_logprobs, sampled_mask)
+                if weights is not None:
+                    batch["rollout_is_weights"] = weights
+                out_metrics.update({k: float(v) for k, v in corr_metrics.items()})
             if self.ref is not None:
                 with timer("ref"):
                     batch["ref_log_probs"] = jax.block_until_ready(
@@ -371,7 +382,8 @@ class Trainer:
                     out_metrics.update(self._update_actor(batch, host))
                     jax.block_until_ready(self.actor.params)
         # Metrics cover every process's rows (gathered after the step's timer: they are not part of the step).
-        arrays = {k: gather_all(v) for k, v in batch.items() if k in ("advantages", "returns", "values", "response_mask")}
+        arrays = {k: gather_all(v) for k, v in batch.items() if k in ("advantages", "returns", "values")}
+        arrays["response_mask"] = gather_all(sampled_mask)  # lengths of what was sampled, before any rejection
         arrays.update(token_level_scores=gather_all(token_scores), token_level_rewards=gather_all(rewards),
                       prompt_mask=gather_all(out.prompt_mask))
         out_metrics.update(self._layout_metrics)
@@ -485,6 +497,8 @@ class Trainer:
         keys = ["input_ids", "attention_mask", "responses", "response_mask", "old_log_probs", "advantages"]
         if self.actor_spec.use_kl_loss:
             keys.append("ref_log_probs")
+        if "rollout_is_weights" in batch:
+            keys.append("rollout_is_weights")
         plan = self.plans["update_actor"]
         sub = {k: batch[k] for k in keys if not plan.packed or k not in ("input_ids", "attention_mask", "responses")}
         collected: dict[str, list] = {}

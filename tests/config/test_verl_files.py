@@ -77,7 +77,7 @@ reward_model:
     ("data:\n  custom_cls:\n    path: my_dataset.py\n    name: MyDataset\n", r"data\.custom_cls"),
     ("data:\n  sampler:\n    class_path: my_sampler.py\n    class_name: S\n", r"data\.sampler"),
     ("reward_model:\n  sandbox_fusion:\n    url: http://localhost:8080/run\n", r"reward_model\.sandbox_fusion"),
-    ("algorithm:\n  rollout_correction:\n    rollout_is: token\n", r"algorithm\.rollout_correction"),
+    ("algorithm:\n  rollout_correction:\n    bypass_mode: true\n", r"algorithm\.rollout_correction\.bypass_mode"),
     ("trainer:\n  del_local_ckpt_after_load: True\n", r"trainer\.del_local_ckpt_after_load"),
     ("trainer:\n  remove_previous_ckpt_in_save: True\n", r"max_actor_ckpt_to_keep=1"),
     ("actor_rollout_ref:\n  model:\n    external_lib: my_models\n", r"external_lib"),

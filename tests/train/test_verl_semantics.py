@@ -147,3 +147,24 @@ def test_rollout_and_validation_dumps(tmp_path):
     val = read(os.path.join(vals, "2.jsonl"))
     assert len(val) == 4 and np.mean([d["score"] for d in val]) == pytest.approx(
         rows[-1]["val-core/arithmetic/reward/mean@1"], rel=1e-5)
+
+
+def test_rollout_correction_reweights_and_rejects_in_the_actor_update(tmp_path):
+    import math
+
+    # On one machine the sampler's and the trainer's log-probs agree (ratios ~ 1): token-level TIS (verl's older
+    # tis_imp_ratio_cap) keeps the update and reports weights of ~1 ...
+    out = str(tmp_path / "tis")
+    Trainer(make_config(out, **{"actor_rollout_ref.actor.tis_imp_ratio_cap": 2.0})).fit()
+    for r in read_metrics(out):
+        assert abs(r["rollout_corr/rollout_is_mean"] - 1.0) < 1e-3 and r["rollout_corr/rollout_is_ratio_fraction_high"] == 0
+        assert abs(r["rollout_corr/kl"]) < 1e-3 and r["actor/pg_loss"] != 0 and r["actor/grad_norm"] > 0
+    # ... while a rejection band that excludes ratio 1 removes every token from the loss: no gradient at all.
+    out = str(tmp_path / "rs")
+    Trainer(make_config(out, **{"algorithm.rollout_correction.rollout_rs": "token",
+                                "algorithm.rollout_correction.rollout_rs_threshold": 1.5,
+                                "algorithm.rollout_correction.rollout_rs_threshold_lower": 1.2})).fit()
+    for r in read_metrics(out):
+        assert r["rollout_corr/rollout_rs_masked_fraction"] == 1.0 and r["rollout_corr/rollout_rs_seq_masked_fraction"] == 1.0
+        assert r["actor/pg_loss"] == 0 and r["actor/grad_norm"] == 0
+        assert r["response_length/mean"] > 0 and math.isfinite(r["actor/entropy"])  # metrics of what was sampled
