@@ -3,6 +3,8 @@
 # D fake CPU devices, connected over gloo. Arguments after the counts go to rlhf_jax.main.
 #
 #   launch/local_multiprocess.sh 2 4 --config=configs/grpo.py --config.mesh.data=-1
+# If a process dies, the others stop ("another task died") after RLHF_JAX_HEARTBEAT_TIMEOUT_S seconds
+# (default 100) instead of waiting in a collective; export a smaller value to fail faster.
 set -euo pipefail
 num_processes=${1:?number of processes}; devices=${2:?devices per process}; shift 2
 port=${RLHF_JAX_PORT:-12355}

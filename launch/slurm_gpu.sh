@@ -3,6 +3,8 @@
 #
 #   sbatch --nodes=2 --ntasks-per-node=1 --gpus-per-node=8 launch/slurm_gpu.sh --config=configs/ppo.py ...
 #SBATCH --job-name=rlhf_jax
+# If a process dies, the others stop ("another task died") after RLHF_JAX_HEARTBEAT_TIMEOUT_S seconds
+# (default 100) instead of waiting in a collective; export a smaller value to fail faster.
 set -euo pipefail
 export RLHF_JAX_DISTRIBUTED=auto
 srun python -m rlhf_jax.main "$@"

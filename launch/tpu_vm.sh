@@ -3,6 +3,8 @@
 #
 #   gcloud compute tpus tpu-vm ssh NAME --worker=all --command \
 #     "cd rlhf_jax && RLHF_JAX_DISTRIBUTED=auto bash launch/tpu_vm.sh --config=configs/grpo.py ..."
+# If a process dies, the others stop ("another task died") after RLHF_JAX_HEARTBEAT_TIMEOUT_S seconds
+# (default 100) instead of waiting in a collective; export a smaller value to fail faster.
 set -euo pipefail
 export RLHF_JAX_DISTRIBUTED=${RLHF_JAX_DISTRIBUTED:-auto}
 exec python -m rlhf_jax.main "$@"

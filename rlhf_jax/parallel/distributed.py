@@ -11,6 +11,13 @@ The launcher sets, per process:
 
 (TPU VMs and SLURM/Open MPI clusters need none of these: ``jax.distributed.initialize()``
 detects them; set ``RLHF_JAX_DISTRIBUTED=auto`` there.)
+
+When a process dies, the others would wait in their next collective forever; the
+coordination service notices the missing heartbeats instead and terminates every
+other process ("Terminating process because the JAX distributed service detected
+fatal errors ... another task died") after ``RLHF_JAX_HEARTBEAT_TIMEOUT_S``
+seconds (default 100, JAX's; lower it to fail faster, raise it where long pauses
+such as checkpoint writes to slow storage could look like a death).
 """
 
 from __future__ import annotations
@@ -23,12 +30,25 @@ ENV_COORDINATOR = "RLHF_JAX_COORDINATOR"
 ENV_NUM_PROCESSES = "RLHF_JAX_NUM_PROCESSES"
 ENV_PROCESS_ID = "RLHF_JAX_PROCESS_ID"
 ENV_AUTO = "RLHF_JAX_DISTRIBUTED"
+ENV_HEARTBEAT = "RLHF_JAX_HEARTBEAT_TIMEOUT_S"
+DEFAULT_HEARTBEAT_TIMEOUT_S = 100
+
+
+def heartbeat_timeout_s() -> int:
+    value = os.environ.get(ENV_HEARTBEAT, str(DEFAULT_HEARTBEAT_TIMEOUT_S))
+    try:
+        seconds = int(value)
+    except ValueError:
+        seconds = 0
+    if seconds < 1:
+        raise ValueError(f"{ENV_HEARTBEAT}={value!r} must be a whole number of seconds >= 1")
+    return seconds
 
 
 def maybe_initialize() -> bool:
     """Initialise jax.distributed from the environment; False when this is a single-process run."""
     if os.environ.get(ENV_AUTO) == "auto":
-        jax.distributed.initialize()
+        jax.distributed.initialize(heartbeat_timeout_seconds=heartbeat_timeout_s())
         return True
     coordinator = os.environ.get(ENV_COORDINATOR)
     if not coordinator:
@@ -40,5 +60,6 @@ def maybe_initialize() -> bool:
         raise ValueError(f"{ENV_COORDINATOR} is set, so {ENV_NUM_PROCESSES} and {ENV_PROCESS_ID} must be integers") from e
     if jax.config.jax_platforms in (None, "", "cpu") or os.environ.get("JAX_PLATFORMS", "") == "cpu":
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(coordinator_address=coordinator, num_processes=num, process_id=pid)
+    jax.distributed.initialize(coordinator_address=coordinator, num_processes=num, process_id=pid,
+                               heartbeat_timeout_seconds=heartbeat_timeout_s())
     return True
