@@ -1,6 +1,8 @@
-"""Two JAX processes (2 fake CPU devices each) over gloo on 127.0.0.1 train exactly like one process with 4 devices."""
+"""Two JAX processes (2 fake CPU devices each) over gloo on 127.0.0.1 train exactly like one process with 4 devices,
+and the two-process run's checkpoint resumes in one process."""
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -21,9 +23,9 @@ def _free_port() -> int:
 
 def test_two_processes_match_one_process(tmp_path):
     overrides = {"trainer.total_training_steps": 2, "trainer.test_freq": 2, "mesh.data": -1, "mesh.fsdp": 1,
-                 "mesh.tensor": 1, "trainer.logger": ("console", "jsonl")}
-    single = str(tmp_path / "single")
-    proc = run_main(cli_args(single, **overrides), devices=4)
+                 "mesh.tensor": 1, "trainer.logger": ("console", "jsonl"), "trainer.save_freq": 2}
+    single = str(tmp_path / "single")  # one step further: the reference for the resumed run below
+    proc = run_main(cli_args(single, **{**overrides, "trainer.total_training_steps": 3}), devices=4)
     assert proc.returncode == 0, proc.stderr[-3000:]
 
     multi = str(tmp_path / "multi")
@@ -34,9 +36,19 @@ def test_two_processes_match_one_process(tmp_path):
                               timeout=600, stdin=subprocess.DEVNULL)
     assert launched.returncode == 0, launched.stderr[-3000:]
     one, two = read_metrics(single), read_metrics(multi)
-    assert [r["step"] for r in one] == [r["step"] for r in two] == [1, 2]
-    assert "val-core/arithmetic/reward/mean@1" in one[-1]  # validation ran at the end, over both processes' prompts
+    assert [r["step"] for r in one] == [1, 2, 3] and [r["step"] for r in two] == [1, 2]
+    assert "val-core/arithmetic/reward/mean@1" in two[-1]  # validation ran at the end, over both processes' prompts
     for a, b in zip(one, two):
         assert a.keys() == b.keys()
         for key in (k for k in KEYS if k in a):
             assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), (a["step"], key)
+
+    # The two-process checkpoint of step 2 restores in one process (4 devices) and step 3 is the one-process run's.
+    resumed = str(tmp_path / "resumed")
+    shutil.copytree(multi, resumed)
+    proc = run_main(cli_args(resumed, **{**overrides, "trainer.total_training_steps": 3}), devices=4)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    after = read_metrics(resumed)
+    assert [r["step"] for r in after] == [1, 2, 3]  # the copied log, then the resumed step
+    for key in (k for k in KEYS if k in one[2]):
+        assert after[2][key] == pytest.approx(one[2][key], rel=1e-5, abs=1e-7), key
