@@ -2,7 +2,8 @@
 
 ``data_source`` is matched exactly, then lower-cased, then by its last path
 component (``openai/gsm8k`` -> ``gsm8k``, ``lighteval/MATH`` -> ``math``).
-Built-ins: gsm8k, word_problems (GSM8K's flexible mode), math, arithmetic, countdown, and answer_match,
+Built-ins: gsm8k, word_problems (GSM8K's flexible mode), math, arithmetic, countdown, code (verl's code data
+sources: the answer's program runs in a sandbox against test cases), and answer_match,
 which also scores every data_source that has no scorer of its own. Add your own with
 ``@register_scorer("name", aliases=(...))``; a scorer is called as
 ``fn(solution_str, ground_truth, **kwargs)`` (plus ``extra_info=`` when its
@@ -16,7 +17,7 @@ import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from rlhf_jax.rewards import answer_match, arithmetic, countdown, gsm8k, math_boxed
+from rlhf_jax.rewards import answer_match, arithmetic, code_exec, countdown, gsm8k, math_boxed
 
 ScoreFn = Callable[..., float]
 
@@ -49,6 +50,7 @@ register_scorer(
 register_scorer("arithmetic")(arithmetic.compute_score)
 register_scorer("countdown", aliases=("countdown-tasks-3to4",))(countdown.compute_score)
 register_scorer("answer_match")(answer_match.compute_score)
+register_scorer("code", aliases=code_exec.DATA_SOURCES)(code_exec.compute_score)
 FALLBACK_SCORER = "answer_match"
 
 
