@@ -182,6 +182,8 @@ MESH = (
     Key("mesh.expert", 1,
         "Devices on the expert-parallel axis (a MoE model's experts split over it); the batch is split over it "
         "too, like data. -1 = the rest."),
+    Key("mesh.rollout_devices", 0, "Sample on this many devices of their own (the last ones; their own data-parallel "
+        "mesh) while the other devices train; the actor's weights move there after each update. 0 = every device does both."),
     Key("mesh.logical_axis_rules",
         (("batch", ("data", "fsdp", "expert")), ("embed", "fsdp"), ("mlp", "tensor"), ("heads", "tensor"),
          ("kv_heads", "tensor"), ("vocab", "tensor"), ("expert", "expert")),

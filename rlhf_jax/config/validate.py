@@ -346,6 +346,24 @@ def _check_model_limits(cfg: ConfigDict, derived: ConfigDict) -> None:
             f"max_position_embeddings ({max_pos}); shorten them so they sum to at most {max_pos}")
 
 
+def _train_devices(cfg: ConfigDict, num_devices: int, num_processes: int) -> int:
+    """Devices of the training mesh: all of them, or those left after ``mesh.rollout_devices``."""
+    k = cfg.mesh.rollout_devices
+    if k == 0:
+        return num_devices
+    if not 0 < k < num_devices:
+        raise ValueError(f"mesh.rollout_devices={k} must be 0 (shared devices) or in [1, {num_devices - 1}]: "
+                         f"{num_devices} devices are available and training needs at least one")
+    if num_processes > 1:
+        raise ValueError(f"mesh.rollout_devices={k}: separate rollout devices run in one process; this run has "
+                         f"{num_processes} (set mesh.rollout_devices=0)")
+    prompts = cfg.data.train_batch_size
+    if prompts % k:
+        raise ValueError(f"mesh.rollout_devices={k} must divide data.train_batch_size={prompts} (the sampler splits "
+                         "the prompts over its devices)")
+    return num_devices - k
+
+
 def finalize(
     cfg: ConfigDict,
     *,
@@ -377,13 +395,14 @@ def finalize(
     _check_token_budgets(out)
     _check_axis_rules(out.mesh.logical_axis_rules)
     _check_trackers_installed(out.trainer.logger)
-    mesh = resolve_mesh(out.mesh.data, out.mesh.fsdp, out.mesh.tensor, num_devices, out.mesh.expert)
+    train_devices = _train_devices(out, num_devices, num_processes)
+    mesh = resolve_mesh(out.mesh.data, out.mesh.fsdp, out.mesh.tensor, train_devices, out.mesh.expert)
     if check_paths:
         _check_paths(out)
     if out.algorithm.filter_groups.enable and num_processes > 1:
         raise ValueError("algorithm.filter_groups runs in one process (it regroups the batch on the host); "
                          f"this run has {num_processes}")
-    derived = derive_batches(out, mesh=mesh, num_devices=num_devices, num_processes=num_processes,
+    derived = derive_batches(out, mesh=mesh, num_devices=train_devices, num_processes=num_processes,
                              train_dataset_size=train_dataset_size)
     _check_model_limits(out, derived)
     if out.actor_rollout_ref.actor.use_kl_loss and out.algorithm.use_kl_in_reward:

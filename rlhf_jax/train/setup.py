@@ -35,6 +35,7 @@ class Components:
     rules: tuple
     sampling: SamplingParams
     val_sampling: SamplingParams
+    rollout_mesh: Any = None  # mesh.rollout_devices > 0: the sampler's own mesh
 
 
 def load_tokenizer(path: str):
@@ -64,12 +65,20 @@ def prepare(cfg: ConfigDict) -> Components:
     mesh, rules = mesh_and_rules(cfg)
     sampling = sampling_params(cfg, model_path, tokenizer)
     val_sampling = sampling_params(cfg, model_path, tokenizer, validation=True)
-    return Components(cfg, model_path, tokenizer, train_dataset, val_dataset, mesh, rules, sampling, val_sampling)
+    return Components(cfg, model_path, tokenizer, train_dataset, val_dataset, mesh, rules, sampling, val_sampling,
+                      rollout_mesh(cfg))
+
+
+def rollout_mesh(cfg: ConfigDict):
+    """With ``mesh.rollout_devices`` = k > 0: a data-parallel mesh over the last k devices (else None)."""
+    k = cfg.mesh.rollout_devices
+    return make_mesh(data=k, fsdp=1, tensor=1, expert=1, devices=jax.devices()[-k:]) if k else None
 
 
 def mesh_and_rules(cfg: ConfigDict) -> tuple[Any, tuple]:
-    """The device mesh of a finalized config and its logical-axis rules as tuples."""
-    mesh = make_mesh(*cfg.derived.mesh_shape)
+    """The (training) device mesh of a finalized config and its logical-axis rules as tuples."""
+    devices = jax.devices()
+    mesh = make_mesh(*cfg.derived.mesh_shape, devices=devices[:len(devices) - cfg.mesh.rollout_devices])
     rules = tuple((name, tuple(axes) if isinstance(axes, (list, tuple)) else axes)
                   for name, axes in cfg.mesh.logical_axis_rules)
     return mesh, rules

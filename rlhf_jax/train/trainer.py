@@ -27,6 +27,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding
 from ml_collections import ConfigDict
 
 from rlhf_jax import algos
@@ -36,6 +37,7 @@ from rlhf_jax.data import PromptBatch, loader_from_config
 from rlhf_jax.models import TASK_TOKEN_VALUE, save_pretrained
 from rlhf_jax.rewards import RewardManager, place_on_last_token
 from rlhf_jax.rewards.reward_model import decode_responses
+from rlhf_jax.parallel import batch_sharding
 from rlhf_jax.rollout import Sampler
 from rlhf_jax.rollout.decode import RolloutBatch
 from rlhf_jax.batch import pack_batch, trim_columns
@@ -130,7 +132,10 @@ class Trainer:
                                            path=critic_path),
                                self.mesh, ctx, clr)
         self._key_fn = key_function(self.mesh)
-        self.sampler = Sampler(self.actor.graphdef, mesh=self.mesh, rules=c.rules,
+        # Sampling runs on the training mesh, or on devices of its own (mesh.rollout_devices).
+        self.rollout_mesh = c.rollout_mesh
+        self._rollout_params_of: tuple[Any, Any] | None = None  # (actor params, their copy on the rollout mesh)
+        self.sampler = Sampler(self.actor.graphdef, mesh=self.rollout_mesh or self.mesh, rules=c.rules,
                                max_positions=self.actor.config.max_position_embeddings)
         self.reward_manager = RewardManager.from_config(cfg.reward_model, cfg.custom_reward_function,
                                                         max_response_length=cfg.data.max_response_length)
@@ -249,10 +254,25 @@ class Trainer:
         """The sampler key of (seed, step) (see train/generation.py)."""
         return self._key_fn(seed, step)
 
+    def _sampling_params(self):
+        """The actor's weights where the sampler runs: on separate rollout devices, a copy made once per update."""
+        params = self.actor.params
+        if self.rollout_mesh is None:
+            return params
+        if self._rollout_params_of is None or self._rollout_params_of[0] is not params:
+            shardings = jax.tree.map(lambda x: NamedSharding(self.rollout_mesh, x.sharding.spec), params)
+            self._rollout_params_of = (params, jax.device_put(params, shardings))
+        return self._rollout_params_of[1]
+
     def _generate(self, pb: PromptBatch, sampling, key, bucket: bool = True):
-        """Sample from a (process-local) prompt batch (see train/generation.py)."""
-        return generate_batch(self.sampler, self.actor.params, self.mesh, self.cfg.derived.dp_size, pb, sampling, key,
-                              bucket)
+        """Sample from a (process-local) prompt batch (see train/generation.py); the result is on the training mesh."""
+        if self.rollout_mesh is None:
+            return generate_batch(self.sampler, self.actor.params, self.mesh, self.cfg.derived.dp_size, pb, sampling,
+                                  key, bucket)
+        out, keep = generate_batch(self.sampler, self._sampling_params(), self.rollout_mesh,
+                                   self.rollout_mesh.devices.size, pb, sampling, key, bucket)
+        rows = {1: batch_sharding(self.mesh, 1, self.c.rules), 2: batch_sharding(self.mesh, 2, self.c.rules)}
+        return jax.tree.map(lambda x: jax.device_put(x, rows[x.ndim]), out), keep
 
     def _score(self, pb: PromptBatch, responses: np.ndarray, rmask: np.ndarray,
                n: int) -> tuple[np.ndarray, dict, list[str], dict[str, np.ndarray]]:
