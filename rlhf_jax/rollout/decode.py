@@ -97,39 +97,52 @@ def _first_tokens(prompts, key, params: SamplingParams, shards: BatchShards):
 
 
 def _decode(model, slots, queue, responses, prompts, first_token, key, params, shards, phases):
-    """The decode loops, one per slot count in ``phases``; returns the responses and steps per loop."""
+    """The decode loops, one per slot count in ``phases`` (the first one possibly preceded by a loop on a narrower
+    cache); returns the responses, the steps per loop and the slot count of each loop."""
     n, R = params.n, params.max_new_tokens
-    S = slots.prompt_mask.shape[1] + R - 1
+    P = slots.prompt_mask.shape[1]
+    S = P + R - 1
     samples_per_shard = responses.finished.shape[0] // shards.count
     stop_ids = () if params.ignore_eos else params.eos_token_ids
 
     def step(carry):
         slots, queue, responses, steps = carry
+        width = slots.cache[0][0].shape[3]
         slots, queue = scheduler.prepare(slots, queue, prompts, first_token, n, shards)
         hidden, cache = model.forward_cached(slots.last[:, None], slots.positions()[:, None],
-                                             slots.key_valid(R), slots.cache, S - 1)
+                                             slots.key_valid(), slots.cache, width - 1)
         logits = shards.constrain(model.logits_from_hidden(hidden)[:, 0, :], shards.rows(2))
         keys = sample_keys(key, scheduler.global_sample_ids(slots, samples_per_shard, shards))
         tokens, logps = _draw(logits, keys, slots.t, params, shards)
         slots, responses = scheduler.record(slots.replace(cache=cache), responses, tokens, logps, stop_ids, shards)
         return slots, queue, responses, steps + 1
 
-    def running(next_size: int | None):
+    def running(next_size: int | None, width: int | None = None):
         def cond(carry):
             slots, queue, _, _ = carry
             busy = jnp.any(slots.sample >= 0) | jnp.any(queue.head < queue.count)
-            return busy if next_size is None else busy & ~scheduler.can_shrink(slots, queue, next_size, shards)
+            if next_size is not None:
+                busy &= ~scheduler.can_shrink(slots, queue, next_size, shards)
+            return busy if width is None else busy & scheduler.fits(slots, width)
         return cond
 
-    steps = []
+    steps, sizes = [], []
     for i, size in enumerate(phases):
         if i:
             slots = scheduler.shrink(slots, size, shards)
         next_size = phases[i + 1] if i + 1 < len(phases) else None
+        width = slots.cache[0][0].shape[3]
+        if width < S:  # the narrow first loop, then the same slots on the whole cache
+            slots, queue, responses, count = jax.lax.while_loop(
+                running(next_size, width), step, (slots, queue, responses, jnp.int32(0)))
+            steps.append(count)
+            sizes.append(size)
+            slots = scheduler.widen(slots, S, shards)
         slots, queue, responses, count = jax.lax.while_loop(
             running(next_size), step, (slots, queue, responses, jnp.int32(0)))
         steps.append(count)
-    return responses, jnp.stack(steps)
+        sizes.append(size)
+    return responses, jnp.stack(steps), tuple(sizes)
 
 
 def rollout_with_stats(
@@ -153,9 +166,12 @@ def rollout_with_stats(
 
     slots = scheduler.num_slots(B * n, shards.count, params.max_num_seqs)
     phases = scheduler.phase_sizes(slots, shards.count) if R > 1 else ()
+    loops: tuple[int, ...] = ()
     if phases:
-        state = scheduler.empty_slots(model, slots, P, R, shards)
-        responses, steps = _decode(model, state, queue, responses, prompts, first_token, key, params, shards, phases)
+        width = scheduler.narrow_width(P, R) or P + R - 1
+        state = scheduler.empty_slots(model, slots, P, width, shards)
+        responses, steps, loops = _decode(model, state, queue, responses, prompts, first_token, key, params, shards,
+                                          phases)
     else:
         steps = jnp.zeros((0,), jnp.int32)
     batch = RolloutBatch(
@@ -166,7 +182,7 @@ def rollout_with_stats(
         logprobs=responses.logprobs,
         finished=responses.finished,
     )
-    return batch, DecodeStats(steps=steps, slots=phases)
+    return batch, DecodeStats(steps=steps, slots=loops)
 
 
 def rollout(

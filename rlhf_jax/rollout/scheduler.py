@@ -7,7 +7,8 @@ order). Whenever a slot's sample ends (EOS, stop token or max length) the slot
 takes the next pending sample of its shard: the prompt's KV is copied into
 the slot's prompt columns and its position and mask state restart.
 
-Slot cache, per layer: keys (M, K, D, S), values (M, K, S, D), S = P + R - 1.
+Slot cache, per layer: keys (M, K, D, S), values (M, K, S, D), S = P + R - 1 (the first loop may run on a
+narrower cache while every response is short, and widens it once: ``narrow_width``).
 Columns [0, P) hold the slot's left-padded prompt, column P + t the sample's
 response token t, and column S - 1 is staging: the model writes a step's new
 key and value at one cache index for all rows, and at S - 1 a query sees
@@ -45,6 +46,11 @@ DEFAULT_MAX_SLOTS = 256
 # MIN_SHRUNK_SLOTS per shard (a decode step of fewer rows costs about as much: reading the weights dominates).
 MAX_PHASES = 6
 MIN_SHRUNK_SLOTS = 8
+# The first loop reads a cache of P + R / 4 columns while every response is that short (a decode step's attention
+# reads every cache column: SmolLM2 on CPU, 64 slots, 0.3 ms per column), when R / 4 is at least this many tokens.
+# Measured: 512 new tokens +5-8 % (the first loop covers the 64-slot phase); 128: within noise, for one more
+# compiled loop, hence the threshold.
+NARROW_MIN_TOKENS = 64
 
 
 def num_slots(num_samples: int, shards: int, max_num_seqs: int | None = None) -> int:
@@ -83,10 +89,10 @@ class Slots:
     def specs(self, shards: BatchShards) -> "Slots":
         return Slots(shards.rows(1), shards.rows(1), shards.rows(1), shards.rows(2), shards.cache(len(self.cache)))
 
-    def key_valid(self, response_len: int) -> jax.Array:
+    def key_valid(self) -> jax.Array:
         """(M, S): the prompt's tokens, response tokens 0 .. t - 2 (committed) and the staging column (token t - 1)."""
-        M = self.sample.shape[0]
-        response = jnp.arange(response_len - 2)[None, :] < (self.t - 1)[:, None]
+        M, P, S = self.sample.shape[0], self.prompt_mask.shape[1], self.cache[0][0].shape[3]
+        response = jnp.arange(S - 1 - P)[None, :] < (self.t - 1)[:, None]
         return jnp.concatenate([self.prompt_mask, response.astype(jnp.int32), jnp.ones((M, 1), jnp.int32)], axis=1)
 
     def positions(self) -> jax.Array:
@@ -231,8 +237,33 @@ def start_queue(pending: jax.Array, shards: BatchShards) -> Queue:
     return shards.local(_queue_local, (shards.rows(1),), Queue(shards.rows(1), shards.rows(1), shards.rows(1)))(pending)
 
 
-def empty_slots(model, slots: int, prompt_len: int, response_len: int, shards: BatchShards) -> Slots:
-    cache = model.init_cache(slots, prompt_len + response_len - 1)
+def narrow_width(prompt_len: int, response_len: int) -> int | None:
+    """The cache width of the first decode loop when it pays to start narrow (see ``fits``), else None."""
+    quarter = response_len // 4
+    return prompt_len + quarter if quarter >= NARROW_MIN_TOKENS else None
+
+
+def fits(slots: Slots, width: int) -> jax.Array:
+    """Every live slot's next commit (column P + t - 2) lands before the staging column of a ``width``-column cache."""
+    P = slots.prompt_mask.shape[1]
+    return jnp.all(jnp.where(slots.sample >= 0, slots.t, 0) <= width - P)
+
+
+def widen(slots: Slots, width: int, shards: BatchShards) -> Slots:
+    """The cache grown to ``width`` columns: same columns, the staging column moved to the new last one."""
+    def grow(k, v):
+        w = k.shape[3]
+        pad_k = jnp.zeros(k.shape[:3] + (width - w,), k.dtype)
+        pad_v = jnp.zeros(v.shape[:2] + (width - w,) + v.shape[3:], v.dtype)
+        return (jnp.concatenate([k[..., :w - 1], pad_k, k[..., w - 1:]], axis=3),
+                jnp.concatenate([v[:, :, :w - 1], pad_v, v[:, :, w - 1:]], axis=2))
+    cache = shards.constrain([grow(k, v) for k, v in slots.cache], shards.cache(len(slots.cache)))
+    return slots.replace(cache=cache)
+
+
+def empty_slots(model, slots: int, prompt_len: int, width: int, shards: BatchShards) -> Slots:
+    """``slots`` free slots with a ``width``-column cache (P prompt columns, response columns, staging)."""
+    cache = model.init_cache(slots, width)
     cache = shards.constrain(cache, shards.cache(model.config.num_hidden_layers))
     zeros = jnp.zeros((slots,), jnp.int32)
     prompt_mask = jnp.zeros((slots, prompt_len), jnp.int32)

@@ -17,10 +17,16 @@ NEW_TOKENS = 32
 SLOTS = 2
 
 
+@pytest.mark.parametrize("narrow", [False, True], ids=["whole cache", "narrow first loop"])
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])
-def test_greedy_matches_transformers_on_tiny_checkpoints(kind, request):
+def test_greedy_matches_transformers_on_tiny_checkpoints(kind, narrow, request, monkeypatch):
     import torch
     from transformers import AutoModelForCausalLM
+
+    from rlhf_jax.rollout import scheduler
+
+    # narrow: the first loop runs on a cache of P + 8 columns (a quarter of the response), then widens
+    monkeypatch.setattr(scheduler, "NARROW_MIN_TOKENS", NEW_TOKENS // 4 if narrow else 10**9)
 
     path = request.getfixturevalue(f"{kind}_dir")
     model = from_pretrained(path)

@@ -158,19 +158,24 @@ def _copies_of(hlo: str, shape: str) -> list[str]:
             if " copy(" in line and shape in line.split("copy(")[0] and "broadcast" not in line.split("copy(")[1]]
 
 
-def test_kv_cache_is_updated_in_place(llama_model):
+@pytest.mark.parametrize("narrow", [False, True], ids=["whole cache", "narrow first loop"])
+def test_kv_cache_is_updated_in_place(llama_model, narrow, monkeypatch):
     """No copy of a slot cache in the compiled program, and temporaries stay under two caches of the first loop."""
+    from rlhf_jax.rollout import scheduler
+
+    B, P, R, n = 4, 16, 64, 4
+    monkeypatch.setattr(scheduler, "NARROW_MIN_TOKENS", R // 4 if narrow else 10**9)
     graphdef, state = nnx.split(llama_model)
     sampler = Sampler(graphdef)
-    B, P, R, n = 4, 16, 64, 4
     compiled = sampler.compiled(state, B, P, SamplingParams(max_new_tokens=R, n=n))
     cfg = llama_model.config
     K, S, D = cfg.num_key_value_heads, P + R - 1, cfg.head_dim
     sizes = phase_sizes(B * n, 1)
     assert len(sizes) > 1  # the loop shrinks: every slot count's cache is checked
     hlo = compiled.as_text()
-    for M in sizes:
-        for shape in (f"f32[{M},{K},{D},{S}]", f"f32[{M},{K},{S},{D}]"):  # keys (M, K, D, S), values (M, K, S, D)
+    widths = [(M, S) for M in sizes] + ([(sizes[0], P + R // 4)] if narrow else [])
+    for M, width in widths:
+        for shape in (f"f32[{M},{K},{D},{width}]", f"f32[{M},{K},{width},{D}]"):  # keys (M, K, D, S), values (M, K, S, D)
             assert shape in hlo
             assert not _copies_of(hlo, shape)
     cache_bytes = cfg.num_hidden_layers * 2 * sizes[0] * S * K * D * 4

@@ -52,3 +52,29 @@ def test_loops_execute_fewer_slot_steps_than_the_static_loop(llama_model):
             assert steps[0] > 2 * 31  # refilled: the 8 slots decode 32 samples one after another
         else:
             assert steps[1:].sum() > 0  # the tail ran on fewer slots
+
+
+def test_a_narrow_first_loop_draws_the_same_samples(llama_model, monkeypatch):
+    """The first loop on a P + R/4 cache (then widened) draws what the whole-cache loops draw, with and without
+    refills."""
+    from rlhf_jax.rollout import scheduler
+
+    graphdef, state = nnx.split(llama_model)
+    prompts = ragged_prompts(seed=5, count=8)
+    ids, mask = left_pad(prompts, 16, 8, PAD_ID)
+    for slots in (8, 32):
+        params = SamplingParams(max_new_tokens=32, temperature=1.0, n=4, eos_token_ids=(1, 9, 17), pad_token_id=PAD_ID,
+                                max_num_seqs=slots)
+        runs = {}
+        for narrow in (False, True):
+            monkeypatch.setattr(scheduler, "NARROW_MIN_TOKENS", 8 if narrow else 10**9)
+            runs[narrow] = Sampler(graphdef).generate_with_stats(state, ids, mask, params)
+        (wide, wide_stats), (nar, nar_stats) = runs[False], runs[True]
+        assert nar_stats.slots == (slots,) + wide_stats.slots  # the first slot count runs twice: narrow, then wide
+        steps = jax.device_get(nar_stats.steps)
+        wide_steps = jax.device_get(wide_stats.steps)
+        assert 0 < steps[0] <= 32 // 4 + 1  # the narrow loop ends by the time responses outgrow it
+        assert steps[0] + steps[1] == wide_steps[0] and (steps[2:] == wide_steps[1:]).all()  # same work, same order
+        np.testing.assert_array_equal(jax.device_get(nar.responses), jax.device_get(wide.responses))
+        np.testing.assert_array_equal(jax.device_get(nar.response_mask), jax.device_get(wide.response_mask))
+        np.testing.assert_allclose(jax.device_get(nar.logprobs), jax.device_get(wide.logprobs), atol=1e-5)
