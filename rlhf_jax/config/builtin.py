@@ -44,11 +44,12 @@ def builtin_datasets() -> tuple[str, ...]:
     return _FALLBACK_DATASETS
 
 
-def resolve_model_path(path: str) -> str:
-    """A local directory for ``path``: ``builtin:tiny`` is built on first use; other paths are expanded.
+def resolve_model_path(path: str, revision: str | None = None) -> str:
+    """A local directory for ``path``: ``builtin:tiny`` is built on first use; a Hugging Face Hub id
+    (``org/name``, not an existing path) is downloaded at ``revision`` or found in the local HF cache
+    (:mod:`rlhf_jax.models.hub`); other paths are expanded.
 
-    A path that is neither builtin nor an existing directory is returned unchanged
-    (the loader reports it), so hub-style names keep working where a cache has them.
+    A path that is none of these is returned unchanged (the loader reports it).
     """
     if is_builtin(path):
         name = builtin_name(path)
@@ -61,14 +62,18 @@ def resolve_model_path(path: str) -> str:
         from rlhf_jax.tools import tiny
 
         return tiny.ensure()
+    from rlhf_jax.models import hub
+
+    if hub.is_repo_id(path) and not looks_local(path):
+        return hub.resolve(path, revision)
     expanded = os.path.expanduser(path)
     return os.path.abspath(expanded) if os.path.isdir(expanded) else path
 
 
-def model_hf_config(path: str) -> dict[str, Any] | None:
-    """The model's ``config.json`` as a dict, without building anything; None if it cannot be read.
+def model_hf_config(path: str, revision: str | None = None) -> dict[str, Any] | None:
+    """The model's ``config.json`` as a dict, without building or downloading anything; None if it cannot be read.
 
-    ``builtin:tiny`` answers from the tiny model's constants.
+    ``builtin:tiny`` answers from the tiny model's constants; a hub id from its cached snapshot, if any.
     """
     if is_builtin(path):
         if builtin_name(path) == "smollm2":  # known once converted
@@ -81,6 +86,10 @@ def model_hf_config(path: str) -> dict[str, Any] | None:
 
         return dict(tiny.MODEL_CONFIG, model_type="llama")
     config_path = os.path.join(os.path.expanduser(path), "config.json")
+    if not os.path.isfile(config_path) and not looks_local(path):
+        from rlhf_jax.models import hub
+
+        config_path = (hub.cached_file(path, "config.json", revision) if hub.is_repo_id(path) else None) or config_path
     if not os.path.isfile(config_path):
         return None
     with open(config_path) as fh:

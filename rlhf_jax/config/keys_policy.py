@@ -49,7 +49,10 @@ def checkpoint_keys(prefix: str) -> tuple[Key, ...]:
 
 MODEL = (
     Key(A + "model.path", "builtin:tiny",
-        "Policy checkpoint: a local Hugging Face directory, builtin:tiny (a small random Llama) or builtin:smollm2 (built on first use)."),
+        "Policy checkpoint: a local HF directory, a Hub id (org/name; from the HF cache if HF_HUB_OFFLINE=1), "
+        "builtin:tiny (small random Llama) or builtin:smollm2."),
+    Key(A + "model.revision", None, "Hub revision (branch, tag or commit) of a Hub id model.path; None = main.",
+        type=str),
     Key(A + "model.dtype", "float32", "Parameter (and optimizer state) dtype.", choices=DTYPES),
     Key(A + "model.compute_dtype", "float32", "Activation / matmul dtype of forward passes.", choices=DTYPES),
     Key(A + "model.enable_gradient_checkpointing", False,

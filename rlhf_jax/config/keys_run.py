@@ -15,7 +15,8 @@ DATA = (
     Key("data.train_max_samples", -1, "Use at most this many training rows (a random subset when data.shuffle, else "
         "the first ones); <= 0 = all."),
     Key("data.val_max_samples", -1, "Use at most this many validation rows (the first ones); <= 0 = all."),
-    Key("data.tokenizer", None, "Tokenizer directory; None = the one in actor_rollout_ref.model.path.", type=str),
+    Key("data.tokenizer", None, "Tokenizer directory or Hub id (at main); None = the one in "
+        "actor_rollout_ref.model.path.", type=str),
     Key("data.prompt_key", None, "Prompt column (a string or chat messages); None = first of prompt, messages, question, "
         "query, problem, instruction (any case).", type=str),
     Key("data.ground_truth_key", None, "Dotted path of the ground truth in a row; None = first of "
@@ -43,7 +44,9 @@ DATA = (
 _C = "critic."
 CRITIC = (
     Key(_C + "enable", None, "Train a value model; None = only when algorithm.adv_estimator is gae.", type=bool),
-    Key(_C + "model.path", None, "Critic initialisation checkpoint; None = actor_rollout_ref.model.path.", type=str),
+    Key(_C + "model.path", None, "Critic initialisation checkpoint (a directory or Hub id); None = "
+        "actor_rollout_ref.model.path.", type=str),
+    Key(_C + "model.revision", None, "Hub revision of a Hub id critic.model.path; None = main.", type=str),
     Key(_C + "model.enable_gradient_checkpointing", False, "Rematerialize each critic decoder layer."),
     Key(_C + "model.remat_policy", None, "Critic remat policy (full, dots_saveable); None = the actor's.", type=str,
         choices=REMAT_POLICIES),
@@ -71,7 +74,9 @@ CRITIC = (
 _R = "reward_model."
 REWARD = (
     Key(_R + "enable", False, "Score responses with a reward model instead of rule-based functions."),
-    Key(_R + "model.path", None, "Reward model checkpoint (a *ForSequenceClassification HF directory).", type=str),
+    Key(_R + "model.path", None, "Reward model checkpoint (a *ForSequenceClassification HF directory or Hub id).",
+        type=str),
+    Key(_R + "model.revision", None, "Hub revision of a Hub id reward_model.model.path; None = main.", type=str),
     Key(_R + "model.input_tokenizer", None,
         "Policy tokenizer to decode responses with when the RM's chat template differs; None = same.", type=str),
     Key(_R + "micro_batch_size_per_gpu", 2, "Sequences per reward-model forward pass on each data-parallel shard."),

@@ -332,7 +332,7 @@ def _check_paths(cfg: ConfigDict) -> None:
 
 
 def _check_model_limits(cfg: ConfigDict, derived: ConfigDict) -> None:
-    hf = builtin.model_hf_config(cfg.actor_rollout_ref.model.path) or {}
+    hf = builtin.model_hf_config(cfg.actor_rollout_ref.model.path, cfg.actor_rollout_ref.model.revision) or {}
     text = hf.get("text_config") if isinstance(hf.get("text_config"), dict) else {}
     max_pos = hf.get("max_position_embeddings", text.get("max_position_embeddings"))
     derived.model_max_position_embeddings = int(max_pos) if max_pos else -1

@@ -318,7 +318,7 @@ def load_hf_config(path: str) -> dict:
     """Read ``config.json`` from a local HF directory, with a clear error when it is missing."""
     cfg_path = os.path.join(path, "config.json")
     if not os.path.isdir(path):
-        raise FileNotFoundError(f"model directory {path!r} does not exist (hub names cannot be downloaded here; pass a local directory)")
+        raise FileNotFoundError(f"model directory {path!r} does not exist")
     if not os.path.exists(cfg_path):
         raise FileNotFoundError(f"{path!r} has no config.json: not a Hugging Face model directory")
     with open(cfg_path) as f:

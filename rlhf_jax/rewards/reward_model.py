@@ -82,11 +82,13 @@ class RewardModelScorer:
     @classmethod
     def from_config(cls, reward_cfg: Any, mesh: Any = None, dtype: Any = jnp.float32) -> RewardModelScorer:
         """From `cfg.reward_model`: model.path, micro_batch_size_per_gpu, max_length."""
+        from rlhf_jax.config import resolve_model_path
+
         path = reward_cfg.model.get("path")
         if not path:
             raise ValueError("reward_model.enable is set but reward_model.model.path is empty")
         return cls.from_pretrained(
-            path, mesh=mesh, dtype=dtype,
+            resolve_model_path(path, reward_cfg.model.get("revision")), mesh=mesh, dtype=dtype,
             micro_batch_size=int(reward_cfg.get("micro_batch_size_per_gpu") or 8),
             max_length=reward_cfg.get("max_length"),
         )

@@ -27,7 +27,8 @@ DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float
 @dataclasses.dataclass
 class Components:
     cfg: ConfigDict
-    model_path: str
+    model_path: str  # a local directory (builtin models built, hub ids resolved)
+    tokenizer_path: str  # a local directory
     tokenizer: Any
     train_dataset: Any
     val_dataset: Any
@@ -53,10 +54,11 @@ def prepare(cfg: ConfigDict) -> Components:
 
     cfg = ConfigDict(cfg.to_dict()) if cfg.is_locked else cfg
     cfg.unlock()
-    model_path = resolve_model_path(cfg.actor_rollout_ref.model.path)
+    model_path = resolve_model_path(cfg.actor_rollout_ref.model.path, cfg.actor_rollout_ref.model.revision)
     # Validation that needs no data (keys, choices, batch arithmetic, file paths) first.
     finalize(cfg, num_devices=jax.device_count(), num_processes=jax.process_count())
-    tokenizer = load_tokenizer(cfg.data.tokenizer or model_path)
+    tokenizer_path = resolve_model_path(cfg.data.tokenizer) if cfg.data.tokenizer else model_path
+    tokenizer = load_tokenizer(tokenizer_path)
     train_dataset = dataset_from_config(cfg.data, tokenizer, "train")
     val_dataset = dataset_from_config(cfg.data, tokenizer, "val") if cfg.data.val_files else None
     cfg = finalize(cfg, num_devices=jax.device_count(), num_processes=jax.process_count(),
@@ -65,7 +67,7 @@ def prepare(cfg: ConfigDict) -> Components:
     mesh, rules = mesh_and_rules(cfg)
     sampling = sampling_params(cfg, model_path, tokenizer)
     val_sampling = sampling_params(cfg, model_path, tokenizer, validation=True)
-    return Components(cfg, model_path, tokenizer, train_dataset, val_dataset, mesh, rules, sampling, val_sampling,
+    return Components(cfg, model_path, tokenizer_path, tokenizer, train_dataset, val_dataset, mesh, rules, sampling, val_sampling,
                       rollout_mesh(cfg))
 
 

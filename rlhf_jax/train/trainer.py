@@ -127,7 +127,7 @@ class Trainer:
         self.critic = None
         if cfg.critic.enable:
             ctx, clr = make_optimizer(cfg.critic.optim, cfg.critic.grad_clip, self.total_steps, d.critic_updates_per_step)
-            critic_path = resolve_model_path(cfg.critic.model.path) if cfg.critic.model.path else c.model_path
+            critic_path = resolve_model_path(cfg.critic.model.path, cfg.critic.model.revision) if cfg.critic.model.path else c.model_path
             self.critic = Role(load_policy(cfg, c.model_path, self.mesh, c.rules, role="critic", task=TASK_TOKEN_VALUE,
                                            path=critic_path),
                                self.mesh, ctx, clr)
@@ -179,7 +179,7 @@ class Trainer:
             "kl_coef": float(self.kl_ctrl["value"]),
             "data_state": self.loader.get_state(),
             "model": {"hf_config": self.actor.config.hf_config, "task": self.actor.task,
-                      "tokenizer_path": self.c.cfg.data.tokenizer or self.c.model_path,
+                      "tokenizer_path": self.c.tokenizer_path,
                       "param_dtype": self.cfg.actor_rollout_ref.model.dtype},
         }
 
