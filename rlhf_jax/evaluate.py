@@ -65,7 +65,7 @@ def evaluate(cfg, own: dict) -> dict[str, float]:
         if own[key] not in frame.columns:
             raise ValueError(f"evaluate: {key}={own[key]!r} is not a column of {path} ({', '.join(frame.columns)})")
     manager = RewardManager.from_config(cfg.reward_model, cfg.custom_reward_function,
-                                        max_response_length=cfg.data.max_response_length)
+                                        max_response_length=cfg.actor_rollout_ref.rollout.response_length or cfg.data.max_response_length)
     try:
         by_source: dict[str, list[list[float]]] = {}
         for _, row in frame.iterrows():

@@ -140,7 +140,7 @@ def clip_cov(*, old_log_prob: Array, log_prob: Array, advantages: Array, respons
 
 @register_policy_loss("kl_cov")
 def kl_cov(*, old_log_prob: Array, log_prob: Array, advantages: Array, response_mask: Array,
-           kl_cov_ratio: float = 2e-4, ppo_kl_coef: float = 1.0, **kw: Any) -> tuple[Array, dict[str, Array]]:
+           kl_cov_ratio: float = 2e-4, ppo_kl_coef: float = 0.1, **kw: Any) -> tuple[Array, dict[str, Array]]:
     """-A ratio (no clipping), plus ppo_kl_coef |delta| on the top max(1, floor(ratio * #tokens))
     tokens by cov = (A - mean A)(log pi - mean log pi) over valid tokens. ppo_kl reports mean |delta|."""
     if not kl_cov_ratio > 0:

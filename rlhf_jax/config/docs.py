@@ -9,7 +9,8 @@ from typing import Any
 
 from rlhf_jax.config import schema
 from rlhf_jax.config.derive import DERIVED_DOCS
-from rlhf_jax.config.verl_compat import IGNORED
+from rlhf_jax.config.verl_compat import ALIASES, IGNORED
+from rlhf_jax.config.verl_defaults import DIFFERENCES
 
 _INTRO = """# Configuration reference
 
@@ -50,6 +51,17 @@ def render_markdown() -> str:
               "given, other values are an error, because the feature is not implemented.", "",
               "| key pattern | why |", "|---|---|"]
     lines += [f"| `{i.pattern}` | {_cell(i.reason)}{' (only when off)' if i.accept else ''} |" for i in IGNORED]
+    lines += ["", "## verl's other names of schema keys", "",
+              "Set in a verl YAML, these set the schema key (a copy that must agree: the file's value must equal",
+              "the key's, or the fallback's where the key is unset).", "",
+              "| verl key | schema key | how |", "|---|---|---|"]
+    lines += [f"| `{a.path}` | `{a.target}` | {'sets it' if a.assign else 'must agree' + (f' (else `{a.fallback}`)' if a.fallback else '')} |"
+              for a in ALIASES]
+    lines += ["", "## defaults that differ from verl's", "",
+              "Every other key defaults to the value of verl's generated `ppo_trainer.yaml`.", "",
+              "| key | ours | verl's | why |", "|---|---|---|---|"]
+    lines += [f"| `{path}` | {_fmt(schema.get_key(path).default)} | {_fmt(verl)} | {_cell(why)} |"
+              for path, (verl, why) in DIFFERENCES.items()]
     return "\n".join(lines) + "\n"
 
 

@@ -40,7 +40,8 @@ def checkpoint_keys(prefix: str) -> tuple[Key, ...]:
     p = prefix + "checkpoint."
     return (
         Key(p + "save_contents", ("model", "optimizer", "extra"),
-            "What checkpoints hold: model, optimizer, extra (rng, data iterator, step), hf_model.",
+            "What checkpoints hold: model (weights), optimizer, extra (actor: data position, KL coefficient), "
+            "hf_model (actor: an HF export with every checkpoint).",
             choices=CKPT_CONTENTS),
         Key(p + "load_contents", None, "What a resume restores; None = save_contents.", type=tuple,
             choices=CKPT_CONTENTS),
@@ -106,7 +107,7 @@ ACTOR = (
     Key(A + "actor.policy_loss.clip_cov_lb", 1.0, "clip_cov: lower covariance bound of eligible tokens."),
     Key(A + "actor.policy_loss.clip_cov_ub", 5.0, "clip_cov: upper covariance bound of eligible tokens."),
     Key(A + "actor.policy_loss.kl_cov_ratio", 0.0002, "kl_cov: fraction of tokens (top covariance) given a KL penalty."),
-    Key(A + "actor.policy_loss.ppo_kl_coef", 1.0, "kl_cov: weight of the |log-ratio| penalty."),
+    Key(A + "actor.policy_loss.ppo_kl_coef", 0.1, "kl_cov: weight of the |log-ratio| penalty (verl's 0.1)."),
 ) + optim_keys(A + "actor.", 1e-6) + checkpoint_keys(A + "actor.")
 
 REF = (

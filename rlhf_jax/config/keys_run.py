@@ -73,12 +73,13 @@ CRITIC = (
 
 _R = "reward_model."
 REWARD = (
-    Key(_R + "enable", False, "Score responses with a reward model instead of rule-based functions."),
+    Key(_R + "enable", False, "Score responses with a reward model alone (rule-based and custom scoring are off)."),
     Key(_R + "model.path", None, "Reward model checkpoint (a *ForSequenceClassification HF directory or Hub id).",
         type=str),
     Key(_R + "model.revision", None, "Hub revision of a Hub id reward_model.model.path; None = main.", type=str),
     Key(_R + "model.input_tokenizer", None,
-        "Policy tokenizer to decode responses with when the RM's chat template differs; None = same.", type=str),
+        "verl's policy tokenizer for the RM input: responses are always decoded with the policy's and re-tokenized "
+        "with the RM's, so None or the policy's.", type=str),
     Key(_R + "micro_batch_size_per_gpu", 2, "Sequences per reward-model forward pass on each data-parallel shard."),
     Key(_R + "max_length", None, "Reward-model input length; None = prompt + response length.", type=int),
     Key(_R + "reward_manager", "naive",
@@ -173,10 +174,15 @@ TRAINER = (
     Key(_T + "resume_from_path", None, "Checkpoint step directory to resume from when resume_mode=resume_path.",
         type=str),
     Key(_T + "max_actor_ckpt_to_keep", None, "Keep at most this many checkpoints; None = all.", type=int),
+    Key(_T + "remove_previous_ckpt_in_save", False,
+        "Keep only the newest checkpoint: a save removes the older ones once it is complete (max_actor_ckpt_to_keep=1)."),
     Key(_T + "max_critic_ckpt_to_keep", None, "Critic checkpoints kept: each checkpoint holds actor and critic, so only None or max_actor_ckpt_to_keep is valid.", type=int),
     Key(_T + "save_hf_checkpoint", "last",
         "Export a Hugging Face directory of the actor with the last step's checkpoint, with every checkpoint, or never.",
         choices=("last", "always", "never")),
+    Key(_T + "profile_steps", None, "Steps (1-based, as logged) recorded with jax.profiler, one trace directory each "
+        "under profile_dir (TensorBoard's profile tab, Perfetto); None = none.", type=tuple),
+    Key(_T + "profile_dir", "${trainer.default_local_dir}/profile", "Where the profile_steps traces are written."),
     Key(_T + "seed", 42, "Seed of new parameters (value head), sampling and every other random choice."),
 )
 

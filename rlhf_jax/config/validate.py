@@ -23,6 +23,7 @@ from ml_collections import ConfigDict
 
 from rlhf_jax.algos.rollout_correction import correction_from_config
 from rlhf_jax.config import builtin, schema
+from rlhf_jax.config.consistency import check_consistency
 from rlhf_jax.config.derive import derive_batches
 from rlhf_jax.config.interpolation import has_reference, resolve
 from rlhf_jax.config.names import GROUP_ESTIMATORS, check_name
@@ -74,6 +75,8 @@ def _fill_defaults(cfg: ConfigDict) -> None:
         critic.enable = cfg.algorithm.adv_estimator == "gae"
     if critic.model.path is None:
         critic.model.path = arr.model.path
+        if critic.model.revision is None:
+            critic.model.revision = arr.model.revision
     for name in ("ppo_mini_batch_size", "ppo_micro_batch_size_per_gpu", "ppo_epochs", "shuffle", "loss_agg_mode"):
         if critic[name] is None:
             critic[name] = actor[name]
@@ -98,6 +101,11 @@ def _fill_defaults(cfg: ConfigDict) -> None:
     for role in (actor, critic):
         if role.checkpoint.load_contents is None:
             role.checkpoint.load_contents = role.checkpoint.save_contents
+    if cfg.trainer.remove_previous_ckpt_in_save:
+        if cfg.trainer.max_actor_ckpt_to_keep not in (None, 1):
+            raise ValueError(f"trainer.remove_previous_ckpt_in_save keeps one checkpoint but trainer.max_actor_ckpt_to_keep="
+                             f"{cfg.trainer.max_actor_ckpt_to_keep}: set one of them")
+        cfg.trainer.max_actor_ckpt_to_keep = 1
     if cfg.trainer.max_critic_ckpt_to_keep is None:
         cfg.trainer.max_critic_ckpt_to_keep = cfg.trainer.max_actor_ckpt_to_keep
     elif cfg.trainer.max_critic_ckpt_to_keep != cfg.trainer.max_actor_ckpt_to_keep:
@@ -391,6 +399,7 @@ def finalize(
     _check_choices(out)
     _fill_defaults(out)
     _check_ranges(out)
+    check_consistency(out)
     _check_algorithm(out)
     _check_token_budgets(out)
     _check_axis_rules(out.mesh.logical_axis_rules)

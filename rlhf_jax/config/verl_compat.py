@@ -28,9 +28,13 @@ class Ignored:
 
 
 def _off(value: Any) -> bool:
-    """Feature disabled: False/None/0/empty, or a mapping whose ``enable`` is falsy."""
+    """Feature disabled: False/None/0/-1/empty, a mapping whose ``enable`` (``enabled``) is falsy, or a mapping
+    without that switch whose every setting is off (a mapping of real settings is on)."""
     if isinstance(value, dict):
-        return not value.get("enable", value.get("enabled", False))
+        for switch in ("enable", "enabled"):
+            if switch in value:
+                return not value[switch]
+        return all(_off(v) for k, v in value.items() if k != "_target_")
     return not value or value == -1
 
 
@@ -87,6 +91,11 @@ ALIASES: tuple[Alias, ...] = (
     Alias("critic.rollout_n", "actor_rollout_ref.rollout.n", assign=False),
     Alias("actor_rollout_ref.actor.use_remove_padding", "actor_rollout_ref.model.use_remove_padding", assign=False),
     Alias("actor_rollout_ref.rollout.prompt_length", "data.max_prompt_length", assign=False),
+    # verl's newer profiler section names the steps and the directory.
+    Alias("global_profiler.steps", "trainer.profile_steps"),
+    Alias("global_profiler.save_path", "trainer.profile_dir"),
+    # The critic and the reward model read responses with the policy's tokenizer here (verl's default too).
+    Alias("critic.model.tokenizer_path", "data.tokenizer", assign=False, fallback="actor_rollout_ref.model.path"),
 )
 
 
@@ -95,6 +104,8 @@ def find_alias(path: str) -> Alias | None:
 
 
 _MESH = "sharding comes from the mesh section"
+_OFFLOAD = ("host offload is not implemented: parameters and optimizer state stay in device memory, sharded over "
+            "mesh.fsdp (use more fsdp devices, bfloat16 or remat)")
 _ENGINE = "the sampler is the built-in JAX decode loop that reads the actor's parameters directly"
 
 IGNORED: tuple[Ignored, ...] = (
@@ -104,15 +115,40 @@ IGNORED: tuple[Ignored, ...] = (
     Ignored("*._target_", "verl dataclass target"),
     Ignored("ray_init", "no Ray: one JAX program per host"),
     Ignored("ray_kwargs", "no Ray: one JAX program per host"),
-    Ignored("global_profiler", "use the JAX profiler"),
+    Ignored("global_profiler.tool", "jax.profiler records the trainer.profile_steps (nsys/npu/torch do not apply)"),
+    Ignored("global_profiler.global_tool_config", "jax.profiler records the trainer.profile_steps (nsys/npu/torch "
+            "do not apply)"),
+    Ignored("global_profiler.profile_continuous_steps", "each of trainer.profile_steps is traced on its own"),
     Ignored("transfer_queue", "no Ray data transfer: one JAX program"),
-    Ignored("*.profiler", "use the JAX profiler"),
+    Ignored("*.profiler", "per-role profiling: list the steps in trainer.profile_steps (one jax.profiler trace "
+            "covers every role)", _off),
     Ignored("*.strategy", f"fsdp/megatron backend choice: {_MESH}"),
-    Ignored("*.fsdp_config", f"FSDP wrapping and offload: {_MESH}"),
+    # FSDP engine settings, one by one: wrapping and prefetching have no JAX meaning; offload, mixed precision and
+    # determinism would change memory or numbers, so they are refused unless off.
+    Ignored("*.fsdp_config.wrap_policy", f"FSDP wrapping: {_MESH}"),
+    Ignored("*.fsdp_config.reshard_after_forward", f"FSDP resharding: {_MESH}"),
+    Ignored("*.fsdp_config.forward_prefetch", "XLA schedules the parameter gathers"),
+    Ignored("*.fsdp_config.backward_prefetch", "XLA schedules the parameter gathers"),
+    Ignored("*.fsdp_config.limit_all_gathers", "XLA schedules the parameter gathers"),
+    Ignored("*.fsdp_config.use_orig_params", "FSDP parameter flattening"),
+    Ignored("*.fsdp_config.forward_only", "the reference never builds a backward pass"),
+    Ignored("*.fsdp_config.seed", "seeds come from trainer.seed"),
+    Ignored("*.fsdp_config.fsdp_size", "FSDP group size: set mesh.fsdp", _is(-1, None)),
+    Ignored("*.fsdp_config.model_dtype", "parameter dtype: set actor_rollout_ref.model.dtype",
+            _is("fp32", "float32", None)),
+    Ignored("*.fsdp_config.dtype", "FSDP compute dtype: actor_rollout_ref.model.compute_dtype decides"),
+    Ignored("*.fsdp_config.mixed_precision", "set actor_rollout_ref.model.compute_dtype (matmuls) and "
+            "actor_rollout_ref.model.dtype (parameters, optimizer state)", _empty),
+    Ignored("*.fsdp_config.param_offload", _OFFLOAD, _off),
+    Ignored("*.fsdp_config.optimizer_offload", _OFFLOAD, _off),
+    Ignored("*.fsdp_config.offload_policy", _OFFLOAD, _off),
+    Ignored("*.fsdp_config.full_determinism", "deterministic kernels: set XLA_FLAGS=--xla_gpu_deterministic_ops=true",
+            _off),
     Ignored("*.megatron", f"Megatron parallelism: {_MESH}"),
     Ignored("*.use_torch_compile", "every step is compiled with jax.jit"),
     Ignored("*.ulysses_sequence_parallel_size", f"Ulysses sequence parallelism: {_MESH}", _one),
-    Ignored("*.enable_activation_offload", "activation offload: use enable_gradient_checkpointing"),
+    Ignored("*.enable_activation_offload", "activation offload is not implemented: set enable_gradient_checkpointing "
+            "(remat) to save activation memory", _off),
     Ignored("*.use_fused_kernels", "XLA fuses kernels"),
     Ignored("*.fused_kernel_options", "XLA fuses kernels"),
     Ignored("*.use_liger", "XLA fuses kernels"),
@@ -135,12 +171,13 @@ IGNORED: tuple[Ignored, ...] = (
     Ignored("*.micro_batch_size", "deprecated global size: set micro_batch_size_per_gpu", _off),
     Ignored("critic.forward_micro_batch_size", "deprecated global size: set forward_micro_batch_size_per_gpu",
             _off),
-    Ignored("critic.model.tokenizer_path", "the critic uses the policy tokenizer"),
     Ignored("actor_rollout_ref.hybrid_engine", "actor and sampler always share parameters in one program"),
     Ignored("actor_rollout_ref.model.custom_chat_template", "chat templates come from the tokenizer", _off),
     Ignored("actor_rollout_ref.rollout.name", _ENGINE),
-    Ignored("actor_rollout_ref.rollout.mode", _ENGINE),
-    Ignored("actor_rollout_ref.rollout.dtype", "the sampler uses actor_rollout_ref.model.dtype / compute_dtype"),
+    Ignored("actor_rollout_ref.rollout.mode", "the sampler runs inside the training program (sync and async give the "
+            "same samples)", _is("sync", "async")),
+    Ignored("actor_rollout_ref.rollout.dtype", "the sampler reads the actor's arrays and computes in "
+            "actor_rollout_ref.model.compute_dtype"),
     Ignored("actor_rollout_ref.rollout.gpu_memory_utilization", "the KV cache is sized from the batch and lengths"),
     Ignored("actor_rollout_ref.rollout.enforce_eager", "no CUDA graphs: the decode loop is jit-compiled"),
     Ignored("actor_rollout_ref.rollout.free_cache_engine", "the KV cache is freed after each rollout"),
@@ -156,7 +193,10 @@ IGNORED: tuple[Ignored, ...] = (
     Ignored("actor_rollout_ref.rollout.calculate_log_probs", "old log-probs are recomputed by the actor"),
     Ignored("actor_rollout_ref.rollout.update_weights_bucket_megabytes", _ENGINE),
     Ignored("actor_rollout_ref.rollout.multi_turn", "multi-turn rollouts are not implemented", _off),
-    Ignored("actor_rollout_ref.rollout.agent", "agent loops are not implemented"),
+    Ignored("actor_rollout_ref.rollout.agent", "agent loops are not implemented: single-turn sampling",
+            lambda v: not isinstance(v, dict) or (v.get("default_agent_loop") in (None, "single_turn_agent")
+                                                  and not v.get("agent_loop_config_path")
+                                                  and _unset("path")(v.get("custom_async_server")))),
     Ignored("data.return_raw_input_ids", "reward models re-tokenize decoded text (reward_model.model.input_tokenizer)"),
     Ignored("data.return_raw_chat", "raw prompts are always kept for reward functions"),
     Ignored("data.return_full_prompt", "prompt texts are always kept for logging"),
@@ -172,7 +212,8 @@ IGNORED: tuple[Ignored, ...] = (
             _unset("class_path")),
     Ignored("data.datagen", "dynamic data generation: use builtin:<name> data files", _unset("path")),
     Ignored("reward_model.strategy", f"reward-model backend: {_MESH}"),
-    Ignored("reward_model.launch_reward_fn_async", "scoring runs in worker processes (reward_manager=prime)"),
+    Ignored("reward_model.launch_reward_fn_async", "scoring runs inside the step: set reward_model.reward_manager=prime "
+            "for parallel worker processes", _off),
     Ignored("reward_model.sandbox_fusion", "sandboxed code execution is not implemented", _unset("url")),
     Ignored("reward_model.reward_kwargs.overlong_buffer_cfg.log", "overlong-penalty metrics are always logged"),
     Ignored("algorithm.use_pf_ppo", "prioritized-replay PPO is not implemented", _off),
@@ -183,16 +224,14 @@ IGNORED: tuple[Ignored, ...] = (
     Ignored("trainer.default_hdfs_dir", "verl's checkpoint managers do not copy there either: checkpoints stay in "
             "trainer.default_local_dir"),
     Ignored("trainer.del_local_ckpt_after_load", "local checkpoints are kept", _off),
-    Ignored("trainer.remove_previous_ckpt_in_save", "set trainer.max_actor_ckpt_to_keep=1 instead", _off),
     Ignored("trainer.ray_wait_register_center_timeout", "no Ray"),
     Ignored("trainer.balance_batch", "no per-rank length balancing: batches are padded to static shapes"),
-    Ignored("trainer.profile_steps", "use the JAX profiler"),
-    Ignored("trainer.profile_continuous_steps", "use the JAX profiler"),
-    Ignored("trainer.npu_profile", "use the JAX profiler"),
+    Ignored("trainer.profile_continuous_steps", "each of trainer.profile_steps is traced on its own"),
+    Ignored("trainer.npu_profile", "NPU profiler settings: jax.profiler records trainer.profile_steps"),
     Ignored("trainer.use_legacy_worker_impl", "no Ray workers"),
     Ignored("trainer.esi_redundant_time", "no elastic-instance preemption handling; checkpoints resume instead"),
-    Ignored("trainer.controller_nsight_options", "use the JAX profiler"),
-    Ignored("trainer.worker_nsight_options", "use the JAX profiler"),
+    Ignored("trainer.controller_nsight_options", "Nsight settings: jax.profiler records trainer.profile_steps"),
+    Ignored("trainer.worker_nsight_options", "Nsight settings: jax.profiler records trainer.profile_steps"),
     # verl's current (engine-based) config.
     Ignored("*.nccl_timeout", "no NCCL process groups: one JAX program"),
     Ignored("*.optim.optimizer_impl", "the optimizer is optax AdamW (see optim.optimizer)"),

@@ -131,11 +131,8 @@ def _collect(mapping: dict, prefix: str, source: str, found: _Found, lookup: Cal
             continue
         ignored = find_ignored(path)
         if ignored is not None:
-            if ignored.accept is not None and has_reference(value):
-                try:
-                    value = resolve(value, lookup, path)
-                except InterpolationError:
-                    value = None  # refers to a key set nowhere: verl's default, which is "off"
+            if ignored.accept is not None:
+                value = _resolve_nested(value, lookup, path)
             if ignored.accept is not None and not ignored.accept(value):
                 raise ValueError(f"{source}: {path}={value!r} is not supported by rlhf_jax ({ignored.reason})")
             found.ignored.append((path, ignored.reason))
@@ -144,6 +141,21 @@ def _collect(mapping: dict, prefix: str, source: str, found: _Found, lookup: Cal
             _collect(value, path + ".", source, found, lookup)
             continue
         raise ValueError(f"{source}: {schema.unknown_key_message(path)}")
+
+
+def _resolve_nested(value: Any, lookup: Callable[[str], Any], path: str) -> Any:
+    """``value`` with the ``${...}`` references in it (and in its mappings and lists) resolved; a reference to a
+    key set nowhere reads as None (verl's default for such keys, which is "off")."""
+    if isinstance(value, dict):
+        return {k: _resolve_nested(v, lookup, f"{path}.{k}") for k, v in value.items()}
+    if isinstance(value, list):
+        return [_resolve_nested(v, lookup, path) for v in value]
+    if not has_reference(value):
+        return value
+    try:
+        return resolve(value, lookup, path)
+    except InterpolationError:
+        return None
 
 
 def _warn_ignored(source: str, ignored: list[tuple[str, str]]) -> None:

@@ -8,9 +8,12 @@ response}``, without a generation prompt. An RM tokenizer without a chat templat
 gets ``prompt text + response`` with its special tokens. Inputs longer than
 ``reward_model.max_length`` keep their last tokens (the response end matters most).
 
-Forward passes are jitted and run in micro-batches of ``micro_batch_size`` rows,
-left padded to a power-of-two length bucket, so each (micro-batch, bucket)
-compiles once. The score is label ``label_index`` (0) of the model output.
+Forward passes are jitted and run in micro-batches of ``micro_batch_size`` rows
+per data-parallel shard (verl's ``micro_batch_size_per_gpu``): on a mesh each
+micro-batch is split over the batch axes, as the policy's passes are. Rows are
+left padded to a power-of-two length bucket (with several processes, to
+``max_length``, the same everywhere), so each (micro-batch, bucket) compiles
+once. The score is label ``label_index`` (0) of the model output.
 """
 
 from __future__ import annotations
@@ -51,11 +54,18 @@ class RewardModelScorer:
         micro_batch_size: int = 8,
         max_length: int | None = None,
         label_index: int = 0,
+        mesh: Any = None,
+        rules: Any = None,
     ):
         if micro_batch_size <= 0:
             raise ValueError(f"reward_model.micro_batch_size_per_gpu must be positive, got {micro_batch_size}")
+        from rlhf_jax.parallel import DEFAULT_RULES, batch_sharding, data_parallel_size
+
         self.tokenizer = tokenizer
-        self.micro_batch_size = int(micro_batch_size)
+        # Rows of one forward pass on this process: micro_batch_size per data-parallel shard it holds.
+        shards = data_parallel_size(mesh) // jax.process_count() if mesh is not None else 1
+        self.micro_batch_size = int(micro_batch_size) * max(shards, 1)
+        self.row_sharding = batch_sharding(mesh, 2, rules or DEFAULT_RULES) if mesh is not None else None
         self.max_length = max_length
         self.label_index = int(label_index)
         pad = getattr(tokenizer, "pad_token_id", None)
@@ -69,26 +79,28 @@ class RewardModelScorer:
 
     @classmethod
     def from_pretrained(
-        cls, path: str, *, tokenizer_path: str | None = None, mesh: Any = None, dtype: Any = jnp.float32, **kwargs: Any
+        cls, path: str, *, tokenizer_path: str | None = None, mesh: Any = None, rules: Any = None,
+        dtype: Any = jnp.float32, **kwargs: Any
     ) -> RewardModelScorer:
         """Load the RM weights with rlhf_jax.models and its tokenizer (from `tokenizer_path` or the RM directory)."""
         from transformers import AutoTokenizer
 
         from rlhf_jax.models import from_pretrained
 
-        model = from_pretrained(path, mesh=mesh, dtype=dtype)
-        return cls(model, AutoTokenizer.from_pretrained(tokenizer_path or path), **kwargs)
+        model = from_pretrained(path, mesh=mesh, dtype=dtype, **({"rules": rules} if rules else {}))
+        return cls(model, AutoTokenizer.from_pretrained(tokenizer_path or path), mesh=mesh, rules=rules, **kwargs)
 
     @classmethod
-    def from_config(cls, reward_cfg: Any, mesh: Any = None, dtype: Any = jnp.float32) -> RewardModelScorer:
-        """From `cfg.reward_model`: model.path, micro_batch_size_per_gpu, max_length."""
+    def from_config(cls, reward_cfg: Any, mesh: Any = None, dtype: Any = jnp.float32,
+                    rules: Any = None) -> RewardModelScorer:
+        """From `cfg.reward_model`: model.path (and revision), micro_batch_size_per_gpu, max_length."""
         from rlhf_jax.config import resolve_model_path
 
         path = reward_cfg.model.get("path")
         if not path:
             raise ValueError("reward_model.enable is set but reward_model.model.path is empty")
         return cls.from_pretrained(
-            resolve_model_path(path, reward_cfg.model.get("revision")), mesh=mesh, dtype=dtype,
+            resolve_model_path(path, reward_cfg.model.get("revision")), mesh=mesh, rules=rules, dtype=dtype,
             micro_batch_size=int(reward_cfg.get("micro_batch_size_per_gpu") or 8),
             max_length=reward_cfg.get("max_length"),
         )
@@ -126,13 +138,31 @@ class RewardModelScorer:
             filler = np.zeros((n_pad, T), np.int32)
             filler[:, -1] = 1
             mask = np.concatenate([mask, filler])
-        scores = [np.asarray(self._forward(self._state, ids[s:s + mb], mask[s:s + mb])) for s in range(0, len(ids), mb)]
+        scores = [self._local(self._forward(self._state, self._place(ids[s:s + mb]), self._place(mask[s:s + mb])))
+                  for s in range(0, len(ids), mb)]
         return np.concatenate(scores)[:B].astype(np.float32)
+
+    def _place(self, rows: np.ndarray) -> Any:
+        """This process's rows of one micro-batch, as a global array split over the mesh's batch axes."""
+        if self.row_sharding is None:
+            return rows
+        if jax.process_count() == 1:
+            return jax.device_put(rows, self.row_sharding)
+        return jax.make_array_from_process_local_data(self.row_sharding, rows)
+
+    @staticmethod
+    def _local(scores: jax.Array) -> np.ndarray:
+        """This process's scores of a batch-split global array, in row order."""
+        if scores.is_fully_addressable:
+            return np.asarray(scores)
+        pieces = {(s.index[0].start or 0): np.asarray(s.data) for s in scores.addressable_shards}
+        return np.concatenate([pieces[k] for k in sorted(pieces)])
 
     def score_texts(self, prompts: Sequence[str | Messages], responses: Sequence[str]) -> np.ndarray:
         """Scores (float32 [B]) of decoded responses to their prompts, formatted with the RM's template."""
         rows = self.encode(prompts, responses)
-        length = _bucket(max(len(r) for r in rows), self.max_length)
+        longest = self.max_length if jax.process_count() > 1 and self.max_length else max(len(r) for r in rows)
+        length = _bucket(longest, self.max_length)
         ids = np.full((len(rows), length), self.pad_token_id, np.int32)
         mask = np.zeros((len(rows), length), np.int32)
         for i, r in enumerate(rows):

@@ -49,7 +49,8 @@ from rlhf_jax.train.engine import Role
 from rlhf_jax.train.generation import generate_batch, key_function
 from rlhf_jax.train.loggers import MetricLogger, dump_generations
 from rlhf_jax.train.optim import make_optimizer
-from rlhf_jax.train import run_lock
+from rlhf_jax.train import ckpt_contents, run_lock
+from rlhf_jax.train.profiling import StepProfiler
 from rlhf_jax.train.preemption import STOP, StepAbandoned, StopRequest
 from rlhf_jax.train.passes import PassPlan, compile_pass, describe, fit_pass, free_device_memory, gib, memory_hint, plan_passes
 from rlhf_jax.train.setup import Components, load_policy, prepare
@@ -138,12 +139,12 @@ class Trainer:
         self.sampler = Sampler(self.actor.graphdef, mesh=self.rollout_mesh or self.mesh, rules=c.rules,
                                max_positions=self.actor.config.max_position_embeddings)
         self.reward_manager = RewardManager.from_config(cfg.reward_model, cfg.custom_reward_function,
-                                                        max_response_length=cfg.data.max_response_length)
+                                                        max_response_length=cfg.actor_rollout_ref.rollout.response_length)
         self.reward_model = None
         if cfg.reward_model.enable:
             from rlhf_jax.rewards import RewardModelScorer
 
-            self.reward_model = RewardModelScorer.from_config(cfg.reward_model, mesh=self.mesh)
+            self.reward_model = RewardModelScorer.from_config(cfg.reward_model, mesh=self.mesh, rules=c.rules)
         kc = cfg.algorithm.kl_ctrl
         self.kl_ctrl = algos.init_kl_controller(kc.kl_coef, kc.type, kc.target_kl, kc.horizon)
         self.actor_spec = actor_loss_spec(cfg, d.recompute_old_log_prob, c.sampling.logprob_temperature,
@@ -159,6 +160,7 @@ class Trainer:
         self.critic_spec = CriticLossSpec(cfg.critic.cliprange_value, cfg.critic.loss_agg_mode,
                                           arr.actor.loss_scale_factor)
         self.loader = loader_from_config(cfg.data, self.tok, "train", num_epochs=None, dataset=c.train_dataset)
+        self.profiler = StepProfiler(cfg.trainer.profile_steps, cfg.trainer.profile_dir)
         self.checkpointer = Checkpointer(os.path.join(self.out_dir, "checkpoints"),
                                          max_to_keep=cfg.trainer.max_actor_ckpt_to_keep)
         self.logger = MetricLogger(self.log_dir, cfg.trainer.logger, total_steps=self.total_steps, enabled=self.is_main,
@@ -172,25 +174,33 @@ class Trainer:
 
     # ------------------------------------------------------------------ checkpoints
     def _extra_state(self) -> dict:
-        return {
+        state = {
             "step": self.step,
             "epoch": self.step // max(self.cfg.derived.steps_per_epoch, 1),
             "seed": int(self.cfg.trainer.seed),
-            "kl_coef": float(self.kl_ctrl["value"]),
-            "data_state": self.loader.get_state(),
             "model": {"hf_config": self.actor.config.hf_config, "task": self.actor.task,
                       "tokenizer_path": self.c.tokenizer_path,
                       "param_dtype": self.cfg.actor_rollout_ref.model.dtype},
         }
+        if "extra" in self.cfg.actor_rollout_ref.actor.checkpoint.save_contents:
+            state.update(kl_coef=float(self.kl_ctrl["value"]), data_state=self.loader.get_state())
+        return state
+
+    def _role_arrays(self) -> dict[str, Any]:
+        """Every checkpointable array tree of this run, by checkpoint item name."""
+        arrays = {"actor_params": self.actor.params, "actor_opt": self.actor.opt_state}
+        if self.critic is not None:
+            arrays.update(critic_params=self.critic.params, critic_opt=self.critic.opt_state)
+        return arrays
+
+    def _contents(self, which: str) -> tuple[tuple[str, ...], tuple[str, ...] | None]:
+        """(actor, critic) checkpoint contents (``save_contents`` or ``load_contents``); critic None without one."""
+        actor = self.cfg.actor_rollout_ref.actor.checkpoint[which]
+        return tuple(actor), (tuple(self.cfg.critic.checkpoint[which]) if self.critic is not None else None)
 
     def save_checkpoint(self) -> None:
-        contents = self.cfg.actor_rollout_ref.actor.checkpoint.save_contents
-        arrays = {"actor_params": self.actor.params}
-        if "optimizer" in contents:
-            arrays["actor_opt"] = self.actor.opt_state
-        if self.critic is not None:
-            arrays["critic_params"] = self.critic.params
-            arrays["critic_opt"] = self.critic.opt_state
+        everything = self._role_arrays()
+        arrays = {item: everything[item] for item in ckpt_contents.array_items(*self._contents("save_contents"))}
         self.checkpointer.save(self.step, arrays, {**self._extra_state(), "items": sorted(arrays)})
 
     def maybe_resume(self) -> None:
@@ -223,26 +233,28 @@ class Trainer:
             step = previous
         if step is None:
             return
-        self.actor.params = restored["actor_params"]
+        self.actor.params = restored.get("actor_params", self.actor.params)
         self.actor.opt_state = restored.get("actor_opt", self.actor.opt_state)
-        if "critic_params" in restored:
-            self.critic.params, self.critic.opt_state = restored["critic_params"], restored["critic_opt"]
-        self.kl_ctrl = {**self.kl_ctrl, "value": jnp.asarray(extra["kl_coef"], jnp.float32)}
-        self.loader.set_state(extra["data_state"])
+        if self.critic is not None:
+            self.critic.params = restored.get("critic_params", self.critic.params)
+            self.critic.opt_state = restored.get("critic_opt", self.critic.opt_state)
+        actor_load, critic_load = self._contents("load_contents")
+        if ckpt_contents.restores_extra(actor_load, extra):
+            self.kl_ctrl = {**self.kl_ctrl, "value": jnp.asarray(extra["kl_coef"], jnp.float32)}
+            self.loader.set_state(extra["data_state"])
         self.step = int(extra["step"])
-        self.logger.text(f"resumed from {root}/{step} (step {self.step})")
+        _, lacking = ckpt_contents.items_to_restore(actor_load, critic_load, set(extra.get("items", ())))
+        fresh = lacking + ([] if ckpt_contents.restores_extra(actor_load, extra) else ["data position, KL coefficient"])
+        self.logger.text(f"resumed from {root}/{step} (step {self.step})"
+                         + (f"; not restored (load_contents / saved without them): {', '.join(fresh)}" if fresh else ""))
 
     def _read_checkpoint(self, ckpt: Checkpointer, step: int) -> tuple[dict, dict]:
         """(extra, arrays) of one checkpoint; changes nothing, so a failure leaves the trainer as it was."""
         extra = ckpt.restore_extra(step)
         saved = set(extra.get("items", ["actor_params", "actor_opt"]))
-        load = self.cfg.actor_rollout_ref.actor.checkpoint.load_contents
-        templates = {"actor_params": self.actor.params}
-        if "optimizer" in load and "actor_opt" in saved:
-            templates["actor_opt"] = self.actor.opt_state
-        if self.critic is not None and "critic_params" in saved:
-            templates.update(critic_params=self.critic.params, critic_opt=self.critic.opt_state)
-        return extra, ckpt.restore_arrays(step, templates)
+        items, _ = ckpt_contents.items_to_restore(*self._contents("load_contents"), saved)
+        everything = self._role_arrays()
+        return extra, ckpt.restore_arrays(step, {item: everything[item] for item in items}) if items else {}
 
     def export_hf(self) -> str:
         out = os.path.join(self.out_dir, "hf", f"global_step_{self.step}")
@@ -278,12 +290,11 @@ class Trainer:
                n: int) -> tuple[np.ndarray, dict, list[str], dict[str, np.ndarray]]:
         texts = decode_responses(self.tok, responses, rmask)
         rep = lambda xs: [x for x in xs for _ in range(n)]  # noqa: E731  prompt-major, as the sampler orders rows
+        if self.reward_model is not None:  # as in verl: the reward model's score replaces rule-based scoring
+            return self.reward_model.score_texts(rep(pb.raw_prompt), texts), {}, texts, {}
         result = self.reward_manager.score(rep(pb.data_source), texts, rep(pb.ground_truth), rep(pb.extra_info),
                                            response_lengths=rmask.sum(-1))
-        scores = result.scores.astype(np.float32)
-        if self.reward_model is not None:
-            scores = scores + self.reward_model.score_texts(rep(pb.raw_prompt), texts)
-        return scores, result.metrics(), texts, result.extras
+        return result.scores.astype(np.float32), result.metrics(), texts, result.extras
 
     def _rollout(self, pb: PromptBatch, timer, out_metrics: dict, key, extras: dict | None = None):
         """Sample the prompts and score the responses: (the sampler's batch, process-local scores (N,))."""
@@ -408,7 +419,7 @@ class Trainer:
                       prompt_mask=gather_all(out.prompt_mask))
         out_metrics.update(self._layout_metrics)
         out_metrics.update(M.data_metrics(arrays, max_prompt_length=cfg.data.max_prompt_length,
-                                          max_response_length=cfg.data.max_response_length))
+                                          max_response_length=cfg.actor_rollout_ref.rollout.response_length))
         resp_tokens = int(arrays["response_mask"].sum())
         total_tokens = resp_tokens + int(arrays["prompt_mask"].sum())
         out_metrics.update(M.timing_metrics(timer.seconds, response_tokens=resp_tokens, total_tokens=total_tokens))
@@ -636,7 +647,8 @@ class Trainer:
             data_state = self.loader.get_state()
             pb = next(self.loader)
             try:
-                metrics = self.train_step(pb)
+                with self.profiler.step(self.step + 1):
+                    metrics = self.train_step(pb)
             except StepAbandoned:
                 self.loader.set_state(data_state)  # the abandoned step's prompts come first after a resume
                 stopping = True

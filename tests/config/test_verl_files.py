@@ -79,7 +79,16 @@ reward_model:
     ("reward_model:\n  sandbox_fusion:\n    url: http://localhost:8080/run\n", r"reward_model\.sandbox_fusion"),
     ("algorithm:\n  rollout_correction:\n    bypass_mode: true\n", r"algorithm\.rollout_correction\.bypass_mode"),
     ("trainer:\n  del_local_ckpt_after_load: True\n", r"trainer\.del_local_ckpt_after_load"),
-    ("trainer:\n  remove_previous_ckpt_in_save: True\n", r"max_actor_ckpt_to_keep=1"),
+    ("actor_rollout_ref:\n  actor:\n    fsdp_config:\n      optimizer_offload: True\n",
+     r"optimizer_offload=True is not supported by rlhf_jax \(host offload is not implemented"),
+    ("actor_rollout_ref:\n  actor:\n    fsdp_config:\n      mixed_precision: {param_dtype: bf16}\n",
+     r"mixed_precision.*compute_dtype"),
+    ("actor_rollout_ref:\n  rollout:\n    agent:\n      agent_loop_config_path: loops.yaml\n", r"rollout\.agent"),
+    ("reward_model:\n  launch_reward_fn_async: True\n", r"launch_reward_fn_async.*reward_manager=prime"),
+    ("actor_rollout_ref:\n  actor:\n    profiler: {enable: True, tool: nsys}\n", r"profiler.*trainer\.profile_steps"),
+    # a mapping of real settings without an enable switch is on, not off
+    ("actor_rollout_ref:\n  model:\n    mtp: {num_layers: 2}\n", r"model\.mtp"),
+    ("critic:\n  model:\n    tokenizer_path: /elsewhere/tok\n", r"critic\.model\.tokenizer_path='/elsewhere/tok' differs"),
     ("actor_rollout_ref:\n  model:\n    external_lib: my_models\n", r"external_lib"),
 ])
 def test_features_we_lack_are_refused_when_switched_on(text, key):
@@ -93,3 +102,18 @@ def test_features_we_lack_are_refused_when_switched_on(text, key):
 def test_apply_chat_template_kwargs_is_a_key():
     cfg = load_yaml("data:\n  apply_chat_template_kwargs:\n    enable_thinking: False\n")
     assert cfg.data.apply_chat_template_kwargs == {"enable_thinking": False}
+
+
+def test_profiler_and_checkpoint_keys_are_honoured():
+    from rlhf_jax.config import finalize
+
+    cfg = load_yaml("global_profiler:\n  tool: nsys\n  steps: [2, 4]\n  save_path: /tmp/prof\n"
+                    "trainer:\n  remove_previous_ckpt_in_save: True\n")
+    assert cfg.trainer.profile_steps == (2, 4) and cfg.trainer.profile_dir == "/tmp/prof"
+    assert finalize(cfg, num_devices=1, check_paths=False).trainer.max_actor_ckpt_to_keep == 1
+    cfg.trainer.max_actor_ckpt_to_keep = 3
+    with pytest.raises(ValueError, match=r"remove_previous_ckpt_in_save keeps one checkpoint.*max_actor_ckpt_to_keep=3"):
+        finalize(cfg, num_devices=1, check_paths=False)
+    cfg = load_yaml("trainer:\n  profile_steps: [0]\n")
+    with pytest.raises(ValueError, match=r"trainer\.profile_steps=\(0,\)"):
+        finalize(cfg, num_devices=1, check_paths=False)
