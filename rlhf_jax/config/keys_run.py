@@ -23,6 +23,10 @@ DATA = (
         "reward_model.ground_truth, ground_truth, answer, solution, target, label, response; '' = none.", type=str),
     Key("data.default_data_source", None,
         "data_source for rows without one (selects the rule-based scorer); None = the file's name.", type=str),
+    Key("data.image_key", "images", "Column of a row's images: rows with images there are refused (text-only "
+        "models); None = not checked.", type=str),
+    Key("data.video_key", "videos", "Column of a row's videos: rows with videos there are refused; None = not "
+        "checked.", type=str),
     Key("data.prompt_template", "native",
         "native (the tokenizer's chat template), raw (text as is) or a str.format template with {prompt}."),
     Key("data.system_prompt", None, "System message added to every prompt; None = none.", type=str),

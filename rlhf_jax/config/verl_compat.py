@@ -201,8 +201,6 @@ IGNORED: tuple[Ignored, ...] = (
     Ignored("data.return_raw_chat", "raw prompts are always kept for reward functions"),
     Ignored("data.return_full_prompt", "prompt texts are always kept for logging"),
     Ignored("data.return_multi_modal_inputs", "multi-modal data is not supported (text rows have no such inputs)"),
-    Ignored("data.image_key", "multi-modal data is not supported"),
-    Ignored("data.video_key", "multi-modal data is not supported"),
     Ignored("data.custom_cls", "custom dataset classes: convert the data to parquet/json/jsonl/csv",
             _unset("path")),
     Ignored("data.filter_overlong_prompts_workers", "prompts are filtered in-process"),

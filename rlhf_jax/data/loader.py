@@ -76,6 +76,7 @@ def build_dataset(
     max_samples: int = -1,
     sample_seed: int | None = None,
     chat_template_kwargs: dict[str, Any] | None = None,
+    media_keys: Sequence[str] = ("images", "videos"),
 ) -> PromptDataset:
     """Read, validate and tokenize every prompt of `files` (all errors surface here, before training).
 
@@ -89,7 +90,7 @@ def build_dataset(
         else:
             keep = np.random.default_rng(sample_seed).choice(len(rows), max_samples, replace=False)
             rows = [rows[i] for i in sorted(keep)]
-    examples = to_examples(rows, prompt_key, ground_truth_key, default_data_source)
+    examples = to_examples(rows, prompt_key, ground_truth_key, default_data_source, media_keys)
     kept, ids, texts = tokenize_examples(
         examples, tokenizer, max_prompt_length=max_prompt_length, template=prompt_template,
         system_prompt=system_prompt, truncation=truncation, filter_overlong_prompts=filter_overlong_prompts,
@@ -218,6 +219,7 @@ def dataset_from_config(data_cfg: Any, tokenizer: Any, which: str = "train") -> 
         filter_overlong_prompts=bool(_cfg_get(data_cfg, "filter_overlong_prompts", False)),
         max_samples=int(_cfg_get(data_cfg, f"{which}_max_samples", -1)),
         chat_template_kwargs=dict(_cfg_get(data_cfg, "apply_chat_template_kwargs", None) or {}),
+        media_keys=tuple(k for k in (data_cfg.get("image_key", "images"), data_cfg.get("video_key", "videos")) if k),
         sample_seed=int(_cfg_get(data_cfg, "seed", 0)) if which == "train" and _cfg_get(data_cfg, "shuffle", True)
         else None,
     )

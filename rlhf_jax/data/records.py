@@ -110,17 +110,34 @@ def _file_stem(file: str) -> str:
     return base
 
 
+def _has_media(value) -> bool:
+    """A non-empty image/video cell (a list, an array or a path)."""
+    if value is None:
+        return False
+    try:
+        return len(value) > 0
+    except TypeError:
+        return True
+
+
 def to_example(
     row: Row,
     prompt_key: str | None = None,
     ground_truth_key: str | None = None,
     default_data_source: str | None = None,
+    media_keys: Sequence[str] = ("images", "videos"),
 ) -> Example:
     """Build an Example from a raw row, failing with the file, row and key on anything missing or malformed.
 
     ``prompt_key`` / ``ground_truth_key`` None: recognise the column by name; ``ground_truth_key=""``: no ground truth.
+    A row with images or videos in a ``media_keys`` column is refused: the models are text-only, and training on
+    the text without its pictures would be training on another task.
     """
     data = row.data
+    for key in media_keys:
+        if key and _has_media(data.get(key)):
+            raise DataError(f"{row.where}: column {key!r} holds images/videos (data.image_key / data.video_key); "
+                            "multi-modal prompts are not supported: use text-only data")
     if prompt_key is None:
         prompt_key = _recognise(data, PROMPT_COLUMNS)
         if prompt_key is None:
@@ -168,6 +185,7 @@ def to_examples(
     prompt_key: str | None = None,
     ground_truth_key: str | None = None,
     default_data_source: str | None = None,
+    media_keys: Sequence[str] = ("images", "videos"),
 ) -> list[Example]:
     """Convert all rows (eagerly, so that bad data fails before training starts)."""
-    return [to_example(r, prompt_key, ground_truth_key, default_data_source) for r in rows]
+    return [to_example(r, prompt_key, ground_truth_key, default_data_source, media_keys) for r in rows]

@@ -175,3 +175,17 @@ def test_max_samples_keeps_a_seeded_subset_or_the_first_rows(tok, tmp_path):
     assert subset != indices("train", train_max_samples=6, seed=4)  # drawn with data.seed
     assert indices("train", train_max_samples=6, shuffle=False) == list(range(6))
     assert indices("train", train_max_samples=0) == list(range(20))
+
+
+def test_rows_with_images_or_videos_are_refused_by_their_columns(tok, tmp_path):
+    from rlhf_jax.data.loader import dataset_from_config
+
+    path = tmp_path / "mm.jsonl"
+    rows = [{"prompt": f"row {i}", "answer": str(i), "images": [], "pics": None} for i in range(4)]
+    rows[2]["pics"] = ["cat.png"]
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    base = dict(val_files=(str(path),), max_prompt_length=64)
+    assert len(dataset_from_config(ml_collections.ConfigDict(base), tok, "val").examples) == 4  # empty images
+    with pytest.raises(DataError, match=r"mm\.jsonl.*row 2.*column 'pics' holds images/videos"):
+        dataset_from_config(ml_collections.ConfigDict({**base, "image_key": "pics"}), tok, "val")
+    assert len(dataset_from_config(ml_collections.ConfigDict({**base, "image_key": None}), tok, "val").examples) == 4
