@@ -1,0 +1,91 @@
+"""Which module reads each schema key: the evidence that an accepted key does something.
+
+:data:`READERS` maps a consumer module to the keys (fnmatch patterns over dotted paths) whose values it
+reads; :data:`NO_OPS` lists the keys that are accepted on purpose without an effect, with the reason.
+``tests/config/test_readers.py`` checks that every schema key is in one of the two, that every listed module
+exists and still mentions each of its keys (their last name, or the ``EVIDENCE`` text of keys read under
+a computed name), that no entry names a key the schema lacks, and that every verl name in
+:mod:`rlhf_jax.config.verl_compat` leads to a read key or is an ignored key with its reason. A key added
+to the schema without a consumer fails that test.
+"""
+
+from __future__ import annotations
+
+_A = "actor_rollout_ref."
+
+READERS: dict[str, tuple[str, ...]] = {
+    "rlhf_jax.data.loader": (
+        "data.train_files", "data.val_files", "data.train_split", "data.val_split", "data.train_max_samples",
+        "data.val_max_samples", "data.prompt_key", "data.ground_truth_key", "data.default_data_source",
+        "data.image_key", "data.video_key", "data.prompt_template", "data.system_prompt",
+        "data.apply_chat_template_kwargs", "data.max_prompt_length", "data.prompt_length_buckets", "data.truncation",
+        "data.filter_overlong_prompts", "data.train_batch_size", "data.val_batch_size", "data.shuffle", "data.seed",
+    ),
+    "rlhf_jax.train.setup": (
+        "data.tokenizer", _A + "model.path", _A + "model.revision", _A + "model.dtype", _A + "model.compute_dtype",
+        _A + "model.enable_gradient_checkpointing", _A + "model.remat_policy", _A + "model.attn_implementation",
+        "critic.model.enable_gradient_checkpointing", "critic.model.remat_policy", "mesh.logical_axis_rules",
+    ),
+    "rlhf_jax.config.validate": (
+        # read to fill or check other keys: the sampler's length, the clip bounds, the checkpoint count, the mesh
+        "data.max_response_length", _A + "actor.clip_ratio", "trainer.remove_previous_ckpt_in_save",
+        "trainer.max_critic_ckpt_to_keep", "mesh.data", "mesh.fsdp", "mesh.tensor", "mesh.expert",
+    ),
+    "rlhf_jax.config.derive": (
+        _A + "actor.ppo_mini_batch_size", _A + "actor.ppo_micro_batch_size_per_gpu", _A + "actor.ppo_epochs",
+        _A + "ref.log_prob_micro_batch_size_per_gpu", _A + "rollout.log_prob_micro_batch_size_per_gpu",
+        "critic.ppo_mini_batch_size", "critic.ppo_micro_batch_size_per_gpu", "critic.forward_micro_batch_size_per_gpu",
+        "critic.ppo_epochs", "trainer.total_epochs", "trainer.total_training_steps", _A + "actor.use_kl_loss",
+        "algorithm.use_kl_in_reward",
+    ),
+    "rlhf_jax.train.passes": (
+        _A + "model.use_remove_padding", _A + "actor.use_dynamic_bsz", _A + "actor.ppo_max_token_len_per_gpu",
+        _A + "ref.log_prob_use_dynamic_bsz", _A + "ref.log_prob_max_token_len_per_gpu",
+        _A + "rollout.log_prob_use_dynamic_bsz", _A + "rollout.log_prob_max_token_len_per_gpu",
+        "critic.model.use_remove_padding", "critic.use_dynamic_bsz", "critic.ppo_max_token_len_per_gpu",
+        "critic.forward_max_token_len_per_gpu",
+    ),
+    "rlhf_jax.train.optim": (_A + "actor.optim.*", "critic.optim.*"),
+    "rlhf_jax.train.trainer": (
+        _A + "actor.shuffle", _A + "actor.grad_clip", _A + "actor.clip_ratio_low", _A + "actor.clip_ratio_high",
+        _A + "actor.clip_ratio_c", _A + "actor.entropy_coeff", _A + "actor.kl_loss_coef",
+        _A + "actor.router_aux_loss_coef", _A + "actor.kl_loss_type", _A + "actor.loss_agg_mode",
+        _A + "actor.loss_scale_factor", _A + "actor.policy_loss.*", _A + "actor.checkpoint.*", "critic.checkpoint.*",
+        "critic.enable", "critic.model.path", "critic.model.revision", "critic.shuffle", "critic.grad_clip",
+        "critic.cliprange_value", "critic.loss_agg_mode", "reward_model.enable", "algorithm.adv_estimator",
+        "algorithm.gamma", "algorithm.lam", "algorithm.norm_adv_by_std_in_grpo", "algorithm.kl_penalty",
+        "algorithm.filter_groups.*", "algorithm.kl_ctrl.*", "trainer.rollout_data_dir", "trainer.validation_data_dir",
+        "trainer.log_val_generations", "trainer.default_local_dir", "trainer.save_freq", "trainer.test_freq",
+        "trainer.val_before_train", "trainer.val_only", "trainer.critic_warmup", "trainer.resume_mode",
+        "trainer.resume_from_path", "trainer.max_actor_ckpt_to_keep", "trainer.save_hf_checkpoint",
+        "trainer.profile_steps", "trainer.profile_dir", "trainer.seed",
+    ),
+    "rlhf_jax.train.loggers": ("trainer.logger", "trainer.log_dir"),
+    "rlhf_jax.train.trackers": ("trainer.project_name", "trainer.experiment_name"),
+    "rlhf_jax.rollout.params": tuple(_A + "rollout." + k for k in (  # SamplingParams.from_config
+        "n", "temperature", "top_k", "top_p", "do_sample", "response_length", "ignore_eos", "min_new_tokens", "seed",
+        "max_num_seqs", "val_kwargs.*")),
+    "rlhf_jax.rewards.manager": (
+        "reward_model.reward_manager", "reward_model.num_workers", "reward_model.timeout_s",
+        "reward_model.fail_on_error", "reward_model.overlong_buffer.*",
+    ),
+    "rlhf_jax.rewards.custom": (
+        "custom_reward_function.path", "custom_reward_function.name", "reward_model.scorer_kwargs",
+        "reward_model.answer_match",
+    ),
+    "rlhf_jax.rewards.reward_model": (
+        "reward_model.model.path", "reward_model.model.revision", "reward_model.micro_batch_size_per_gpu",
+        "reward_model.max_length",
+    ),
+    # Accepted only when it names the policy's tokenizer (what responses are decoded with here, as in verl).
+    "rlhf_jax.config.consistency": ("reward_model.model.input_tokenizer",),
+}
+
+# Keys read under a computed name ({which}_files, ...): the text the module must contain instead of the last name.
+EVIDENCE: dict[str, str] = {
+    "data.train_files": "_files", "data.val_files": "_files", "data.train_split": "_split",
+    "data.val_split": "_split", "data.train_max_samples": "_max_samples", "data.val_max_samples": "_max_samples",
+}
+
+# Keys accepted on purpose with no effect of their own (none today: each schema key is read).
+NO_OPS: dict[str, str] = {}
