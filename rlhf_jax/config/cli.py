@@ -1,8 +1,8 @@
 """Command-line loading: ``--config=configs/grpo.py --config.algorithm.adv_estimator=rloo ...``.
 
 Built on ``ml_collections.config_flags``: ``--config`` names a recipe file
-defining ``get_config()`` (or a verl-style ``.yaml``, loaded with
-:func:`rlhf_jax.config.yaml_import.load_yaml`), and ``--config.<key>=<value>``
+defining ``get_config()`` (or a ``.yaml`` of verl's or ROLL's, loaded with
+:func:`rlhf_jax.config.yaml_import.load_yaml`; ``--config_format`` names the format when its keys do not), and ``--config.<key>=<value>``
 overrides any schema key, parsed by the key's type. Tuples take
 ``--config.trainer.logger="('console','jsonl')"``, a bare
 ``--config.data.train_files=/path/a.parquet`` (one element) or the flag
@@ -74,6 +74,11 @@ def load_config_from_argv(argv: Sequence[str], *, name: str = "config", default:
     ``argv`` that is not ``--config`` or an override is an error.
     """
     argv = list(argv)
+    fmt = None
+    fmt_arg = _config_file_arg(argv[1:], f"{name}_format")  # --config_format=roll: the YAML file's format
+    if fmt_arg:
+        i, count, fmt = fmt_arg
+        del argv[1 + i : 1 + i + count]
     check_override_paths(argv[1:], name)
     fv = flags.FlagValues()
     found = _config_file_arg(argv[1:], name)
@@ -84,8 +89,10 @@ def load_config_from_argv(argv: Sequence[str], *, name: str = "config", default:
         if found:
             i, count, _ = found
             del argv[1 + i : 1 + i + count]
-        config_flags.DEFINE_config_dict(name, load_yaml(source), _HELP, flag_values=fv, lock_config=True,
+        config_flags.DEFINE_config_dict(name, load_yaml(source, fmt=fmt), _HELP, flag_values=fv, lock_config=True,
                                         sys_argv=argv)
+    elif fmt is not None:
+        raise ValueError(f"--{name}_format={fmt} applies to a YAML file, not {source}")
     else:
         config_flags.DEFINE_config_file(name, default, _HELP, flag_values=fv, lock_config=True, sys_argv=argv)
     try:
@@ -99,7 +106,7 @@ def load_config_from_argv(argv: Sequence[str], *, name: str = "config", default:
     if source.endswith((".yaml", ".yml")) and paths:
         # Again with the overrides inside the file's ${...} references, which verl resolves after its overrides
         # (overriding actor.ppo_mini_batch_size also changes a critic.ppo_mini_batch_size that refers to it).
-        cfg = load_yaml(source, overrides={p: schema.get_path(cfg, p) for p in paths}, warn=False)
+        cfg = load_yaml(source, overrides={p: schema.get_path(cfg, p) for p in paths}, warn=False, fmt=fmt)
     if not isinstance(cfg, ConfigDict):
         raise ValueError(f"--{name}={source}: get_config() must return an ml_collections.ConfigDict")
     schema.check_known_keys(cfg)

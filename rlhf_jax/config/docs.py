@@ -62,7 +62,34 @@ def render_markdown() -> str:
               "| key | ours | verl's | why |", "|---|---|---|---|"]
     lines += [f"| `{path}` | {_fmt(schema.get_key(path).default)} | {_fmt(verl)} | {_cell(why)} |"
               for path, (verl, why) in DIFFERENCES.items()]
+    lines += _dialect_tables()
     return "\n".join(lines) + "\n"
+
+
+def _dialect_tables() -> list[str]:
+    """One table per foreign format: their key, what it becomes here (or why it does not), and their defaults."""
+    from rlhf_jax.config.dialects import roll
+
+    lines = []
+    for name, module in (("ROLL (`rlvr_config.yaml`)", roll),):
+        lines += ["", f"## {name} files", "", (module.__doc__ or "").strip().split("\n\n")[0].replace("\n", " "), "",
+                  "Run one with `python -m rlhf_jax.main --config=FILE.yaml` (recognised by its top-level keys, or "
+                  "`--config_format`); `python -m rlhf_jax.config convert FILE.yaml` prints it in rlhf_jax's keys.",
+                  "", "| their key | here | note |", "|---|---|---|"]
+        for rule in module.RULES:
+            if rule.to is not None:
+                here = f"`{rule.to}`"
+            elif rule.convert is not None:
+                doc = rule.convert.__doc__ or ""
+                here = "computed" + (": " + doc.strip().split("\n")[0] if doc else "")
+            elif rule.used_by is not None:
+                here = f"read with `{rule.used_by}`"
+            else:
+                here = "ignored (warned)" if rule.accept is None else "ignored only when off; else refused"
+            lines.append(f"| `{rule.their}` | {_cell(here)} | {_cell(rule.reason)} |")
+        lines += ["", "Their defaults applied when the file omits the key:", "",
+                  ", ".join(f"`{k}: {v}`" for k, v in module.DEFAULTS.items())]
+    return lines
 
 
 def describe(path: str) -> str:

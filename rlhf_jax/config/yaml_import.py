@@ -243,9 +243,18 @@ def apply_mapping(mapping: dict, base: ConfigDict | None = None, *, source: str 
 
 
 def load_yaml(path_or_text: str | os.PathLike, base: ConfigDict | None = None, *,
-              overrides: dict[str, Any] | None = None, warn: bool = True) -> ConfigDict:
-    """Load a verl-style YAML file (or YAML text containing a newline) onto ``base`` / the base schema."""
+              overrides: dict[str, Any] | None = None, warn: bool = True, fmt: str | None = None) -> ConfigDict:
+    """Load a YAML file (or YAML text containing a newline) onto ``base`` / the base schema.
+
+    ``fmt`` names the file's format (verl, roll); None = recognised by its top-level keys
+    (:mod:`rlhf_jax.config.dialects`). Another format's keys are translated to schema keys first.
+    """
+    from rlhf_jax.config import dialects
+
     mapping, source = read_yaml(path_or_text)
+    fmt = fmt or dialects.detect(mapping)
+    if fmt != "verl":
+        mapping = dialects.nested(dialects.to_schema(mapping, fmt, source, warn=warn))
     return apply_mapping(mapping, base, source=source, overrides=overrides, warn=warn)
 
 

@@ -1,0 +1,66 @@
+"""Other trainers' config files, read onto the schema: one module per format, each a table of rules.
+
+:func:`detect` names a file's format from its top-level keys; :func:`to_schema` turns a file of another
+format into ``{schema key: value}`` (with that trainer's defaults for the keys it omits, so the run means
+what the file meant there), logging the keys with no meaning here in one warning and refusing, by name,
+the ones whose value would change what a run does. verl files need no translation: their keys are ours.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from rlhf_jax.config.dialects import roll
+from rlhf_jax.config.dialects.rules import translate
+
+log = logging.getLogger("rlhf_jax.config")
+
+FORMATS = ("verl", "roll")
+_MODULES = {"roll": roll}
+# Top-level keys of the formats not read yet, to say so instead of "unknown key".
+_UNREAD = {
+    "trinity": ("buffer", "explorer", "synchronizer", "mode"),
+    "the Trainer_config.yaml trainer": ("data_config", "ppo_config", "generation_config", "freeze_config"),
+}
+
+
+def detect(mapping: dict) -> str:
+    """The format of a parsed config file: roll, else verl; a known format that is not read is an error."""
+    keys = set(mapping)
+    if keys & set(roll.MARKERS):
+        return "roll"
+    for name, markers in _UNREAD.items():
+        if keys & set(markers):
+            raise ValueError(f"this looks like a {name} config (top-level keys {sorted(keys & set(markers))}); "
+                             f"rlhf_jax reads {', '.join(FORMATS)} files: write the run in rlhf_jax's keys "
+                             "(docs/CONFIG.md)")
+    return "verl"
+
+
+def to_schema(mapping: dict, fmt: str, source: str, *, warn: bool = True) -> dict[str, Any]:
+    """``{schema key: value}`` for a ``fmt`` file; ValueError naming the first key that cannot be honoured."""
+    if fmt not in _MODULES:
+        raise ValueError(f"--config_format={fmt!r} is not one of {', '.join(FORMATS)}")
+    module = _MODULES[fmt]
+    values, ignored = translate(mapping, module.RULES, module.DEFAULTS, fmt, source, module.finish)
+    if warn and ignored:
+        by_reason: dict[str, list[str]] = {}
+        for path, reason in ignored:
+            by_reason.setdefault(reason, []).append(path)
+        lines = "\n".join(f"  {', '.join(paths)}: {reason}" for reason, paths in by_reason.items())
+        log.warning("%s: %d %s keys have no meaning in rlhf_jax and are ignored:\n%s", source, len(ignored), fmt,
+                    lines)
+    return values
+
+
+def nested(flat: dict[str, Any]) -> dict:
+    """``{"a.b": 1}`` -> ``{"a": {"b": 1}}`` (a verl-style mapping of schema keys)."""
+    out: dict = {}
+    for path, value in flat.items():
+        *parents, leaf = path.split(".")
+        node = out
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return out

@@ -1,0 +1,115 @@
+"""Other trainers' config files: a ROLL rlvr_config.yaml converts, round-trips through `convert`, trains two
+steps with only model, data and batch sizes overridden; keys with no meaning are warned about once, keys
+whose value would change the run are refused by name."""
+
+import glob
+import logging
+import os
+
+import pytest
+
+from rlhf_jax.config import finalize
+from rlhf_jax.config.__main__ import convert
+from rlhf_jax.config.yaml_import import load_yaml
+from tests.train.helpers import run_main
+
+ROLL = os.path.join(os.path.dirname(__file__), "dialects", "roll_rlvr.yaml")
+
+
+def test_roll_file_maps_its_keys():
+    cfg = load_yaml(ROLL)
+    arr = cfg.actor_rollout_ref
+    assert (cfg.data.train_batch_size, arr.rollout.n) == (64, 8)  # rollout_batch_size x num_return_sequences
+    assert (cfg.data.max_prompt_length, cfg.data.max_response_length) == (2048, 4096)
+    assert arr.model.path == "Qwen/Qwen2.5-7B" and arr.model.compute_dtype == "bfloat16"
+    # per_device_train_batch_size 1 x gradient_accumulation_steps 32 x 16 training devices = 512 sequences
+    assert arr.actor.ppo_mini_batch_size == 512 // 8 and arr.actor.ppo_micro_batch_size_per_gpu == 1
+    assert (arr.actor.clip_ratio_low, arr.actor.clip_ratio_high, arr.actor.clip_ratio_c) == (0.2, 0.28, 3.0)
+    assert cfg.algorithm.adv_estimator == "grpo" and cfg.algorithm.norm_adv_by_std_in_grpo
+    assert (cfg.algorithm.lam, arr.actor.use_kl_loss, arr.actor.kl_loss_coef) == (0.95, True, 0.001)
+    assert (arr.rollout.temperature, arr.rollout.top_p, arr.rollout.top_k) == (0.99, 0.99, 100)
+    assert (arr.rollout.val_kwargs.temperature, arr.rollout.val_kwargs.top_k) == (0.6, 50)
+    assert cfg.data.train_files == ("data/math_deepmath_deal.jsonl",) and cfg.data.prompt_key == "messages"
+    t = cfg.trainer
+    assert (t.total_training_steps, t.save_freq, t.test_freq, t.seed) == (500, 100, 10, 7)
+    assert (t.experiment_name, t.project_name, t.resume_mode) == ("qwen-rlvr-math", "roll_math", "disable")
+    assert arr.model.enable_gradient_checkpointing  # disable_gradient_checkpointing: false
+
+
+def test_roll_defaults_apply_where_the_file_is_silent():
+    cfg = load_yaml("rollout_batch_size: 4\nresponse_length: 8\nadv_estimator: grpo\nnorm_mean_type: group\n")
+    assert cfg.actor_rollout_ref.actor.loss_agg_mode == "seq-mean-token-mean"  # ROLL's default, not verl's
+    assert cfg.algorithm.lam == 0.95 and cfg.actor_rollout_ref.actor.clip_ratio_c == 1e30  # no dual clip
+    assert cfg.algorithm.norm_adv_by_std_in_grpo is False  # norm_std_type null: mean-centred only
+
+
+def test_convert_output_gives_the_same_finalized_config(tmp_path):
+    text = convert(ROLL)
+    converted = tmp_path / "converted.yaml"
+    converted.write_text(text)
+    again = load_yaml(str(converted))
+    assert "actor_train" not in text and "ppo_mini_batch_size: 64" in text
+    a = finalize(load_yaml(ROLL), num_devices=8, check_paths=False, train_dataset_size=6400)
+    b = finalize(again, num_devices=8, check_paths=False, train_dataset_size=6400)
+    assert a.to_dict() == b.to_dict()
+
+
+def test_roll_keys_without_meaning_are_warned_once_and_changing_ones_refused(caplog):
+    with caplog.at_level(logging.WARNING, logger="rlhf_jax.config"):
+        load_yaml(ROLL)
+    warnings = [r.getMessage() for r in caplog.records if "roll keys have no meaning" in r.getMessage()]
+    assert len(warnings) == 1 and "actor_infer.strategy_args" in warnings[0] and "logging_steps" in warnings[0]
+    base = "rollout_batch_size: 4\nresponse_length: 8\nnorm_mean_type: group\n"
+    for text, key in [
+        ("profiler_timeline: true\n", r"profiler_timeline=True is not supported.*trainer\.profile_steps"),
+        ("adv_estimator: reinforce\n", r"adv_estimator='reinforce'"),
+        ("adv_estimator: gae\n", r"adv_estimator=gae.*whiten_advantages: true"),
+        ("reward_clip: 5\n", r"reward_clip=5 is not supported"),
+        ("actor_train:\n  model_args:\n    lora_rank: 8\n", r"actor_train\.model_args\.lora_rank=8"),
+        ("rewards:\n  judge:\n    worker_cls: roll.pipeline.rlvr.rewards.llm_judge_reward_worker.W\n",
+         r"rewards\.judge\.worker_cls"),
+        ("my_setting: 3\n", r"my_setting \(roll key\) has no rlhf_jax equivalent"),
+    ]:
+        with pytest.raises(ValueError, match=key):
+            load_yaml(base + text)
+
+
+def test_format_recognised_or_named():
+    # no ROLL marker in the file: --config_format says what it is
+    cfg = load_yaml("max_steps: 3\nresponse_length: 8\nadv_estimator: grpo\nnorm_mean_type: group\n", fmt="roll")
+    assert cfg.trainer.total_training_steps == 3
+    with pytest.raises(ValueError, match=r"looks like a trinity config"):
+        load_yaml("mode: both\nbuffer:\n  batch_size: 4\n")
+
+
+def test_roll_file_trains_two_steps_with_overrides_in_our_keys(tmp_path):
+    out = str(tmp_path / "run")
+    overrides = {
+        "actor_rollout_ref.model.path": "builtin:tiny",
+        "data.train_files": "builtin:arithmetic?max_value=4&train_size=16",
+        "data.val_files": "builtin:arithmetic?max_value=4&test_size=4",
+        "data.prompt_key": "prompt", "data.max_prompt_length": 48, "data.max_response_length": 4,
+        "data.train_batch_size": 4, "data.val_batch_size": 4, "actor_rollout_ref.rollout.n": 2,
+        "actor_rollout_ref.actor.ppo_mini_batch_size": 2, "trainer.total_training_steps": 2,
+        "trainer.default_local_dir": out, "trainer.log_dir": out,
+        # the file's bf16: XLA:CPU's dot thunk has no BF16 x BF16 -> F32 (the sampler's), so float32 here
+        "actor_rollout_ref.model.compute_dtype": "float32",
+    }
+    args = [f"--config={ROLL}"] + [f"--config.{k}={v}" for k, v in overrides.items()]
+    proc = run_main(args, devices=1)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stderr.count("roll keys have no meaning in rlhf_jax") == 1
+    assert os.path.isdir(os.path.join(out, "checkpoints", "2"))
+    assert glob.glob(os.path.join(out, "tensorboard", "events.out.tfevents.*"))  # track_with: tensorboard
+    assert "step 2" in proc.stdout
+
+
+def test_config_format_flag_on_the_command_line(tmp_path):
+    from rlhf_jax.config import load_config_from_argv
+
+    path = tmp_path / "run.yaml"
+    path.write_text("max_steps: 3\nresponse_length: 8\nadv_estimator: grpo\nnorm_mean_type: group\n")
+    cfg = load_config_from_argv(["prog", f"--config={path}", "--config_format=roll", "--config.trainer.seed=5"])
+    assert (cfg.trainer.total_training_steps, cfg.trainer.seed, cfg.data.max_response_length) == (3, 5, 8)
+    with pytest.raises(ValueError, match="unknown config key 'max_steps'"):  # read as verl's: not a key
+        load_config_from_argv(["prog", f"--config={path}"])
