@@ -68,10 +68,10 @@ def render_markdown() -> str:
 
 def _dialect_tables() -> list[str]:
     """One table per foreign format: their key, what it becomes here (or why it does not), and their defaults."""
-    from rlhf_jax.config.dialects import roll
+    from rlhf_jax.config.dialects import roll, trinity
 
     lines = []
-    for name, module in (("ROLL (`rlvr_config.yaml`)", roll),):
+    for name, module in (("ROLL (`rlvr_config.yaml`)", roll), ("Trinity-RFT", trinity)):
         lines += ["", f"## {name} files", "", (module.__doc__ or "").strip().split("\n\n")[0].replace("\n", " "), "",
                   "Run one with `python -m rlhf_jax.main --config=FILE.yaml` (recognised by its top-level keys, or "
                   "`--config_format`); `python -m rlhf_jax.config convert FILE.yaml` prints it in rlhf_jax's keys.",

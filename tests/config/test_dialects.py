@@ -78,8 +78,8 @@ def test_format_recognised_or_named():
     # no ROLL marker in the file: --config_format says what it is
     cfg = load_yaml("max_steps: 3\nresponse_length: 8\nadv_estimator: grpo\nnorm_mean_type: group\n", fmt="roll")
     assert cfg.trainer.total_training_steps == 3
-    with pytest.raises(ValueError, match=r"looks like a trinity config"):
-        load_yaml("mode: both\nbuffer:\n  batch_size: 4\n")
+    with pytest.raises(ValueError, match=r"looks like a Trainer_config\.yaml config"):
+        load_yaml("ppo_config:\n  batch_size: 4\n")
 
 
 def test_roll_file_trains_two_steps_with_overrides_in_our_keys(tmp_path):
@@ -113,3 +113,74 @@ def test_config_format_flag_on_the_command_line(tmp_path):
     assert (cfg.trainer.total_training_steps, cfg.trainer.seed, cfg.data.max_response_length) == (3, 5, 8)
     with pytest.raises(ValueError, match="unknown config key 'max_steps'"):  # read as verl's: not a key
         load_config_from_argv(["prog", f"--config={path}"])
+
+
+TRINITY = os.path.join(os.path.dirname(__file__), "dialects", "trinity_grpo.yaml")
+
+
+def test_trinity_file_maps_its_keys(monkeypatch):
+    monkeypatch.delenv("TRINITY_CHECKPOINT_ROOT_DIR", raising=False)
+    monkeypatch.setenv("MODEL_PATH", "/models/qwen")
+    cfg = load_yaml(TRINITY)
+    arr, t = cfg.actor_rollout_ref, cfg.trainer
+    assert arr.model.path == "/models/qwen"  # ${oc.env:MODEL_PATH,...}
+    assert (cfg.data.train_batch_size, arr.rollout.n, t.total_epochs) == (32, 8, 3)
+    assert (cfg.data.max_prompt_length, cfg.data.max_response_length, cfg.data.truncation) == (1024, 2048, "left")
+    assert cfg.algorithm.adv_estimator == "grpo" and not cfg.algorithm.use_kl_in_reward
+    assert (arr.actor.use_kl_loss, arr.actor.kl_loss_type, arr.actor.kl_loss_coef) == (True, "low_var_kl", 0.005)
+    assert (arr.actor.clip_ratio_low, arr.actor.clip_ratio_high, arr.actor.entropy_coeff) == (0.2, 0.28, 0.001)
+    assert arr.actor.optim.lr == 2e-6 and arr.actor.use_dynamic_bsz
+    assert cfg.data.train_files == ("data/gsm8k/train.parquet",) and cfg.data.val_files == ("data/gsm8k/test.parquet",)
+    assert (cfg.data.prompt_key, cfg.data.ground_truth_key, cfg.data.default_data_source) == ("question", "answer",
+                                                                                              "math")
+    assert (arr.rollout.val_kwargs.n, arr.rollout.val_kwargs.temperature) == (4, 0.6)
+    assert (t.default_local_dir, t.save_freq, t.test_freq, t.val_before_train) == (
+        "./checkpoints/Trinity-RFT/gsm8k-grpo", 50, 20, False)
+    assert (t.project_name, t.experiment_name, t.max_actor_ckpt_to_keep) == ("Trinity-RFT", "gsm8k-grpo", 5)
+
+
+def test_trinity_convert_round_trips_and_refuses_what_it_cannot_honour(tmp_path, caplog):
+    converted = tmp_path / "converted.yaml"
+    converted.write_text(convert(TRINITY))
+    a = finalize(load_yaml(TRINITY), num_devices=8, check_paths=False, train_dataset_size=320)
+    b = finalize(load_yaml(str(converted)), num_devices=8, check_paths=False, train_dataset_size=320)
+    assert a.to_dict() == b.to_dict()
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="rlhf_jax.config"):
+        load_yaml(TRINITY)
+    warnings = [r.getMessage() for r in caplog.records if "trinity keys have no meaning" in r.getMessage()]
+    assert len(warnings) == 1 and "explorer.rollout_model" in warnings[0]
+    base = "mode: both\nalgorithm:\n  algorithm_type: grpo\n  repeat_times: 2\nbuffer:\n  batch_size: 4\n"
+    for text, key in [
+        ("synchronizer:\n  sync_interval: 4\n", r"synchronizer\.sync_interval=4 is not supported.*on-policy"),
+        ("stages:\n- stage_name: sft\n", r"stages=.*multi-stage"),
+        ("explorer:\n  over_rollout:\n    ratio: 0.2\n", r"explorer\.over_rollout"),
+        ("model:\n  max_prompt_tokens: 8\n  lora_configs: [{lora_rank: 8}]\n", r"model\.lora_configs"),
+        ("unknown_section:\n  x: 1\n", r"unknown_section\.x \(trinity key\) has no rlhf_jax equivalent"),
+    ]:
+        with pytest.raises(ValueError, match=key):
+            load_yaml(base + text)
+    with pytest.raises(ValueError, match=r"algorithm_type='dpo'"):
+        load_yaml(base.replace("grpo", "dpo"))
+    with pytest.raises(ValueError, match=r"buffer\.train_batch_size.*differs from buffer\.batch_size x"):
+        load_yaml(base + "  train_batch_size: 6\n")
+
+
+def test_trinity_file_trains_two_steps_with_overrides_in_our_keys(tmp_path):
+    out = str(tmp_path / "run")
+    overrides = {
+        "actor_rollout_ref.model.path": "builtin:tiny",
+        "data.train_files": "builtin:arithmetic?max_value=4&train_size=16",
+        "data.val_files": "builtin:arithmetic?max_value=4&test_size=4",
+        "data.train_split": "train", "data.val_split": "test", "data.prompt_key": "prompt",
+        "data.ground_truth_key": "reward_model.ground_truth", "data.max_prompt_length": 48,
+        "data.max_response_length": 4, "data.train_batch_size": 4, "data.val_batch_size": 4,
+        "actor_rollout_ref.rollout.n": 2, "actor_rollout_ref.actor.ppo_mini_batch_size": 2,
+        "trainer.total_training_steps": 2, "trainer.default_local_dir": out,
+    }
+    args = [f"--config={TRINITY}"] + [f"--config.{k}={v}" for k, v in overrides.items()]
+    proc = run_main(args, devices=1)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stderr.count("trinity keys have no meaning in rlhf_jax") == 1
+    assert os.path.isdir(os.path.join(out, "checkpoints", "2"))
+    assert "step 2" in proc.stdout

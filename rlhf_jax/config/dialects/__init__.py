@@ -11,25 +11,26 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from rlhf_jax.config.dialects import roll
+from rlhf_jax.config.dialects import roll, trinity
 from rlhf_jax.config.dialects.rules import translate
 
 log = logging.getLogger("rlhf_jax.config")
 
-FORMATS = ("verl", "roll")
-_MODULES = {"roll": roll}
+FORMATS = ("verl", "roll", "trinity")
+_MODULES = {"roll": roll, "trinity": trinity}
 # Top-level keys of the formats not read yet, to say so instead of "unknown key".
 _UNREAD = {
-    "trinity": ("buffer", "explorer", "synchronizer", "mode"),
-    "the Trainer_config.yaml trainer": ("data_config", "ppo_config", "generation_config", "freeze_config"),
+    "Trainer_config.yaml": ("data_config", "ppo_config", "generation_config", "freeze_config", "save_config"),
 }
 
 
 def detect(mapping: dict) -> str:
-    """The format of a parsed config file: roll, else verl; a known format that is not read is an error."""
+    """The format of a parsed config file: roll, trinity, else verl; a known format that is not read is an error."""
     keys = set(mapping)
     if keys & set(roll.MARKERS):
         return "roll"
+    if keys & set(trinity.MARKERS) or isinstance(mapping.get("model"), dict) and "model_path" in mapping["model"]:
+        return "trinity"
     for name, markers in _UNREAD.items():
         if keys & set(markers):
             raise ValueError(f"this looks like a {name} config (top-level keys {sorted(keys & set(markers))}); "

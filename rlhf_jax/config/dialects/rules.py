@@ -66,8 +66,8 @@ def _resolved(mapping: dict) -> dict:
         if has_reference(value):
             try:
                 return resolve(value, lookup, path)
-            except InterpolationError:
-                return value  # a Hydra resolver we do not know: the rule that reads it decides
+            except InterpolationError as e:  # an unset environment variable, a key set nowhere
+                raise ValueError(str(e)) from None
         return value
 
     return walk(mapping, "")
@@ -102,9 +102,9 @@ def translate(mapping: dict, rules: tuple[Rule, ...], defaults: dict[str, Any], 
               finish: Callable[[dict, dict], None] | None = None) -> tuple[dict[str, Any], list[tuple[str, str]]]:
     """(``{schema key: value}``, ignored (path, reason)) of a ``fmt`` file, with ``defaults`` for keys it omits."""
     full = _resolved(mapping)
-    for path, value in defaults.items():
-        if get(full, path, KeyError) is KeyError:
-            _set(full, path, value)
+    filled = {path for path in defaults if get(full, path, KeyError) is KeyError}
+    for path in filled:
+        _set(full, path, defaults[path])
     values: dict[str, Any] = {}
     ignored: list[tuple[str, str]] = []
     skip: tuple[str, ...] = ()
@@ -137,7 +137,7 @@ def translate(mapping: dict, rules: tuple[Rule, ...], defaults: dict[str, Any], 
             continue
         if rule.accept is not None and not rule.accept(value):
             raise ValueError(f"{source}: {path}={value!r} is not supported by rlhf_jax ({rule.reason})")
-        if path not in defaults:  # a default we filled in is nothing the user wrote
+        if path not in filled:  # a default we filled in is nothing the user wrote
             ignored.append((path, rule.reason))
     if finish is not None:
         finish(full, values)

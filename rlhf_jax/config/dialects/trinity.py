@@ -1,0 +1,288 @@
+"""Trinity-RFT's config onto the schema.
+
+Trinity-RFT splits a run into an explorer (sampling workflows over a taskset), a buffer of experiences and a
+trainer, synchronised every ``sync_interval`` steps. Here sampling and training alternate in one JAX program
+(``mode: both`` with ``sync_interval: 1``, on-policy): the explorer's engine and runner settings have no
+meaning (one warning lists them), the taskset is the training data, the algorithm's functions map onto the
+estimator, KL and loss keys, and settings that would make the run something else (off-policy offsets,
+replay buffers, other workflows, stages) are refused by name.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rlhf_jax.config.dialects.rules import Rule, get
+
+MARKERS = ("buffer", "explorer", "synchronizer", "mode", "checkpoint_root_dir")
+
+_A = "actor_rollout_ref."
+_ENGINE = "explorer engine and runner settings: the sampler is the built-in JAX decode loop"
+_KL = {"k1": "kl", "kl": "kl", "k2": "mse", "mse": "mse", "k3": "low_var_kl", "low_var_kl": "low_var_kl",
+       "abs": "abs"}
+_ESTIMATORS = {"ppo": "gae", "gae": "gae", "grpo": "grpo", "rloo": "rloo", "reinforceplusplus": "reinforce_plus_plus",
+               "reinforce_plus_plus": "reinforce_plus_plus", "remax": "remax", "opo": "opo"}
+# Trinity's reward functions by the data_source whose built-in scorer does the same job here.
+_REWARDS = {"math_reward": "math", "math_boxed_reward": "math", "countdown_reward": "countdown",
+            "accuracy_reward": "answer_match"}
+_TASKSET = "buffer.explorer_input.taskset."
+
+
+def _estimator(value: Any, full: dict) -> dict:
+    """algorithm_type, or advantage_fn where given, as the advantage estimator."""
+    algorithm = get(full, "algorithm.algorithm_type")
+    if algorithm not in ("ppo", "grpo"):
+        raise ValueError(f"algorithm.algorithm_type={algorithm!r}: rlhf_jax trains ppo and grpo runs (opmd, dpo, "
+                         "sft and mix are not implemented)")
+    name = get(full, "algorithm.advantage_fn") or ("ppo" if algorithm == "ppo" else "grpo")
+    if name not in _ESTIMATORS:
+        raise ValueError(f"algorithm.advantage_fn={name!r}: use one of {', '.join(sorted(_ESTIMATORS))}")
+    return {"algorithm.adv_estimator": _ESTIMATORS[name]}
+
+
+def _kl(kind: str):
+    """A KL function name (none, k1, k2, k3, abs, low_var_kl) as the switch and estimator of that KL term."""
+    def convert(value: Any, full: dict) -> dict:
+        on = value not in (None, "none")
+        if on and value not in _KL:
+            raise ValueError(f"use none or one of {', '.join(sorted(_KL))}")
+        args = get(full, f"algorithm.{kind}_fn_args") or {}
+        if kind == "kl_loss":
+            out = {_A + "actor.use_kl_loss": on}
+            if on:
+                out[_A + "actor.kl_loss_type"] = _KL[value]
+            if "kl_coef" in args:
+                out[_A + "actor.kl_loss_coef"] = float(args["kl_coef"])
+        else:
+            out = {"algorithm.use_kl_in_reward": on}
+            if on:
+                out["algorithm.kl_penalty"] = _KL[value]
+            if "kl_coef" in args:
+                out["algorithm.kl_ctrl.kl_coef"] = float(args["kl_coef"])
+        return out
+    return convert
+
+
+def _policy_loss(value: Any, full: dict) -> dict:
+    """policy_loss_fn (ppo) and its clip ranges and aggregation."""
+    if value not in ("ppo", "gspo"):
+        raise ValueError("use ppo or gspo")
+    args = get(full, "algorithm.policy_loss_fn_args") or {}
+    out = {_A + "actor.policy_loss.loss_mode": "vanilla" if value == "ppo" else "gspo"}
+    keys = {"clip_range": "clip_ratio", "clip_range_low": "clip_ratio_low", "clip_range_high": "clip_ratio_high",
+            "loss_agg_mode": "loss_agg_mode"}
+    for name, arg in args.items():
+        if name not in keys:
+            raise ValueError(f"policy_loss_fn_args.{name} has no rlhf_jax equivalent")
+        out[_A + "actor." + keys[name]] = arg if name == "loss_agg_mode" else float(arg)
+    return out
+
+
+def _entropy(value: Any, full: dict) -> dict:
+    """entropy_loss_fn with its entropy_coef."""
+    if value not in ("default", "none", None):
+        raise ValueError("use default or none")
+    coef = (get(full, "algorithm.entropy_loss_fn_args") or {}).get("entropy_coef", 0.0)
+    return {_A + "actor.entropy_coeff": 0.0 if value == "none" else float(coef)}
+
+
+def _run_dir(value: Any, full: dict) -> str:
+    """checkpoint_root_dir/project/name, where Trinity writes a run."""
+    return f"{value}/{get(full, 'project', 'Trinity-RFT')}/{get(full, 'name', 'rft')}"
+
+
+def _train_batch(value: Any, full: dict) -> dict:
+    """train_batch_size (experiences per step) must be batch_size x repeat_times: one optimizer step per step."""
+    tasks, repeat = int(get(full, "buffer.batch_size")), int(get(full, "algorithm.repeat_times", 1))
+    if value is not None and int(value) != tasks * repeat:
+        raise ValueError(f"{value} experiences per step differs from buffer.batch_size x algorithm.repeat_times = "
+                         f"{tasks * repeat}; set actor_rollout_ref.actor.ppo_mini_batch_size for smaller "
+                         "optimizer batches")
+    return {}
+
+
+def _files(value: Any, _: dict) -> tuple[str, ...]:
+    return tuple(value) if isinstance(value, (list, tuple)) else (str(value),)
+
+
+def _eval(value: Any, full: dict) -> dict:
+    """The eval tasksets' files, split, temperature and repeat_times as validation settings."""
+    sets = value if isinstance(value, list) else [value]
+    files, splits, out = [], set(), {}
+    for ts in sets:
+        if ts.get("storage_type", "file") != "file":
+            raise ValueError("only file tasksets are read")
+        files += list(_files(ts["path"], full))
+        splits.add(ts.get("split", "test"))
+        args = ts.get("rollout_args") or {}
+        if "temperature" in args:
+            out[_A + "rollout.val_kwargs.temperature"] = float(args["temperature"])
+        out[_A + "rollout.val_kwargs.n"] = int(ts.get("repeat_times", 1))
+        key = (ts.get("format") or {}).get("prompt_key")
+        if key and key != get(full, _TASKSET + "format.prompt_key", key):
+            raise ValueError("eval tasksets must use the taskset's prompt_key")
+    if len(splits) > 1:
+        raise ValueError(f"eval tasksets read one split here, not {sorted(splits)}")
+    out.update({"data.val_files": tuple(files), "data.val_split": splits.pop()})
+    return out
+
+
+def _reward(value: Any, _: dict) -> str:
+    if value not in _REWARDS:
+        raise ValueError(f"reward function {value!r}: rlhf_jax scores by data_source with the built-in scorers "
+                         f"({', '.join(sorted(_REWARDS))} map onto them); use custom_reward_function.path otherwise")
+    return _REWARDS[value]
+
+
+def _workflow(value: Any) -> bool:
+    return value in (None, "math_workflow", "simple_workflow")
+
+
+def _off(value: Any) -> bool:
+    """Switched off: falsy, a mapping whose enable(d) is falsy, or a mapping of settings that are all off."""
+    if isinstance(value, dict):
+        for switch in ("enable", "enabled"):
+            if switch in value:
+                return not value[switch]
+        return all(_off(v) for v in value.values())
+    return not value
+
+
+def _logger(value: Any, _: dict) -> tuple[str, ...]:
+    if value not in ("wandb", "tensorboard", "mlflow"):
+        raise ValueError("use wandb, tensorboard or mlflow")
+    return ("console", value)
+
+
+RULES: tuple[Rule, ...] = (
+    # global
+    Rule("project", "trainer.project_name"),
+    Rule("name", "trainer.experiment_name"),
+    Rule("mode", reason="sampling and training alternate in one program", accept=lambda v: v == "both"),
+    Rule("checkpoint_root_dir", "trainer.default_local_dir", _run_dir),
+    Rule("continue_from_checkpoint", "trainer.resume_mode", lambda v, _: "auto" if v else "disable"),
+    Rule("ignore_validator_suggestions", reason="no validator suggestions"),
+    # algorithm
+    Rule("algorithm.algorithm_type", convert=_estimator),
+    Rule("algorithm.advantage_fn", used_by="algorithm.algorithm_type"),
+    Rule("algorithm.advantage_fn_args", reason="estimator options: set algorithm.* keys", accept=lambda v: not v),
+    Rule("algorithm.repeat_times", _A + "rollout.n", lambda v, _: int(v)),
+    Rule("algorithm.optimizer.lr", _A + "actor.optim.lr", lambda v, _: float(v)),
+    Rule("algorithm.optimizer.lr_scheduler_type", _A + "actor.optim.warmup_style"),
+    Rule("algorithm.optimizer.warmup_style", _A + "actor.optim.warmup_style"),
+    Rule("algorithm.optimizer.lr_warmup_steps", _A + "actor.optim.lr_warmup_steps", lambda v, _: int(v)),
+    Rule("algorithm.optimizer.lr_warmup_steps_ratio", _A + "actor.optim.lr_warmup_steps_ratio", lambda v, _: float(v)),
+    Rule("algorithm.optimizer.min_lr_ratio", _A + "actor.optim.min_lr_ratio", lambda v, _: float(v or 0.0)),
+    Rule("algorithm.optimizer.weight_decay", _A + "actor.optim.weight_decay", lambda v, _: float(v)),
+    Rule("algorithm.optimizer.betas", _A + "actor.optim.betas", lambda v, _: tuple(float(b) for b in v)),
+    Rule("algorithm.sample_strategy", reason="experiences are used once, as sampled", accept=lambda v: v == "default"),
+    Rule("algorithm.policy_loss_fn", convert=_policy_loss),
+    Rule("algorithm.policy_loss_fn_args", used_by="algorithm.policy_loss_fn"),
+    Rule("algorithm.kl_penalty_fn", convert=_kl("kl_penalty")),
+    Rule("algorithm.kl_penalty_fn_args", used_by="algorithm.kl_penalty_fn"),
+    Rule("algorithm.kl_loss_fn", convert=_kl("kl_loss")),
+    Rule("algorithm.kl_loss_fn_args", used_by="algorithm.kl_loss_fn"),
+    Rule("algorithm.entropy_loss_fn", convert=_entropy),
+    Rule("algorithm.entropy_loss_fn_args", used_by="algorithm.entropy_loss_fn"),
+    # model
+    Rule("model.model_path", _A + "model.path"),
+    Rule("model.critic_model_path", "critic.model.path"),
+    Rule("model.max_prompt_tokens", "data.max_prompt_length", lambda v, _: int(v)),
+    Rule("model.max_response_tokens", "data.max_response_length", lambda v, _: int(v)),
+    Rule("model.min_response_tokens", _A + "rollout.min_new_tokens", lambda v, _: max(int(v) - 1, 0)),
+    Rule("model.max_model_len", reason="checked: prompt + response must fit the model's context"),
+    Rule("model.enable_prompt_truncation", "data.truncation", lambda v, _: "left" if v else "error"),
+    Rule("model.repetition_penalty", reason="no repetition penalty", accept=lambda v: v in (None, 1, 1.0)),
+    Rule("model.custom_chat_template", reason="the tokenizer's chat template is used", accept=lambda v: v in (None, "None")),
+    Rule("model.chat_template_path", reason="the tokenizer's chat template is used", accept=lambda v: v in (None, "None")),
+    Rule("model.lora_configs", reason="LoRA settings of Trinity's", accept=lambda v: not v),
+    Rule("model.rope_scaling", reason="RoPE comes from the checkpoint's config.json", accept=lambda v: v is None),
+    Rule("model.rope_theta", reason="RoPE comes from the checkpoint's config.json", accept=lambda v: v is None),
+    Rule("model.tinker", reason="Tinker backend", accept=_off),
+    Rule("model.external_model", reason="external model APIs", accept=_off),
+    # cluster, monitor, log
+    Rule("cluster", reason="devices come from JAX and the mesh section"),
+    Rule("monitor.monitor_type", "trainer.logger", _logger),
+    Rule("monitor.monitor_args", reason="tracker settings: wandb / mlflow read their environment variables"),
+    Rule("monitor.enable_ray_timeline", reason="no Ray", accept=lambda v: not v),
+    Rule("log", reason="logging of Trinity's processes"),
+    # buffer
+    Rule("buffer.batch_size", "data.train_batch_size", lambda v, _: int(v)),
+    Rule("buffer.train_batch_size", convert=_train_batch),
+    Rule("buffer.total_epochs", "trainer.total_epochs", lambda v, _: int(v)),
+    Rule("buffer.total_steps", convert=lambda v, _: {} if v is None else {"trainer.total_training_steps": int(v)}),
+    Rule("buffer.explorer_input.default_workflow_type", reason="single-turn sampling", accept=_workflow),
+    Rule("buffer.explorer_input.default_eval_workflow_type", reason="single-turn sampling", accept=_workflow),
+    Rule("buffer.explorer_input.default_reward_fn_type", "data.default_data_source", lambda v, _: _reward(v, _)),
+    Rule(_TASKSET + "path", "data.train_files", _files),
+    Rule(_TASKSET + "split", "data.train_split"),
+    Rule(_TASKSET + "format.prompt_key", "data.prompt_key"),
+    Rule(_TASKSET + "format.response_key", "data.ground_truth_key"),
+    Rule(_TASKSET + "format.system_prompt", "data.system_prompt"),
+    Rule(_TASKSET + "format.prompt_type", reason="string prompts and message lists are both read"),
+    Rule(_TASKSET + "rollout_args.temperature", _A + "rollout.temperature", lambda v, _: float(v)),
+    Rule(_TASKSET + "rollout_args.top_p", _A + "rollout.top_p", lambda v, _: float(v)),
+    Rule(_TASKSET + "rollout_args.top_k", _A + "rollout.top_k", lambda v, _: int(v)),
+    Rule(_TASKSET + "rollout_args.*", reason="sampling settings: actor_rollout_ref.rollout", accept=lambda v: v is None),
+    Rule(_TASKSET + "default_workflow_type", reason="single-turn sampling", accept=_workflow),
+    Rule(_TASKSET + "default_reward_fn_type", "data.default_data_source", lambda v, _: _reward(v, _)),
+    Rule(_TASKSET + "repeat_times", _A + "rollout.n", lambda v, _: int(v)),
+    Rule(_TASKSET + "storage_type", reason="tasksets are files", accept=lambda v: v == "file"),
+    Rule(_TASKSET + "name", reason="the taskset's name (a Ray actor's)"),
+    Rule(_TASKSET + "subset_name", reason="files are read as given", accept=lambda v: v is None),
+    Rule(_TASKSET + "workflow_args", reason="workflow arguments", accept=lambda v: not v),
+    Rule("buffer.explorer_input.eval_tasksets", convert=_eval),
+    Rule("buffer.trainer_input.experience_buffer.replay_buffer", reason="experience replay is not implemented",
+         accept=_off),
+    Rule("buffer.trainer_input.experience_buffer", reason="experiences pass from sampler to update in memory"),
+    Rule("buffer.trainer_input.auxiliary_buffers", reason="auxiliary (SFT) buffers are not implemented",
+         accept=lambda v: not v),
+    # explorer
+    Rule("explorer.eval_interval", "trainer.test_freq", lambda v, _: int(v)),
+    Rule("explorer.eval_on_startup", "trainer.val_before_train", lambda v, _: bool(v)),
+    Rule("explorer.over_rollout", reason="over-sampling with early stop is not implemented", accept=_off),
+    Rule("explorer.dynamic_timeout", reason="no runners to time out", accept=_off),
+    Rule("explorer.auxiliary_models", reason="auxiliary models are not implemented", accept=lambda v: not v),
+    Rule("explorer.env_vars", reason="environment variables: set them in the shell", accept=lambda v: not v),
+    Rule("explorer.*", reason=_ENGINE),
+    Rule("explorer.rollout_model", reason=_ENGINE),
+    # synchronizer: on-policy, the weights are shared every step
+    Rule("synchronizer.sync_interval", reason="the sampler reads the actor's weights every step (on-policy)",
+         accept=lambda v: int(v) == 1),
+    Rule("synchronizer.sync_offset", reason="no explorer/trainer overlap: on-policy", accept=lambda v: int(v) == 0),
+    Rule("synchronizer.*", reason="the sampler reads the actor's parameters directly"),
+    # trainer
+    Rule("trainer.total_steps", convert=lambda v, _: {} if v is None else {"trainer.total_training_steps": int(v)}),
+    Rule("trainer.save_interval", "trainer.save_freq", lambda v, _: int(v)),
+    Rule("trainer.save_hf_checkpoint", "trainer.save_hf_checkpoint"),
+    Rule("trainer.grad_clip", _A + "actor.grad_clip", lambda v, _: float(v)),
+    Rule("trainer.use_dynamic_bsz", _A + "actor.use_dynamic_bsz", lambda v, _: bool(v)),
+    Rule("trainer.max_token_len_per_gpu", _A + "actor.ppo_max_token_len_per_gpu", lambda v, _: int(v)),
+    Rule("trainer.max_checkpoints_to_keep", "trainer.max_actor_ckpt_to_keep", lambda v, _: int(v) if v else None),
+    Rule("trainer.ulysses_sequence_parallel_size", reason="sequence parallelism: the mesh section",
+         accept=lambda v: v in (None, 1)),
+    Rule("trainer.trainer_config", reason="verl settings inside a Trinity file: give them as rlhf_jax keys",
+         accept=lambda v: not v),
+    Rule("trainer.trainer_type", reason="the trainer is rlhf_jax's", accept=lambda v: v in (None, "verl")),
+    Rule("trainer.*", reason="Trinity trainer process settings"),
+    # the rest of Trinity's processes
+    Rule("service", reason="Data-Juicer service", accept=lambda v: not v),
+    Rule("data_processor", reason="data processing pipelines are not implemented", accept=lambda v: not v),
+    Rule("stages", reason="multi-stage runs are not implemented here", accept=lambda v: not v),
+)
+
+# Trinity's choices where a file is silent (its defaults for these keys differ from the schema's).
+DEFAULTS: dict[str, Any] = {
+    "mode": "both",
+    "algorithm.algorithm_type": "ppo",
+    "algorithm.repeat_times": 1,
+    "algorithm.policy_loss_fn": "ppo",
+    "synchronizer.sync_interval": 1,
+    "synchronizer.sync_offset": 0,
+}
+
+
+def finish(full: dict, values: dict[str, Any]) -> None:
+    """Checks between keys once every rule has run."""
+    if values.get("algorithm.adv_estimator") != "gae":
+        values.pop("critic.model.path", None)  # the critic exists only for GAE
