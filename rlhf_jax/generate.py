@@ -80,7 +80,8 @@ def generate(cfg, output_path: str) -> list[dict]:
         raise ValueError("generate runs in one process (it writes one file)")
     cfg = finalize(cfg, num_devices=jax.device_count())
     model_path = resolve_model_path(cfg.actor_rollout_ref.model.path, cfg.actor_rollout_ref.model.revision)
-    tok = load_tokenizer(resolve_model_path(cfg.data.tokenizer) if cfg.data.tokenizer else model_path)
+    tok = load_tokenizer(resolve_model_path(cfg.data.tokenizer) if cfg.data.tokenizer else model_path,
+                         cfg.data.chat_template)
     dataset = dataset_from_config(cfg.data, tok, "val")
     mesh, rules = mesh_and_rules(cfg)
     sampling = sampling_params(cfg, model_path, tok, validation=True)

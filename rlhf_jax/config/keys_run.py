@@ -27,6 +27,8 @@ DATA = (
         "models); None = not checked.", type=str),
     Key("data.video_key", "videos", "Column of a row's videos: rows with videos there are refused; None = not "
         "checked.", type=str),
+    Key("data.chat_template", None, "Chat template (Jinja text or a .jinja file) replacing the tokenizer's for "
+        "prompt_template=native; exported with the model. None = the tokenizer's.", type=str),
     Key("data.prompt_template", "native",
         "native (the tokenizer's chat template), raw (text as is) or a str.format template with {prompt}."),
     Key("data.system_prompt", None, "System message added to every prompt; None = none.", type=str),

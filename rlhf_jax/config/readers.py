@@ -22,7 +22,7 @@ READERS: dict[str, tuple[str, ...]] = {
         "data.filter_overlong_prompts", "data.train_batch_size", "data.val_batch_size", "data.shuffle", "data.seed",
     ),
     "rlhf_jax.train.setup": (
-        "data.tokenizer", _A + "model.path", _A + "model.revision", _A + "model.dtype", _A + "model.compute_dtype",
+        "data.tokenizer", "data.chat_template", _A + "model.path", _A + "model.revision", _A + "model.dtype", _A + "model.compute_dtype",
         _A + "model.enable_gradient_checkpointing", _A + "model.remat_policy", _A + "model.attn_implementation",
         "critic.model.enable_gradient_checkpointing", "critic.model.remat_policy", "mesh.logical_axis_rules",
     ),

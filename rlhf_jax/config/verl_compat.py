@@ -79,6 +79,7 @@ ALIASES: tuple[Alias, ...] = (
     Alias("critic.optim.lr_scheduler_type", "critic.optim.warmup_style"),
     Alias("reward_manager.name", "reward_model.reward_manager"),
     Alias("actor_rollout_ref.model.tokenizer_path", "data.tokenizer"),
+    Alias("actor_rollout_ref.model.custom_chat_template", "data.chat_template"),
     # DAPO keeps its overlong penalty in the reward manager's kwargs.
     Alias("reward_model.reward_kwargs.overlong_buffer_cfg.enable", "reward_model.overlong_buffer.enable"),
     Alias("reward_model.reward_kwargs.overlong_buffer_cfg.len", "reward_model.overlong_buffer.len"),
@@ -172,7 +173,6 @@ IGNORED: tuple[Ignored, ...] = (
     Ignored("critic.forward_micro_batch_size", "deprecated global size: set forward_micro_batch_size_per_gpu",
             _off),
     Ignored("actor_rollout_ref.hybrid_engine", "actor and sampler always share parameters in one program"),
-    Ignored("actor_rollout_ref.model.custom_chat_template", "chat templates come from the tokenizer", _off),
     Ignored("actor_rollout_ref.rollout.name", _ENGINE),
     Ignored("actor_rollout_ref.rollout.mode", "the sampler runs inside the training program (sync and async give the "
             "same samples)", _is("sync", "async")),

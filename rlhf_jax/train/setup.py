@@ -39,12 +39,23 @@ class Components:
     rollout_mesh: Any = None  # mesh.rollout_devices > 0: the sampler's own mesh
 
 
-def load_tokenizer(path: str):
+def load_tokenizer(path: str, chat_template: str | None = None):
+    """The tokenizer at ``path``; ``chat_template`` (Jinja text, or a path to a .jinja file) replaces its own."""
+    import os
+
     import transformers
 
     tok = transformers.AutoTokenizer.from_pretrained(path)
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
+    if chat_template:
+        template = os.path.expanduser(chat_template)
+        if os.path.isfile(template):
+            with open(template) as fh:
+                template = fh.read()
+        elif "{" not in template:
+            raise ValueError(f"data.chat_template={chat_template!r} is neither a file nor a Jinja template")
+        tok.chat_template = template  # exported with the model, so the trained model keeps its template
     return tok
 
 
@@ -58,7 +69,7 @@ def prepare(cfg: ConfigDict) -> Components:
     # Validation that needs no data (keys, choices, batch arithmetic, file paths) first.
     finalize(cfg, num_devices=jax.device_count(), num_processes=jax.process_count())
     tokenizer_path = resolve_model_path(cfg.data.tokenizer) if cfg.data.tokenizer else model_path
-    tokenizer = load_tokenizer(tokenizer_path)
+    tokenizer = load_tokenizer(tokenizer_path, cfg.data.chat_template)
     train_dataset = dataset_from_config(cfg.data, tokenizer, "train")
     val_dataset = dataset_from_config(cfg.data, tokenizer, "val") if cfg.data.val_files else None
     cfg = finalize(cfg, num_devices=jax.device_count(), num_processes=jax.process_count(),

@@ -149,3 +149,19 @@ def test_overlong_penalty_and_clip_metric_use_the_rollout_length(tmp_path):
         assert trainer.c.sampling.max_new_tokens == 6
     finally:
         trainer.close()
+
+
+def test_chat_template_replaces_the_tokenizers(tmp_path):
+    from rlhf_jax.train.setup import prepare
+
+    template = "{% for m in messages %}<<{{ m['content'] }}>>{% endfor %}{% if add_generation_prompt %}=>{% endif %}"
+    path = tmp_path / "t.jinja"
+    path.write_text(template)
+    for given in (template, str(path)):
+        c = prepare(make_config(str(tmp_path / "run"), data__chat_template=given, data__prompt_template="native",
+                                data__max_prompt_length=48))
+        text = c.train_dataset.prompt_texts[0]
+        assert text.startswith("<<") and text.endswith(">>=>"), text
+        assert c.tokenizer.chat_template == template
+    with pytest.raises(ValueError, match=r"data\.chat_template='no-such\.jinja'"):
+        prepare(make_config(str(tmp_path / "run"), data__chat_template="no-such.jinja"))
