@@ -49,7 +49,7 @@ READERS: dict[str, tuple[str, ...]] = {
     "rlhf_jax.train.trainer": (
         _A + "actor.shuffle", _A + "actor.grad_clip", _A + "actor.clip_ratio_low", _A + "actor.clip_ratio_high",
         _A + "actor.clip_ratio_c", _A + "actor.entropy_coeff", _A + "actor.kl_loss_coef",
-        _A + "actor.router_aux_loss_coef", _A + "actor.kl_loss_type", _A + "actor.loss_agg_mode",
+        _A + "actor.router_aux_loss_coef", _A + "actor.kl_loss_type", _A + "actor.tis_imp_ratio_cap", _A + "actor.loss_agg_mode",
         _A + "actor.loss_scale_factor", _A + "actor.policy_loss.*", _A + "actor.checkpoint.*", "critic.checkpoint.*",
         "critic.enable", "critic.model.path", "critic.model.revision", "critic.shuffle", "critic.grad_clip",
         "critic.cliprange_value", "critic.loss_agg_mode", "reward_model.enable", "algorithm.adv_estimator",
@@ -77,6 +77,8 @@ READERS: dict[str, tuple[str, ...]] = {
         "reward_model.model.path", "reward_model.model.revision", "reward_model.micro_batch_size_per_gpu",
         "reward_model.max_length",
     ),
+    # the RolloutCorrection dataclass's fields are the section's keys (correction_from_config)
+    "rlhf_jax.algos.rollout_correction": ("algorithm.rollout_correction.*",),
     # Accepted only when it names the policy's tokenizer (what responses are decoded with here, as in verl).
     "rlhf_jax.config.consistency": ("reward_model.model.input_tokenizer",),
 }
