@@ -26,6 +26,11 @@ def array_items(actor: tuple[str, ...], critic: tuple[str, ...] | None) -> list[
     return [item for (role, what), item in ARRAY_ITEMS.items() if role in roles and what in roles[role]]
 
 
+def saved_items(extra: dict) -> set[str]:
+    """The array items a checkpoint holds, from its extra record (older checkpoints: the actor's only)."""
+    return set(extra.get("items", ["actor_params", "actor_opt"]))
+
+
 def items_to_restore(actor_load: tuple[str, ...], critic_load: tuple[str, ...] | None,
                      saved: set[str]) -> tuple[list[str], list[str]]:
     """(items to restore, items asked for that the checkpoint lacks because it was saved without them)."""

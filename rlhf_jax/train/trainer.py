@@ -243,7 +243,7 @@ class Trainer:
             self.kl_ctrl = {**self.kl_ctrl, "value": jnp.asarray(extra["kl_coef"], jnp.float32)}
             self.loader.set_state(extra["data_state"])
         self.step = int(extra["step"])
-        _, lacking = ckpt_contents.items_to_restore(actor_load, critic_load, set(extra.get("items", ())))
+        _, lacking = ckpt_contents.items_to_restore(actor_load, critic_load, ckpt_contents.saved_items(extra))
         fresh = lacking + ([] if ckpt_contents.restores_extra(actor_load, extra) else ["data position, KL coefficient"])
         self.logger.text(f"resumed from {root}/{step} (step {self.step})"
                          + (f"; not restored (load_contents / saved without them): {', '.join(fresh)}" if fresh else ""))
@@ -251,8 +251,7 @@ class Trainer:
     def _read_checkpoint(self, ckpt: Checkpointer, step: int) -> tuple[dict, dict]:
         """(extra, arrays) of one checkpoint; changes nothing, so a failure leaves the trainer as it was."""
         extra = ckpt.restore_extra(step)
-        saved = set(extra.get("items", ["actor_params", "actor_opt"]))
-        items, _ = ckpt_contents.items_to_restore(*self._contents("load_contents"), saved)
+        items, _ = ckpt_contents.items_to_restore(*self._contents("load_contents"), ckpt_contents.saved_items(extra))
         everything = self._role_arrays()
         return extra, ckpt.restore_arrays(step, {item: everything[item] for item in items}) if items else {}
 
