@@ -85,7 +85,7 @@ def _dialect_tables() -> list[str]:
             elif rule.used_by is not None:
                 here = f"read with `{rule.used_by}`"
             else:
-                here = "ignored (warned)" if rule.accept is None else "ignored only when off; else refused"
+                here = "ignored (warned)" if rule.accept is None else "ignored (warned) for the values it allows; else refused"
             lines.append(f"| `{rule.their}` | {_cell(here)} | {_cell(rule.reason)} |")
         lines += ["", "Their defaults applied when the file omits the key:", "",
                   ", ".join(f"`{k}: {v}`" for k, v in module.DEFAULTS.items())]

@@ -280,8 +280,7 @@ RULES: tuple[Rule, ...] = (
     # critic
     Rule("critic.model_args.disable_gradient_checkpointing", "critic.model.enable_gradient_checkpointing",
          lambda v, _: not v),
-    Rule("critic.model_args.dtype", reason="the critic computes in actor_rollout_ref.model.compute_dtype",
-         accept=lambda v: True),
+    Rule("critic.model_args.dtype", reason="the critic computes in actor_rollout_ref.model.compute_dtype"),
     *_optim("critic", "critic."),
     Rule("critic.infer_batch_size", "critic.forward_micro_batch_size_per_gpu", lambda v, _: int(v)),
     Rule("critic.data_args", reason="prompts come from actor_train.data_args"),
