@@ -68,10 +68,11 @@ def render_markdown() -> str:
 
 def _dialect_tables() -> list[str]:
     """One table per foreign format: their key, what it becomes here (or why it does not), and their defaults."""
-    from rlhf_jax.config.dialects import roll, trinity
+    from rlhf_jax.config.dialects import roll, trainer_config, trinity
 
     lines = []
-    for name, module in (("ROLL (`rlvr_config.yaml`)", roll), ("Trinity-RFT", trinity)):
+    for name, module in (("ROLL (`rlvr_config.yaml`)", roll), ("Trinity-RFT", trinity),
+                         ("TRL-based `Trainer_config.yaml`", trainer_config)):
         lines += ["", f"## {name} files", "", (module.__doc__ or "").strip().split("\n\n")[0].replace("\n", " "), "",
                   "Run one with `python -m rlhf_jax.main --config=FILE.yaml` (recognised by its top-level keys, or "
                   "`--config_format`); `python -m rlhf_jax.config convert FILE.yaml` prints it in rlhf_jax's keys.",

@@ -78,8 +78,8 @@ def test_format_recognised_or_named():
     # no ROLL marker in the file: --config_format says what it is
     cfg = load_yaml("max_steps: 3\nresponse_length: 8\nadv_estimator: grpo\nnorm_mean_type: group\n", fmt="roll")
     assert cfg.trainer.total_training_steps == 3
-    with pytest.raises(ValueError, match=r"looks like a Trainer_config\.yaml config"):
-        load_yaml("ppo_config:\n  batch_size: 4\n")
+    with pytest.raises(ValueError, match=r"looks like a model/tokenizer/train config"):
+        load_yaml("tokenizer:\n  tokenizer_path: /tok\ntrain:\n  epochs: 1\n")
 
 
 def test_roll_file_trains_two_steps_with_overrides_in_our_keys(tmp_path):
@@ -184,3 +184,67 @@ def test_trinity_file_trains_two_steps_with_overrides_in_our_keys(tmp_path):
     assert proc.stderr.count("trinity keys have no meaning in rlhf_jax") == 1
     assert os.path.isdir(os.path.join(out, "checkpoints", "2"))
     assert "step 2" in proc.stdout
+
+
+TRAINER_CONFIG = os.path.join(os.path.dirname(__file__), "dialects", "Trainer_config.yaml")
+
+
+def test_trainer_config_file_maps_its_keys_and_trls_defaults(tmp_path):
+    cfg = load_yaml(TRAINER_CONFIG)
+    arr, d, alg = cfg.actor_rollout_ref, cfg.data, cfg.algorithm
+    assert (d.train_files, d.val_files, d.train_split, d.val_split) == (("data/qa.json",), ("data/qa.json",), "train",
+                                                                        "test")
+    assert (d.prompt_key, d.ground_truth_key, d.max_prompt_length, d.max_response_length, d.truncation) == (
+        "Question", "Answer", 256, 64, "left")
+    assert arr.model.path == "gpt2" and (d.train_batch_size, arr.rollout.n) == (16, 1)
+    assert arr.actor.ppo_mini_batch_size == 8 and arr.actor.ppo_epochs == 2  # mini_batch_size 4 x accumulation 2
+    assert (arr.rollout.top_k, arr.rollout.top_p, arr.rollout.do_sample) == (-1, 1.0, True)
+    assert (arr.actor.optim.lr, cfg.critic.optim.lr, arr.actor.grad_clip) == (1e-5, 1e-5, 1.0)
+    assert cfg.reward_model.enable and cfg.reward_model.model.path == "OpenAssistant/reward-model-deberta-v3-base"
+    assert cfg.reward_model.micro_batch_size_per_gpu == 4
+    # TRL's PPO: GAE, adaptive in-reward KL from 0.2 towards 6, lam 0.95, no dual clip
+    assert (alg.adv_estimator, alg.use_kl_in_reward, alg.kl_ctrl.type, alg.kl_ctrl.kl_coef, alg.kl_ctrl.target_kl) == (
+        "gae", True, "adaptive", 0.2, 6.0)
+    assert (alg.lam, cfg.critic.cliprange_value, arr.actor.clip_ratio_c) == (0.95, 0.2, 1e30)
+    t = cfg.trainer
+    assert (t.total_epochs, t.total_training_steps, t.seed, t.save_freq, t.project_name) == (2, 100, 11, 50, "rlhf-qa")
+    assert t.logger == ("console", "wandb") and t.default_local_dir == "./checkpoints"
+    for text, key in [
+        ("freeze_config:\n  freeze_emb: true\n", r"freeze_config\.freeze_emb=True is not supported"),
+        ("ppo_config:\n  vf_coef: 0.5\n", r"ppo_config\.vf_coef=0\.5 .*separate copy"),
+        ("ppo_config:\n  early_stopping: true\n", r"ppo_config\.early_stopping"),
+        ("ppo_config:\n  batch_size: 10\n  mini_batch_size: 4\n", r"batch_size=10 is not a multiple"),
+    ]:
+        with pytest.raises(ValueError, match=key):
+            load_yaml("reward_config:\n  reward_model_name: rm\n" + text)
+    with pytest.raises(ValueError, match="reward_model_name is required"):
+        load_yaml("ppo_config:\n  batch_size: 4\n  mini_batch_size: 4\n")
+    converted = tmp_path / "converted.yaml"
+    converted.write_text(convert(TRAINER_CONFIG))
+    a = finalize(load_yaml(TRAINER_CONFIG), num_devices=2, check_paths=False, train_dataset_size=64)
+    b = finalize(load_yaml(str(converted)), num_devices=2, check_paths=False, train_dataset_size=64)
+    assert a.to_dict() == b.to_dict()
+
+
+def test_trainer_config_file_trains_two_steps_with_overrides_in_our_keys(tmp_path):
+    import json
+
+    from tests.train.helpers import tiny_hf_checkpoint
+
+    qa = tmp_path / "qa.json"
+    qa.write_text(json.dumps({"train": [{"Question": f"{i}+1=", "Answer": str(i + 1)} for i in range(16)],
+                              "test": [{"Question": f"{i}+2=", "Answer": str(i + 2)} for i in range(4)]}))
+    rm = tiny_hf_checkpoint("LlamaConfig", "LlamaForSequenceClassification", str(tmp_path / "rm"), num_labels=1)
+    out = str(tmp_path / "run")
+    overrides = {
+        "actor_rollout_ref.model.path": "builtin:tiny", "reward_model.model.path": rm,
+        "data.train_files": str(qa), "data.val_files": str(qa), "data.max_prompt_length": 48,
+        "data.max_response_length": 4, "data.train_batch_size": 4, "data.val_batch_size": 4,
+        "actor_rollout_ref.actor.ppo_mini_batch_size": 2, "reward_model.micro_batch_size_per_gpu": 2,
+        "trainer.total_training_steps": 2, "trainer.default_local_dir": out,
+    }
+    args = [f"--config={TRAINER_CONFIG}"] + [f"--config.{k}={v}" for k, v in overrides.items()]
+    proc = run_main(args, devices=1, env={"WANDB_MODE": "offline"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stderr.count("trainer_config keys have no meaning in rlhf_jax") == 1
+    assert os.path.isdir(os.path.join(out, "checkpoints", "2")) and "step 2" in proc.stdout

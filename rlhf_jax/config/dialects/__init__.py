@@ -11,26 +11,29 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from rlhf_jax.config.dialects import roll, trinity
+from rlhf_jax.config.dialects import roll, trainer_config, trinity
 from rlhf_jax.config.dialects.rules import translate
 
 log = logging.getLogger("rlhf_jax.config")
 
-FORMATS = ("verl", "roll", "trinity")
-_MODULES = {"roll": roll, "trinity": trinity}
+FORMATS = ("verl", "roll", "trinity", "trainer_config")
+_MODULES = {"roll": roll, "trinity": trinity, "trainer_config": trainer_config}
 # Top-level keys of the formats not read yet, to say so instead of "unknown key".
 _UNREAD = {
-    "Trainer_config.yaml": ("data_config", "ppo_config", "generation_config", "freeze_config", "save_config"),
+    "model/tokenizer/train": ("tokenizer",),
 }
 
 
 def detect(mapping: dict) -> str:
-    """The format of a parsed config file: roll, trinity, else verl; a known format that is not read is an error."""
+    """The format of a parsed config file: roll, trinity, trainer_config, else verl; a known format that is not
+    read (the model/tokenizer/train trainer's) is an error."""
     keys = set(mapping)
     if keys & set(roll.MARKERS):
         return "roll"
     if keys & set(trinity.MARKERS) or isinstance(mapping.get("model"), dict) and "model_path" in mapping["model"]:
         return "trinity"
+    if keys & set(trainer_config.MARKERS):
+        return "trainer_config"
     for name, markers in _UNREAD.items():
         if keys & set(markers):
             raise ValueError(f"this looks like a {name} config (top-level keys {sorted(keys & set(markers))}); "
