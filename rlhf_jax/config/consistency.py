@@ -10,6 +10,8 @@ import os
 
 from ml_collections import ConfigDict
 
+from rlhf_jax.config.keys_policy import OPTIMIZERS
+
 
 def _same_path(a: str, b: str) -> bool:
     """Two model / tokenizer paths naming the same thing (a local directory in any spelling, or one Hub id)."""
@@ -19,6 +21,10 @@ def _same_path(a: str, b: str) -> bool:
 
 def check_consistency(cfg: ConfigDict) -> None:
     """Raise ValueError for the first combination of keys that cannot be honoured."""
+    for path, optim in (("actor_rollout_ref.actor.optim", cfg.actor_rollout_ref.actor.optim),
+                        ("critic.optim", cfg.critic.optim)):
+        if str(optim.optimizer).lower() not in OPTIMIZERS:
+            raise ValueError(f"{path}.optimizer={optim.optimizer!r}: choose one of AdamW, Adam, SGD, Lion")
     if "hf_model" in cfg.critic.checkpoint.save_contents:
         raise ValueError("critic.checkpoint.save_contents: hf_model is not supported (only the actor is exported "
                          "as a Hugging Face directory); remove it")

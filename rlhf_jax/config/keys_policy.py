@@ -16,6 +16,7 @@ ATTN_IMPLEMENTATIONS = ("auto", "dense", "blockwise", "cudnn", "splash")
 TOKEN_BUDGET_DOC = " (when {flag}; -1 = the largest that fits in memory)"
 WARMUP_STYLES = ("constant", "cosine", "linear")
 CKPT_CONTENTS = ("model", "optimizer", "extra", "hf_model")
+OPTIMIZERS = ("adamw", "adam", "sgd", "lion")  # optim.optimizer, compared lower-case (verl writes AdamW)
 A = "actor_rollout_ref."
 
 
@@ -23,7 +24,9 @@ def optim_keys(prefix: str, lr: float) -> tuple[Key, ...]:
     """AdamW + schedule keys shared by actor and critic (``<prefix>optim.*``)."""
     p = prefix + "optim."
     return (
-        Key(p + "lr", lr, "Peak learning rate (AdamW)."),
+        Key(p + "optimizer", "AdamW", "Optimizer (case-insensitive): AdamW, Adam and SGD as in PyTorch (Adam's and SGD's "
+            "weight decay is L2 on the gradient), or Lion (betas = its beta1, beta2)."),
+        Key(p + "lr", lr, "Peak learning rate."),
         Key(p + "lr_warmup_steps", -1, "Linear warmup steps; negative: use lr_warmup_steps_ratio."),
         Key(p + "lr_warmup_steps_ratio", 0.0, "Warmup steps as a fraction of the total training steps."),
         Key(p + "warmup_style", "constant", "Schedule after warmup.", choices=WARMUP_STYLES),

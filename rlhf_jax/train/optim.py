@@ -66,8 +66,24 @@ def make_optimizer(optim_cfg: Any, grad_clip: float, total_steps: int, updates_p
     )
     per_update = lambda count: schedule(count // max(updates_per_step, 1))  # noqa: E731
     betas = tuple(get("betas", (0.9, 0.999)) or (0.9, 0.999))
-    adamw = optax.adamw(
-        per_update, b1=betas[0], b2=betas[1], eps=float(get("eps", 1e-8) or 1e-8), weight_decay=float(get("weight_decay", 0.01))
-    )
+    update = optimizer_transform(str(get("optimizer", "AdamW") or "AdamW"), per_update, betas,
+                                 float(get("eps", 1e-8) or 1e-8), float(get("weight_decay", 0.01)))
     parts = [optax.clip_by_global_norm(grad_clip)] if grad_clip and grad_clip > 0 else []
-    return optax.chain(*parts, adamw), schedule
+    return optax.chain(*parts, update), schedule
+
+
+def optimizer_transform(name: str, lr, betas: tuple, eps: float, weight_decay: float) -> optax.GradientTransformation:
+    """``optim.optimizer`` (case-insensitive) as PyTorch defines it: AdamW's decay is decoupled; Adam's and SGD's
+    (no momentum) is L2 added to the gradient; Lion (sign of the interpolated momentum, decoupled decay) uses
+    ``betas`` as its (beta1, beta2)."""
+    key = name.lower()
+    b1, b2 = float(betas[0]), float(betas[1])
+    if key == "adamw":
+        return optax.adamw(lr, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay)
+    if key == "adam":
+        return optax.chain(optax.add_decayed_weights(weight_decay), optax.adam(lr, b1=b1, b2=b2, eps=eps))
+    if key == "sgd":
+        return optax.chain(optax.add_decayed_weights(weight_decay), optax.sgd(lr))
+    if key == "lion":
+        return optax.lion(lr, b1=b1, b2=b2, weight_decay=weight_decay)
+    raise ValueError(f"optim.optimizer={name!r}: choose one of AdamW, Adam, SGD, Lion")
