@@ -25,6 +25,7 @@ READERS: dict[str, tuple[str, ...]] = {
         "data.tokenizer", "data.chat_template", _A + "model.path", _A + "model.revision", _A + "model.dtype", _A + "model.compute_dtype",
         _A + "model.enable_gradient_checkpointing", _A + "model.remat_policy", _A + "model.attn_implementation",
         "critic.model.enable_gradient_checkpointing", "critic.model.remat_policy", "mesh.logical_axis_rules",
+        "mesh.rollout_devices",
     ),
     "rlhf_jax.config.validate": (
         # read to fill or check other keys: the sampler's length, the clip bounds, the checkpoint count, the mesh
