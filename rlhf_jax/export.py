@@ -6,7 +6,8 @@
 whose latest complete step is used unless ``--step`` says otherwise) or one step's
 directory (``.../checkpoints/<step>``). Only the actor's parameters are read; the
 model is rebuilt from the config.json stored with the checkpoint, and the
-tokenizer is copied from the directory the run used.
+tokenizer is copied from the directory the run used. A LoRA run's model is written with
+its adapters merged in, and the adapter alone in PEFT's layout under ``OUT_DIR/lora_adapter``.
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from rlhf_jax.models import lora
 from rlhf_jax.models.config import from_hf_dict
+from rlhf_jax.models.lora_peft import ADAPTER_DIR, save_adapter
 from rlhf_jax.models.hf_export import save_pretrained
 from rlhf_jax.models.hf_import import build_abstract
 from rlhf_jax.train.checkpoint import Checkpointer
@@ -54,6 +57,9 @@ def export(checkpoint: str, out_dir: str, step: int | None = None) -> str:
     info = extra["model"]
     dtype = _DTYPES[info.get("param_dtype", "float32")]
     cfg = from_hf_dict(info["hf_config"], dtype=dtype, param_dtype=dtype)
+    if info.get("lora"):
+        spec = info["lora"]
+        cfg = cfg.replace(lora=lora.LoraSpec(int(spec["rank"]), float(spec["alpha"]), tuple(spec["targets"])))
     abstract = build_abstract(cfg, info["task"])
     graphdef, abs_state = nnx.split(abstract)
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
@@ -66,7 +72,11 @@ def export(checkpoint: str, out_dir: str, step: int | None = None) -> str:
         import transformers
 
         tokenizer = transformers.AutoTokenizer.from_pretrained(tok_path)
-    return save_pretrained(nnx.merge(graphdef, params), out_dir, tokenizer=tokenizer, copy_from=tok_path)
+    model = nnx.merge(graphdef, params)
+    out = save_pretrained(lora.merged_model(model), out_dir, tokenizer=tokenizer, copy_from=tok_path)
+    if cfg.lora is not None:
+        save_adapter(model, os.path.join(out, ADAPTER_DIR), base_model=tok_path)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -34,7 +34,10 @@ from rlhf_jax import algos
 from rlhf_jax.algos.rollout_correction import correction_from_config, rollout_correction
 from rlhf_jax.config import resolve_model_path
 from rlhf_jax.data import PromptBatch, loader_from_config
-from rlhf_jax.models import TASK_TOKEN_VALUE, save_pretrained
+from flax import nnx
+
+from rlhf_jax.models import TASK_TOKEN_VALUE, lora, save_pretrained
+from rlhf_jax.models.lora_peft import ADAPTER_DIR, save_adapter
 from rlhf_jax.rewards import RewardManager, place_on_last_token
 from rlhf_jax.rewards.reward_model import decode_responses
 from rlhf_jax.parallel import batch_sharding
@@ -52,10 +55,11 @@ from rlhf_jax.train.optim import make_optimizer
 from rlhf_jax.train import run_lock
 from rlhf_jax.train.preemption import STOP, StepAbandoned, StopRequest
 from rlhf_jax.train.passes import PassPlan, compile_pass, describe, fit_pass, free_device_memory, gib, memory_hint, plan_passes
-from rlhf_jax.train.setup import Components, load_policy, prepare
+from rlhf_jax.train.setup import Components, actor_trainable, load_actor, load_policy, prepare
 from rlhf_jax.train.steps import ActorLossSpec, CriticLossSpec, advantage_stage
 
 log = logging.getLogger(__name__)
+
 
 
 def router_aux_loss_coef(cfg: ConfigDict, model_cfg) -> float | None:
@@ -121,9 +125,15 @@ class Trainer:
         arr = cfg.actor_rollout_ref
 
         tx, lr_fn = make_optimizer(arr.actor.optim, arr.actor.grad_clip, self.total_steps, d.actor_updates_per_step)
-        self.actor = Role(load_policy(cfg, c.model_path, self.mesh, c.rules), self.mesh, tx, lr_fn)
-        # The reference is its own frozen copy: the actor's arrays are donated and replaced by every update.
-        self.ref = Role(load_policy(cfg, c.model_path, self.mesh, c.rules, role="ref"), self.mesh) if d.need_ref else None
+        trainable = actor_trainable(cfg, c.model_path)  # checks the freeze / LoRA keys before any weight is read
+        self.actor = Role(load_actor(cfg, c.model_path, self.mesh, c.rules), self.mesh, tx, lr_fn, trainable)
+        self.lora = self.actor.config.lora
+        # Without LoRA the reference is its own frozen copy: the actor's arrays are donated and replaced by every
+        # update. With LoRA it is the base model with the adapters off: the actor's frozen arrays, shared.
+        self.ref = None
+        if d.need_ref:
+            self.ref = Role(self._base_model(), self.mesh) if self.lora else Role(
+                load_policy(cfg, c.model_path, self.mesh, c.rules, role="ref"), self.mesh)
         self.critic = None
         if cfg.critic.enable:
             ctx, clr = make_optimizer(cfg.critic.optim, cfg.critic.grad_clip, self.total_steps, d.critic_updates_per_step)
@@ -132,11 +142,14 @@ class Trainer:
                                            path=critic_path),
                                self.mesh, ctx, clr)
         self._key_fn = key_function(self.mesh)
-        # Sampling runs on the training mesh, or on devices of its own (mesh.rollout_devices).
+        # Sampling runs on the training mesh, or on devices of its own (mesh.rollout_devices). Under LoRA it runs the
+        # plain model on weights with the adapters merged in (``_sampler_params``).
         self.rollout_mesh = c.rollout_mesh
         self._rollout_params_of: tuple[Any, Any] | None = None  # (actor params, their copy on the rollout mesh)
-        self.sampler = Sampler(self.actor.graphdef, mesh=self.rollout_mesh or self.mesh, rules=c.rules,
+        self.sampler = Sampler(lora.plain_graphdef(self.actor.config, self.actor.task) if self.lora else self.actor.graphdef,
+                               mesh=self.rollout_mesh or self.mesh, rules=c.rules,
                                max_positions=self.actor.config.max_position_embeddings)
+        self._merge_fn = None
         self.reward_manager = RewardManager.from_config(cfg.reward_model, cfg.custom_reward_function,
                                                         max_response_length=cfg.data.max_response_length)
         self.reward_model = None
@@ -164,7 +177,7 @@ class Trainer:
         self.logger = MetricLogger(self.log_dir, cfg.trainer.logger, total_steps=self.total_steps, enabled=self.is_main,
                                    run=(cfg.trainer.project_name, cfg.trainer.experiment_name, cfg.to_dict()))
         self.step = 0
-        self.num_params = sum(x.size for x in jax.tree.leaves(self.actor.params))
+        self.num_params = sum(x.size for x in jax.tree.leaves(self.actor.state()))
         self.plans = plan_passes(cfg, actor_mlp_width=self.actor.config.intermediate_size,
                                  critic_mlp_width=self.critic.config.intermediate_size if self.critic else None)
         self._memory_planned = False
@@ -180,12 +193,13 @@ class Trainer:
             "data_state": self.loader.get_state(),
             "model": {"hf_config": self.actor.config.hf_config, "task": self.actor.task,
                       "tokenizer_path": self.c.cfg.data.tokenizer or self.c.model_path,
-                      "param_dtype": self.cfg.actor_rollout_ref.model.dtype},
+                      "param_dtype": self.cfg.actor_rollout_ref.model.dtype,
+                      "lora": dataclasses.asdict(self.lora) if self.lora else None},
         }
 
     def save_checkpoint(self) -> None:
         contents = self.cfg.actor_rollout_ref.actor.checkpoint.save_contents
-        arrays = {"actor_params": self.actor.params}
+        arrays = {"actor_params": self.actor.state()}  # frozen parameters too: the export tool reads them here
         if "optimizer" in contents:
             arrays["actor_opt"] = self.actor.opt_state
         if self.critic is not None:
@@ -223,7 +237,7 @@ class Trainer:
             step = previous
         if step is None:
             return
-        self.actor.params = restored["actor_params"]
+        self.actor.load_trained(restored["actor_params"])
         self.actor.opt_state = restored.get("actor_opt", self.actor.opt_state)
         if "critic_params" in restored:
             self.critic.params, self.critic.opt_state = restored["critic_params"], restored["critic_opt"]
@@ -237,7 +251,7 @@ class Trainer:
         extra = ckpt.restore_extra(step)
         saved = set(extra.get("items", ["actor_params", "actor_opt"]))
         load = self.cfg.actor_rollout_ref.actor.checkpoint.load_contents
-        templates = {"actor_params": self.actor.params}
+        templates = {"actor_params": self.actor.state()}
         if "optimizer" in load and "actor_opt" in saved:
             templates["actor_opt"] = self.actor.opt_state
         if self.critic is not None and "critic_params" in saved:
@@ -245,9 +259,29 @@ class Trainer:
         return extra, ckpt.restore_arrays(step, templates)
 
     def export_hf(self) -> str:
+        """The actor as a plain HF directory (adapters merged); with LoRA also the adapter alone in PEFT's layout
+        (``<dir>/lora_adapter``)."""
         out = os.path.join(self.out_dir, "hf", f"global_step_{self.step}")
-        save_pretrained(self.actor.model(), out, tokenizer=self.tok, copy_from=self.c.model_path)
+        model = self.actor.model()
+        save_pretrained(lora.merged_model(model), out, tokenizer=self.tok, copy_from=self.c.model_path)
+        if self.lora:
+            save_adapter(model, os.path.join(out, ADAPTER_DIR), base_model=self.c.model_path)
         return out
+
+    # ------------------------------------------------------------------ LoRA
+    def _base_model(self):
+        """The base model (adapters off) over the actor's frozen arrays: no copy."""
+        return nnx.merge(lora.plain_graphdef(self.actor.config, self.actor.task), self.actor.frozen)
+
+    def _sampler_params(self):
+        """The sampler's weights: the actor's, with the adapters merged in under LoRA (a temporary copy of the
+        adapted weights for the rollout; the decode step then runs no extra low-rank matmuls)."""
+        if not self.lora:
+            return self.actor.state()
+        if self._merge_fn is None:
+            self._merge_fn = jax.jit(functools.partial(lora.merged_state, spec=self.lora),
+                                     out_shardings=self.actor.frozen_shardings)
+        return self._merge_fn(self.actor.state())
 
     # ------------------------------------------------------------------ rollout + scoring
     def _rollout_key(self, seed: int, step: int) -> jax.Array:
@@ -256,18 +290,19 @@ class Trainer:
 
     def _sampling_params(self):
         """The actor's weights where the sampler runs: on separate rollout devices, a copy made once per update."""
-        params = self.actor.params
+        params = self.actor.params  # replaced by every update
         if self.rollout_mesh is None:
-            return params
+            return self._sampler_params()
         if self._rollout_params_of is None or self._rollout_params_of[0] is not params:
-            shardings = jax.tree.map(lambda x: NamedSharding(self.rollout_mesh, x.sharding.spec), params)
-            self._rollout_params_of = (params, jax.device_put(params, shardings))
+            weights = self._sampler_params()
+            shardings = jax.tree.map(lambda x: NamedSharding(self.rollout_mesh, x.sharding.spec), weights)
+            self._rollout_params_of = (params, jax.device_put(weights, shardings))
         return self._rollout_params_of[1]
 
     def _generate(self, pb: PromptBatch, sampling, key, bucket: bool = True):
         """Sample from a (process-local) prompt batch (see train/generation.py); the result is on the training mesh."""
         if self.rollout_mesh is None:
-            return generate_batch(self.sampler, self.actor.params, self.mesh, self.cfg.derived.dp_size, pb, sampling,
+            return generate_batch(self.sampler, self._sampler_params(), self.mesh, self.cfg.derived.dp_size, pb, sampling,
                                   key, bucket)
         out, keep = generate_batch(self.sampler, self._sampling_params(), self.rollout_mesh,
                                    self.rollout_mesh.devices.size, pb, sampling, key, bucket)
