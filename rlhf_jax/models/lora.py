@@ -18,6 +18,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -134,11 +135,13 @@ def merged_model(model: nnx.Module) -> nnx.Module:
     return nnx.merge(plain_graphdef(model.config, model.task), merged_state(state, model.config.lora))
 
 
-def with_adapters(model: nnx.Module, spec: LoraSpec, mesh, rules, seed: int = 0) -> nnx.Module:
+def with_adapters(model: nnx.Module, spec: LoraSpec, mesh, rules=None, seed: int = 0) -> nnx.Module:
     """``model`` (a plain decoder on ``mesh``) with fresh adapters on ``spec.targets``; the base arrays are kept."""
     from rlhf_jax.models.hf_import import build_abstract
     from rlhf_jax.models.sharding import variable_sharding
+    from rlhf_jax.parallel.mesh import DEFAULT_RULES
 
+    rules = DEFAULT_RULES if rules is None else rules
     cfg = model.config
     if cfg.lora is not None:
         raise ValueError("the model has adapters already")
@@ -148,25 +151,22 @@ def with_adapters(model: nnx.Module, spec: LoraSpec, mesh, rules, seed: int = 0)
     graphdef, abstract = nnx.split(build_abstract(lora_cfg, model.task))
     _, base = nnx.split(model)
     base_flat = dict(nnx.to_flat_state(base))
-    fresh = nnx.to_flat_state(_fresh_adapters(lora_cfg, model.task, seed))
-    fresh = dict(fresh)
+    rng = np.random.default_rng(seed)
     out = []
     for path, var in nnx.to_flat_state(abstract):
         if is_adapter(path):
-            value = jax.device_put(fresh[path].get_value(), variable_sharding(var, mesh, rules))
+            shape, dtype = var.get_value().shape, var.get_value().dtype
+            host = fresh_adapter(rng, shape, str(path[-1]).endswith(SUFFIX_A)).astype(dtype)
+            value = jax.make_array_from_callback(shape, variable_sharding(var, mesh, rules), lambda idx, h=host: h[idx])
             out.append((path, var.replace(value=value)))
         else:
             out.append((path, base_flat[path]))
     return nnx.merge(graphdef, nnx.from_flat_state(out))
 
 
-def _fresh_adapters(cfg, task: str, seed: int) -> nnx.State:
-    """Adapter parameters only, drawn on the host (small: rank x width per projection)."""
-    from rlhf_jax.models.decoder import MODEL_CLASSES
-
-    def make():
-        model = MODEL_CLASSES[task](cfg, rngs=nnx.Rngs(seed))
-        return nnx.state(model, adapter_filter)
-
-    # Only the adapters are kept; the base weights drawn here are dead code that XLA removes.
-    return jax.jit(make)()
+def fresh_adapter(rng: np.random.Generator, shape: tuple[int, ...], is_a: bool) -> np.ndarray:
+    """PEFT's initialisation on the host: A Kaiming-uniform (bound 1 / sqrt(fan_in)), B zero."""
+    if not is_a:
+        return np.zeros(shape, np.float32)
+    bound = 1.0 / math.sqrt(math.prod(shape[:-1]))
+    return rng.uniform(-bound, bound, shape).astype(np.float32)
