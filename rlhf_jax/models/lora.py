@@ -102,20 +102,34 @@ def delta(a: jax.Array, b: jax.Array, scale: float) -> jax.Array:
     return jnp.tensordot(a.astype(jnp.float32), b.astype(jnp.float32), axes=1) * scale
 
 
-def merged_state(state: nnx.State, spec: LoraSpec) -> nnx.State:
-    """The plain model's state: every adapted weight replaced by ``W + scale * A B`` (in the weight's dtype), the
-    adapter parameters dropped. A pure function (jit it to merge on the device)."""
+def path_key(path: tuple) -> str:
+    return "/".join(map(str, path))
+
+
+def merged_weights(state: nnx.State, spec: LoraSpec) -> dict[str, jax.Array]:
+    """``W + scale * A B`` (in the weight's dtype) of every adapted weight, by ``path_key``. A pure function: jitted,
+    it computes only the adapted weights (a jitted function that returned the untouched ones would copy them)."""
     flat = dict(nnx.to_flat_state(state))
-    out = []
+    out = {}
     for path, var in flat.items():
-        if is_adapter(path):
-            continue
         a = flat.get(path[:-1] + (str(path[-1]) + SUFFIX_A,))
-        if a is not None:
+        if a is not None and not is_adapter(path):
             b = flat[path[:-1] + (str(path[-1]) + SUFFIX_B,)]
             w = var.get_value()
-            var = var.replace(value=(w.astype(jnp.float32) + delta(a.get_value(), b.get_value(), spec.scale)).astype(w.dtype))
-        out.append((path, var))
+            out[path_key(path)] = (w.astype(jnp.float32) + delta(a.get_value(), b.get_value(), spec.scale)).astype(w.dtype)
+    return out
+
+
+def merged_state(state: nnx.State, spec: LoraSpec, weights: dict[str, jax.Array] | None = None) -> nnx.State:
+    """The plain model's state: the adapted weights replaced by ``weights`` (default ``merged_weights``), the adapter
+    parameters dropped, every other array the same object as in ``state`` (no copy)."""
+    weights = merged_weights(state, spec) if weights is None else weights
+    out = []
+    for path, var in nnx.to_flat_state(state):
+        if is_adapter(path):
+            continue
+        key = path_key(path)
+        out.append((path, var.replace(value=weights[key]) if key in weights else var))
     return nnx.from_flat_state(out)
 
 

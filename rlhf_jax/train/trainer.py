@@ -275,13 +275,16 @@ class Trainer:
 
     def _sampler_params(self):
         """The sampler's weights: the actor's, with the adapters merged in under LoRA (a temporary copy of the
-        adapted weights for the rollout; the decode step then runs no extra low-rank matmuls)."""
+        adapted weights only, for the rollout; the decode step then runs no extra low-rank matmuls)."""
         if not self.lora:
             return self.actor.state()
+        state = self.actor.state()
         if self._merge_fn is None:
-            self._merge_fn = jax.jit(functools.partial(lora.merged_state, spec=self.lora),
-                                     out_shardings=self.actor.frozen_shardings)
-        return self._merge_fn(self.actor.state())
+            shardings = {lora.path_key(p): v.get_value() for p, v in nnx.to_flat_state(self.actor.frozen_shardings)}
+            shapes = jax.eval_shape(functools.partial(lora.merged_weights, spec=self.lora), state)
+            self._merge_fn = jax.jit(functools.partial(lora.merged_weights, spec=self.lora),
+                                     out_shardings={k: shardings[k] for k in shapes})
+        return lora.merged_state(state, self.lora, self._merge_fn(state))
 
     # ------------------------------------------------------------------ rollout + scoring
     def _rollout_key(self, seed: int, step: int) -> jax.Array:

@@ -77,6 +77,11 @@ def test_reference_is_the_base_model_without_a_second_copy(run):
     # One embedding table on the devices for actor + reference, before and after training (the sampler's merged
     # weights are temporary; the tied embedding has no adapter, so the merge shares it too).
     assert copies == {"built": 1, "trained": 1}
+    # The sampler's merged weights are new arrays for the adapted projections only.
+    sampler = dict(nnx.to_flat_state(trainer._sampler_params()))
+    for path, var in nnx.to_flat_state(trainer.actor.frozen):
+        adapted = str(path[-1]) in lora.PROJECTIONS
+        assert (sampler[path].get_value() is var.get_value()) != adapted, path
     # The reference's log-probs are the base model's: the adapters are off.
     ids = jnp.asarray([[5, 9, 12, 33, 7]], jnp.int32)
     base = nnx.merge(lora.plain_graphdef(trainer.actor.config, trainer.actor.task), trainer.actor.frozen)
