@@ -141,3 +141,23 @@ def test_continue_from_adapter_and_resume(run, tmp_path):
 def test_bad_lora_settings_stop_before_loading(tmp_path, overrides, message):
     with pytest.raises(ValueError, match=message):
         Trainer(make_config(str(tmp_path / "run"), "grpo", **{**LORA, **overrides}))
+
+
+def test_lora_actor_in_ppo_with_padded_passes(tmp_path):
+    """Another recipe (GAE with a fully trained critic) and the padded (unpacked) training passes."""
+    trainer = Trainer(make_config(str(tmp_path / "ppo"), "ppo", **LORA,
+                                  **{"actor_rollout_ref.model.use_remove_padding": False,
+                                     "trainer.critic_warmup": 0}))
+    before = _host(trainer.actor.state())
+    critic_before = _host(trainer.critic.state())
+    last = trainer.fit()
+    assert np.isfinite(last["actor/pg_loss"]) and np.isfinite(last["critic/vf_loss"])
+    after = _host(trainer.actor.state())
+    for p in before:
+        if not lora.is_adapter(p):
+            np.testing.assert_array_equal(after[p], before[p], err_msg=str(p))
+        elif str(p[-1]).endswith("_lora_b"):
+            assert not np.array_equal(after[p], before[p]), p
+    assert not jax.tree.leaves(trainer.critic.frozen) and not any(lora.is_adapter(p) for p in critic_before)
+    critic_after = _host(trainer.critic.state())
+    assert any(not np.array_equal(critic_after[p], v) for p, v in critic_before.items())
