@@ -194,12 +194,15 @@ class Trainer:
             "model": {"hf_config": self.actor.config.hf_config, "task": self.actor.task,
                       "tokenizer_path": self.c.cfg.data.tokenizer or self.c.model_path,
                       "param_dtype": self.cfg.actor_rollout_ref.model.dtype,
-                      "lora": dataclasses.asdict(self.lora) if self.lora else None},
+                      "lora": dataclasses.asdict(self.lora) if self.lora else None,
+                      "base_model_path": self.c.model_path},
         }
 
     def save_checkpoint(self) -> None:
         contents = self.cfg.actor_rollout_ref.actor.checkpoint.save_contents
-        arrays = {"actor_params": self.actor.state()}  # frozen parameters too: the export tool reads them here
+        # Frozen parameters too (the export tool reads them here), except the base weights of a LoRA run: those are
+        # the base model's, read again from its directory.
+        arrays = {"actor_params": self.actor.params if self.lora else self.actor.state()}
         if "optimizer" in contents:
             arrays["actor_opt"] = self.actor.opt_state
         if self.critic is not None:
@@ -251,7 +254,7 @@ class Trainer:
         extra = ckpt.restore_extra(step)
         saved = set(extra.get("items", ["actor_params", "actor_opt"]))
         load = self.cfg.actor_rollout_ref.actor.checkpoint.load_contents
-        templates = {"actor_params": self.actor.state()}
+        templates = {"actor_params": self.actor.params if self.lora else self.actor.state()}
         if "optimizer" in load and "actor_opt" in saved:
             templates["actor_opt"] = self.actor.opt_state
         if self.critic is not None and "critic_params" in saved:

@@ -102,7 +102,11 @@ def test_exports_merged_model_and_peft_adapter(run, tmp_path):
     with torch.no_grad():
         np.testing.assert_allclose(merged(input_ids=torch.tensor(ids)).logits.numpy(), ours, atol=1e-4)
         np.testing.assert_allclose(adapted(input_ids=torch.tensor(ids)).logits.numpy(), ours, atol=1e-4)
-    # The export tool writes the same from the checkpoint.
+    # The checkpoint holds the adapters, not the base weights (about twice the adapters' bytes with Orbax's metadata).
+    saved = os.path.join(out, "checkpoints", "3", "actor_params")
+    size = sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(saved) for f in files)
+    assert size < 0.5 * sum(x.nbytes for x in jax.tree.leaves(trainer.actor.frozen))
+    # The export tool writes the same from the checkpoint (the base weights read from the base model).
     proc = subprocess.run([sys.executable, "-m", "rlhf_jax.export", "--checkpoint", os.path.join(out, "checkpoints"),
                            "--out", str(tmp_path / "x")], cwd=REPO, env=dict(os.environ, JAX_PLATFORMS="cpu"),
                           capture_output=True, text=True, timeout=300)
