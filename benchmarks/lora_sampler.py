@@ -85,7 +85,11 @@ def main(argv=None) -> int:
     mask = np.ones_like(ids)
     sampling = SamplingParams(max_new_tokens=args.new_tokens, n=args.n, ignore_eos=True, seed=0)
     key = rollout_key(0)
-    merge_weights = jax.jit(functools.partial(lora.merged_weights, spec=spec))
+    # As the trainer merges: the merged weights keep the base weights' shardings (the sampler compiles per layout).
+    base_shardings = {lora.path_key(p): v.get_value().sharding for p, v in nnx.to_flat_state(state)}
+    shapes = jax.eval_shape(functools.partial(lora.merged_weights, spec=spec), state)
+    merge_weights = jax.jit(functools.partial(lora.merged_weights, spec=spec),
+                            out_shardings={k: base_shardings[k] for k in shapes})
     merge = lambda s: lora.merged_state(s, spec, merge_weights(s))  # noqa: E731  as the trainer merges
     merged_sampler = Sampler(plain, mesh=mesh, max_positions=model.config.max_position_embeddings)
     low_rank_sampler = Sampler(graphdef, mesh=mesh, max_positions=model.config.max_position_embeddings)
