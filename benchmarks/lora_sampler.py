@@ -70,6 +70,7 @@ def main(argv=None) -> int:
     parser.add_argument("--prompt-len", type=int, default=64)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--reverse", action="store_true", help="time the sides in the reverse order in each round")
     parser.add_argument("--json", default="benchmarks/results/lora_sampler.json")
     args = parser.parse_args(argv)
 
@@ -106,13 +107,13 @@ def main(argv=None) -> int:
         return merged_sampler.generate(base_state, ids, mask, sampling, key).responses
 
     merge_s = _best({"merge": lambda: merge(state)}, args.repeats)["merge"]
-    rows = _best({"merged (incl. merge)": merged, "low-rank path": low_rank, "base model, no adapter": no_adapter},
-                 args.repeats)
+    sides = [("merged (incl. merge)", merged), ("low-rank path", low_rank), ("base model, no adapter", no_adapter)]
+    rows = _best(dict(sides[::-1] if args.reverse else sides), args.repeats)
     tokens = args.prompts * args.n * args.new_tokens
     print(f"| sampler | seconds per rollout | tokens/s |  ({os.path.basename(path)}, rank {args.rank}, "
           f"{args.prompts}x{args.n} samples, {args.new_tokens} new tokens; merge alone {merge_s * 1e3:.1f} ms)")
     print("|---|---|---|")
-    for name, seconds in rows.items():
+    for name, seconds in sorted(rows.items()):
         print(f"| {name} | {seconds:.3f} | {tokens / seconds:.1f} |")
     ratio = rows["low-rank path"] / rows["merged (incl. merge)"]
     print(f"merged is {ratio:.2f}x the low-rank path's speed")
