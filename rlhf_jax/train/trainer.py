@@ -295,7 +295,8 @@ class Trainer:
         return self._key_fn(seed, step)
 
     def _sampling_params(self):
-        """The actor's weights where the sampler runs: on separate rollout devices, a copy made once per update."""
+        """The sampler's weights (``_sampler_params``) where it runs: on separate rollout devices, a copy made once
+        per update."""
         params = self.actor.params  # replaced by every update
         if self.rollout_mesh is None:
             return self._sampler_params()
