@@ -6,7 +6,9 @@
 whose latest complete step is used unless ``--step`` says otherwise) or one step's
 directory (``.../checkpoints/<step>``). Only the actor's parameters are read; the
 model is rebuilt from the config.json stored with the checkpoint, and the
-tokenizer is copied from the directory the run used.
+tokenizer is copied from the directory the run used. A LoRA run's model is written with
+its adapters merged in, and the adapter alone in PEFT's layout under ``OUT_DIR/lora_adapter``; its
+checkpoints hold only the adapters, so the base model directory the run used must still exist.
 """
 
 from __future__ import annotations
@@ -19,9 +21,12 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from rlhf_jax.models import lora
 from rlhf_jax.models.config import from_hf_dict
+from rlhf_jax.models.lora_peft import ADAPTER_DIR, save_adapter
 from rlhf_jax.models.hf_export import save_pretrained
-from rlhf_jax.models.hf_import import build_abstract
+from rlhf_jax.models.hf_import import build_abstract, from_pretrained
+from rlhf_jax.parallel.mesh import single_device_mesh
 from rlhf_jax.train.checkpoint import Checkpointer
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
@@ -54,11 +59,18 @@ def export(checkpoint: str, out_dir: str, step: int | None = None) -> str:
     info = extra["model"]
     dtype = _DTYPES[info.get("param_dtype", "float32")]
     cfg = from_hf_dict(info["hf_config"], dtype=dtype, param_dtype=dtype)
-    abstract = build_abstract(cfg, info["task"])
-    graphdef, abs_state = nnx.split(abstract)
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    template = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), abs_state)
-    params = ckpt.restore_arrays(step, {"actor_params": template})["actor_params"]
+    as_template = lambda state: jax.tree.map(  # noqa: E731
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), state)
+    if info.get("lora"):  # the checkpoint holds the adapters; the base weights are read from the base model
+        model = _lora_base(info, dtype)
+        graphdef, adapters, base = nnx.split(model, lora.adapter_filter, ...)
+        adapters = ckpt.restore_arrays(step, {"actor_params": as_template(adapters)})["actor_params"]
+        model = nnx.merge(graphdef, adapters, base)
+    else:
+        graphdef, abs_state = nnx.split(build_abstract(cfg, info["task"]))
+        params = ckpt.restore_arrays(step, {"actor_params": as_template(abs_state)})["actor_params"]
+        model = nnx.merge(graphdef, params)
     ckpt.close()
     tokenizer = None
     tok_path = info.get("tokenizer_path")
@@ -66,7 +78,22 @@ def export(checkpoint: str, out_dir: str, step: int | None = None) -> str:
         import transformers
 
         tokenizer = transformers.AutoTokenizer.from_pretrained(tok_path)
-    return save_pretrained(nnx.merge(graphdef, params), out_dir, tokenizer=tokenizer, copy_from=tok_path)
+    out = save_pretrained(lora.merged_model(model), out_dir, tokenizer=tokenizer, copy_from=tok_path)
+    if model.config.lora is not None:
+        save_adapter(model, os.path.join(out, ADAPTER_DIR), base_model=info.get("base_model_path"))
+    return out
+
+
+def _lora_base(info: dict, dtype):
+    """The run's base model (``base_model_path``) with adapters of its rank, alpha and targets, on one device."""
+    spec = info["lora"]
+    base_path = info.get("base_model_path")
+    if not base_path or not os.path.isfile(os.path.join(base_path, "config.json")):
+        raise FileNotFoundError(f"the LoRA run's base model {base_path!r} is not a Hugging Face directory any more: "
+                                "the checkpoint holds only the adapters")
+    mesh = single_device_mesh()
+    model = from_pretrained(base_path, mesh=mesh, dtype=dtype, param_dtype=dtype, task=info["task"])
+    return lora.with_adapters(model, lora.LoraSpec(int(spec["rank"]), float(spec["alpha"]), tuple(spec["targets"])), mesh)
 
 
 def main(argv: list[str] | None = None) -> int:

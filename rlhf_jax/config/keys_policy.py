@@ -71,6 +71,16 @@ MODEL = (
     Key(A + "model.use_remove_padding", True,
         "Pack sequences in rows for the training passes, the samples of a prompt sharing one copy of it (no "
         "FLOPs on padding or repeated prompts; exact). False = padded rows cut to the longest ones."),
+    Key(A + "model.lora_rank", 0,
+        "LoRA rank of the actor's adapters; 0 = off (every weight trains). With LoRA only the adapters train and "
+        "the reference is the base model with the adapters off."),
+    Key(A + "model.lora_alpha", 16.0, "LoRA scaling: adapters are scaled by lora_alpha / lora_rank (PEFT's meaning)."),
+    Key(A + "model.target_modules", ("all-linear",),
+        "Projections that get adapters: all-linear (every q/k/v/o and gate/up/down projection) or names among "
+        "q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj.", type=tuple),
+    Key(A + "model.lora_adapter_path", None,
+        "A PEFT adapter directory (adapter_config.json + adapter_model.safetensors) to start from; its r, "
+        "lora_alpha and target_modules must equal the keys above.", type=str),
 )
 
 ACTOR = (
@@ -111,6 +121,13 @@ ACTOR = (
     Key(A + "actor.policy_loss.clip_cov_ub", 5.0, "clip_cov: upper covariance bound of eligible tokens."),
     Key(A + "actor.policy_loss.kl_cov_ratio", 0.0002, "kl_cov: fraction of tokens (top covariance) given a KL penalty."),
     Key(A + "actor.policy_loss.ppo_kl_coef", 0.1, "kl_cov: weight of the |log-ratio| penalty (verl's 0.1)."),
+    Key(A + "actor.freeze.freeze_emb", False, "Freeze the token embedding (no gradient, no optimizer state)."),
+    Key(A + "actor.freeze.freeze_ln", False, "Freeze every norm weight (layer norms, q/k norms, the final norm)."),
+    Key(A + "actor.freeze.freeze_attn", False, "Freeze the attention projections (and their biases)."),
+    Key(A + "actor.freeze.freeze_ff", False, "Freeze the MLP (dense, or a MoE block's router and experts)."),
+    Key(A + "actor.freeze.freeze_other", False, "Freeze the remaining parameters (an untied lm_head)."),
+    Key(A + "actor.freeze.layers_not_to_freeze", (), "Decoder layer indices trained whatever the freeze flags say.",
+        type=tuple),
 ) + optim_keys(A + "actor.", 1e-6) + checkpoint_keys(A + "actor.")
 
 REF = (

@@ -25,6 +25,7 @@ READERS: dict[str, tuple[str, ...]] = {
         "data.tokenizer", "data.chat_template", _A + "model.path", _A + "model.revision", _A + "model.dtype", _A + "model.compute_dtype",
         _A + "model.enable_gradient_checkpointing", _A + "model.remat_policy", _A + "model.attn_implementation",
         "critic.model.enable_gradient_checkpointing", "critic.model.remat_policy", "mesh.logical_axis_rules",
+        _A + "model.lora_rank", _A + "model.lora_alpha", _A + "model.target_modules", _A + "model.lora_adapter_path",
         "mesh.rollout_devices",
     ),
     "rlhf_jax.config.validate": (
@@ -47,6 +48,7 @@ READERS: dict[str, tuple[str, ...]] = {
         "critic.forward_max_token_len_per_gpu",
     ),
     "rlhf_jax.train.optim": (_A + "actor.optim.*", "critic.optim.*"),
+    "rlhf_jax.train.freeze": (_A + "actor.freeze.*",),
     "rlhf_jax.train.trainer": (
         _A + "actor.shuffle", _A + "actor.grad_clip", _A + "actor.clip_ratio_low", _A + "actor.clip_ratio_high",
         _A + "actor.clip_ratio_c", _A + "actor.entropy_coeff", _A + "actor.kl_loss_coef",
@@ -88,6 +90,7 @@ READERS: dict[str, tuple[str, ...]] = {
 EVIDENCE: dict[str, str] = {
     "data.train_files": "_files", "data.val_files": "_files", "data.train_split": "_split",
     "data.val_split": "_split", "data.train_max_samples": "_max_samples", "data.val_max_samples": "_max_samples",
+    **{_A + f"actor.freeze.freeze_{g}": 'f"freeze_{g}"' for g in ("emb", "ln", "attn", "ff", "other")},
 }
 
 # Keys accepted on purpose with no effect of their own (none today: each schema key is read).

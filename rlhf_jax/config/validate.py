@@ -146,6 +146,14 @@ def _check_ranges(cfg: ConfigDict) -> None:
         _positive(cfg, ("critic.ppo_mini_batch_size", "critic.ppo_epochs"))
         _micro_sizes(cfg, ("critic.ppo_micro_batch_size_per_gpu", "critic.forward_micro_batch_size_per_gpu"))
     actor, rollout = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout
+    model = cfg.actor_rollout_ref.model
+    if model.lora_rank < 0:
+        raise ValueError(f"{a}model.lora_rank={model.lora_rank} must be >= 0 (0 = no LoRA)")
+    if model.lora_rank and not model.lora_alpha > 0:
+        raise ValueError(f"{a}model.lora_alpha={model.lora_alpha} must be > 0")
+    if model.lora_adapter_path and not model.lora_rank:
+        raise ValueError(f"{a}model.lora_adapter_path is set but {a}model.lora_rank=0: set lora_rank (and "
+                         "lora_alpha, target_modules) to the adapter's")
     for path in ("clip_ratio", "clip_ratio_low", "clip_ratio_high"):
         if not getattr(actor, path) > 0:
             raise ValueError(f"{a}actor.{path}={getattr(actor, path)} must be > 0")

@@ -95,6 +95,7 @@ class ModelConfig:
     param_dtype: Any = jnp.float32
     remat: str = "none"  # one of REMAT_POLICIES; True / False are read as "full" / "none"
     attn_impl: str = "auto"  # one of attention.IMPLEMENTATIONS
+    lora: Any = None  # a models.lora.LoraSpec: adapters on the projections it targets (None: a plain model)
     hf_config: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self):

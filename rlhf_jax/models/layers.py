@@ -13,6 +13,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from rlhf_jax.models.attention import attention, soft_cap
+from rlhf_jax.models import lora
 from rlhf_jax.models.config import ModelConfig
 from rlhf_jax.models.rope import apply_rope, rotary_cos_sin
 
@@ -116,10 +117,18 @@ class Attention(nnx.Module):
         if cfg.qk_norm:
             self.q_norm = norm(cfg, D, rngs)
             self.k_norm = norm(cfg, D, rngs)
+        lora.add_adapters(self, cfg, rngs, {
+            "q_proj": ((E,), (H, D), ("embed",), ("heads", "head_dim")),
+            "k_proj": ((E,), (K, D), ("embed",), ("kv_heads", "head_dim")),
+            "v_proj": ((E,), (K, D), ("embed",), ("kv_heads", "head_dim")),
+            "o_proj": ((H, D), (E,), ("heads", "head_dim"), ("embed",))})
 
     def _project(self, x: jax.Array, name: str) -> jax.Array:
         dt = self.cfg.dtype
         y = jnp.einsum("bte,ehd->bthd", x, getattr(self, f"{name}_proj")[...].astype(dt))
+        adapter = lora.low_rank(self, self.cfg, f"{name}_proj", x, 1)
+        if adapter is not None:
+            y = y + adapter
         if self.cfg.qkv_bias:
             y = y + getattr(self, f"{name}_bias")[...].astype(dt)
         return y
@@ -170,7 +179,11 @@ class Attention(nnx.Module):
         # One (B, T, H*D) @ (H*D, E) matmul: with two contracted axes XLA:CPU transposed the weight to (D, H, E)
         # on every call (a decode step copied every layer's o_proj).
         B, T, H, D = out_BTHD.shape
-        out = out_BTHD.astype(dt).reshape(B, T, H * D) @ self.o_proj[...].astype(dt).reshape(H * D, -1)
+        flat = out_BTHD.astype(dt).reshape(B, T, H * D)
+        out = flat @ self.o_proj[...].astype(dt).reshape(H * D, -1)
+        adapter = lora.low_rank(self, self.cfg, "o_proj", flat, 1, in_shape=(H * D,))
+        if adapter is not None:
+            out = out + adapter
         if self.cfg.o_bias:
             out = out + self.o_bias[...].astype(dt)
         return out
@@ -199,15 +212,24 @@ class MLP(nnx.Module):
             self.gate_bias = param(rngs, (F,), ("mlp",), pd, init="zeros")
             self.up_bias = param(rngs, (F,), ("mlp",), pd, init="zeros")
             self.down_bias = param(rngs, (E,), ("embed",), pd, init="zeros")
+        lora.add_adapters(self, cfg, rngs, {
+            "gate_proj": ((E,), (F,), ("embed",), ("mlp",)), "up_proj": ((E,), (F,), ("embed",), ("mlp",)),
+            "down_proj": ((F,), (E,), ("mlp",), ("embed",))})
 
     def __call__(self, x_BTE: jax.Array) -> jax.Array:
         dt, bias = self.cfg.dtype, self.cfg.mlp_bias
-        gate = x_BTE @ self.gate_proj[...].astype(dt)
-        up = x_BTE @ self.up_proj[...].astype(dt)
+        gate = self._adapted(x_BTE @ self.gate_proj[...].astype(dt), "gate_proj", x_BTE)
+        up = self._adapted(x_BTE @ self.up_proj[...].astype(dt), "up_proj", x_BTE)
         if bias:
             gate, up = gate + self.gate_bias[...].astype(dt), up + self.up_bias[...].astype(dt)
-        out = (ACTIVATION_FNS[self.cfg.hidden_act](gate) * up) @ self.down_proj[...].astype(dt)
+        hidden = ACTIVATION_FNS[self.cfg.hidden_act](gate) * up
+        out = self._adapted(hidden @ self.down_proj[...].astype(dt), "down_proj", hidden)
         return out + self.down_bias[...].astype(dt) if bias else out
+
+    def _adapted(self, y, name: str, x):
+        """``y`` plus the LoRA path of projection ``name`` from its input ``x`` (``y`` itself without an adapter)."""
+        adapter = lora.low_rank(self, self.cfg, name, x, 1)
+        return y if adapter is None else y + adapter
 
 
 class DecoderLayer(nnx.Module):

@@ -4,6 +4,11 @@ Every hot step is a ``jax.jit`` with explicit input/output shardings: parameters
 optimizer state keep the layout their logical axes give them (FSDP / tensor
 parallel), batch arrays are split over the batch axes, metrics are replicated.
 Updates donate the old parameters and optimizer state.
+
+A role may train only part of its parameters (frozen groups, or only the LoRA adapters): ``params``
+holds the trained ones, ``frozen`` the rest. Gradients and optimizer state exist only for ``params``;
+``frozen`` is passed to every step unchanged and never donated, so another role (the reference under
+LoRA) can share its arrays.
 """
 
 from __future__ import annotations
@@ -25,14 +30,17 @@ from rlhf_jax.train import packed_steps, steps
 class Role:
     """One model with optional optimizer; ``params`` / ``opt_state`` are replaced by each update."""
 
-    def __init__(self, model: nnx.Module, mesh: Mesh, tx: optax.GradientTransformation | None = None, lr_fn: Callable | None = None):
-        self.graphdef, self.params = nnx.split(model)
+    def __init__(self, model: nnx.Module, mesh: Mesh, tx: optax.GradientTransformation | None = None,
+                 lr_fn: Callable | None = None, trainable: Callable | None = None):
+        """``trainable``: an ``nnx`` filter ``(path, value) -> bool`` of the trained parameters (None: all)."""
+        self.graphdef, self.params, self.frozen = nnx.split(model, trainable or nnx.Param, ...)
         self.config = model.config
         self.task = model.task
         self.metric_prefix = "critic" if model.task == TASK_TOKEN_VALUE else "actor"
         self.mesh = mesh
         self.tx, self.lr_fn = tx, lr_fn
         self.param_shardings = jax.tree.map(lambda x: x.sharding, self.params)
+        self.frozen_shardings = jax.tree.map(lambda x: x.sharding, self.frozen)
         self.opt_state = None
         self.opt_shardings = None
         if tx is not None:
@@ -46,7 +54,20 @@ class Role:
     # ----------------------------------------------------------------- helpers
     def model(self) -> nnx.Module:
         """An NNX view of the current parameters (for sampling and export)."""
-        return nnx.merge(self.graphdef, self.params)
+        return nnx.merge(self.graphdef, self.params, self.frozen)
+
+    def state(self) -> nnx.State:
+        """Every parameter (trained and frozen) as one state; no copy."""
+        return nnx.merge_state(self.params, self.frozen)
+
+    def state_shardings(self):
+        return nnx.merge_state(self.param_shardings, self.frozen_shardings)
+
+    def load_trained(self, state: nnx.State) -> None:
+        """Take the trained parameters from a whole state (a restored checkpoint). The frozen ones are kept: they
+        equal the checkpoint's, and another role may share their arrays."""
+        trained = {path for path, _ in nnx.to_flat_state(self.params)}
+        self.params = nnx.from_flat_state([(p, v) for p, v in nnx.to_flat_state(state) if p in trained])
 
     def _batch_shardings(self, batch: dict) -> dict[str, NamedSharding]:
         return {k: batch_sharding(self.mesh, v.ndim) for k, v in batch.items()}
@@ -68,7 +89,7 @@ class Role:
             lambda: jax.jit(
                 functools.partial(steps.forward_log_probs, self.graphdef, n_micro=n_micro, temperature=temperature,
                                   with_entropy=with_entropy),
-                in_shardings=(self.param_shardings, self._batch_shardings(inputs)),
+                in_shardings=(self.state_shardings(), self._batch_shardings(inputs)),
                 out_shardings=batch_sharding(self.mesh, 2) if not with_entropy else (batch_sharding(self.mesh, 2),) * 2,
             ),
         )
@@ -78,18 +99,18 @@ class Role:
             ("values", n_micro, tuple((k, v.shape) for k, v in inputs.items())),
             lambda: jax.jit(
                 functools.partial(steps.forward_values, self.graphdef, n_micro=n_micro),
-                in_shardings=(self.param_shardings, self._batch_shardings(inputs)),
+                in_shardings=(self.state_shardings(), self._batch_shardings(inputs)),
                 out_shardings=batch_sharding(self.mesh, 2),
             ),
         )
 
     def log_probs(self, batch: dict, *, n_micro: int, temperature: float, with_entropy: bool = False):
         inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "responses")}
-        return self._logp_fn(inputs, n_micro, temperature, with_entropy)(self.params, inputs)
+        return self._logp_fn(inputs, n_micro, temperature, with_entropy)(self.state(), inputs)
 
     def values(self, batch: dict, *, n_micro: int):
         inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "responses")}
-        return self._values_fn(inputs, n_micro)(self.params, inputs)
+        return self._values_fn(inputs, n_micro)(self.state(), inputs)
 
     # ----------------------------------------------------------------- updates
     def _update_fn(self, name: str, step_fn: Callable, spec: Any, mb: dict, n_extra: int, n_micro: int) -> Callable:
@@ -98,15 +119,16 @@ class Role:
             (name, spec, n_micro, tuple((k, v.shape) for k, v in mb.items())),
             lambda: jax.jit(
                 functools.partial(step_fn, self.graphdef, self.tx, spec, n_micro=n_micro),
-                in_shardings=(self.param_shardings, self.opt_shardings, self._batch_shardings(mb)) + (rep,) * n_extra,
+                in_shardings=(self.param_shardings, self.frozen_shardings, self.opt_shardings,
+                              self._batch_shardings(mb)) + (rep,) * n_extra,
                 out_shardings=(self.param_shardings, self.opt_shardings, rep),
-                donate_argnums=(0, 1),
+                donate_argnums=(0, 2),
             ),
         )
 
     def _update(self, name: str, step_fn: Callable, spec: Any, mb: dict, extra: tuple, n_micro: int) -> dict:
         fn = self._update_fn(name, step_fn, spec, mb, len(extra), n_micro)
-        self.params, self.opt_state, metrics = fn(self.params, self.opt_state, mb, *extra)
+        self.params, self.opt_state, metrics = fn(self.params, self.frozen, self.opt_state, mb, *extra)
         return metrics
 
     def update_actor(self, spec: steps.ActorLossSpec, mb: dict, rng: jax.Array, *, n_micro: int) -> dict:
@@ -120,9 +142,9 @@ class Role:
         """The padded pass ``kind`` (logp, values, update) compiled for abstract shapes (for the memory plan)."""
         inputs = self._abstract(batch_specs)
         if kind == "logp":
-            return self._logp_fn(inputs, n_micro, temperature, False).lower(self.params, inputs).compile()
+            return self._logp_fn(inputs, n_micro, temperature, False).lower(self.state(), inputs).compile()
         if kind == "values":
-            return self._values_fn(inputs, n_micro).lower(self.params, inputs).compile()
+            return self._values_fn(inputs, n_micro).lower(self.state(), inputs).compile()
         rep = replicated(self.mesh)
         extra = ()
         if self.metric_prefix == "actor":
@@ -131,7 +153,7 @@ class Role:
         step_fn = steps.actor_update if extra else steps.critic_update
         name = "actor_update" if extra else "critic_update"
         fn = self._update_fn(name, step_fn, spec, inputs, len(extra), n_micro)
-        return fn.lower(self.params, self.opt_state, inputs, *extra).compile()
+        return fn.lower(self.params, self.frozen, self.opt_state, inputs, *extra).compile()
 
     # ----------------------------------------------------------------- packed passes
     # Packed passes are compiled ahead of time (``lower(...).compile()``) from abstract shapes, so the memory
@@ -163,9 +185,9 @@ class Role:
             micro = self._packed_micro(micro_shape, logit_size)
             grid = jax.ShapeDtypeStruct(grid_shape, jnp.float32, sharding=rows)
             fn = jax.jit(functools.partial(step_fn, self.graphdef, dp=dp, **static),
-                         in_shardings=(self.param_shardings, rows, self._batch_shardings(micro)),
+                         in_shardings=(self.state_shardings(), rows, self._batch_shardings(micro)),
                          out_shardings=rows, donate_argnums=(1,))
-            return fn, (self.params, grid, micro)
+            return fn, (self.state(), grid, micro)
 
         return self._compile(("packed_" + kind, tuple(micro_shape), logit_size, tuple(grid_shape), dp,
                               tuple(sorted(static.items()))), make)
@@ -175,7 +197,7 @@ class Role:
         for micro in micros:
             program = self.packed_forward_program(kind, micro["input_ids"].shape, micro["logit_positions"].shape[0],
                                                   grid_shape, dp, **static)
-            grid = program(self.params, grid, micro)
+            grid = program(self.state(), grid, micro)
         return grid
 
     def log_probs_packed(self, micros: list[dict], grid_shape: tuple[int, int], *, dp: int, temperature: float):
@@ -204,10 +226,10 @@ class Role:
                 key = jax.eval_shape(lambda: jax.random.key(0))
                 extra = (jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=rep),)
             fn = jax.jit(functools.partial(grads_fn, self.graphdef, spec, dp=dp),
-                         in_shardings=(self.param_shardings, self.param_shardings, self._batch_shardings(micro),
-                                       self._batch_shardings(grid)) + (rep,) * len(extra),
-                         out_shardings=(self.param_shardings, rep, rep), donate_argnums=(1,))
-            return fn, (self.params, self.params, micro, grid, *extra)
+                         in_shardings=(self.param_shardings, self.frozen_shardings, self.param_shardings,
+                                       self._batch_shardings(micro), self._batch_shardings(grid)) + (rep,) * len(extra),
+                         out_shardings=(self.param_shardings, rep, rep), donate_argnums=(2,))
+            return fn, (self.params, self.frozen, self.params, micro, grid, *extra)
 
         return self._compile(("packed_grads", spec, tuple(micro_shape), logit_size, tuple(sorted(grid_specs.items())), dp),
                              make)
@@ -233,7 +255,7 @@ class Role:
             extra = (keys[i],) if keys is not None else ()
             program = self.packed_grads_program(spec, micro["input_ids"].shape, micro["logit_positions"].shape[0],
                                                 grid_specs, dp)
-            grads, aux, count = program(self.params, grads, micro, grid, *extra)
+            grads, aux, count = program(self.params, self.frozen, grads, micro, grid, *extra)
             per_micro.append(aux)
             tokens.append(count)
         self.params, self.opt_state, grad_norm = self._apply_program()(self.params, self.opt_state, grads)

@@ -104,7 +104,7 @@ def forward_values(graphdef, params, grid_acc, micro: Batch, *, dp: int):
     return grid_acc + scatter_to_grid(packed_values(model, micro, dp), micro["logit_targets"], grid_acc.shape, dp)
 
 
-def actor_grads(graphdef, spec: ActorLossSpec, params, grad_acc, micro: Batch, grid: Batch, key, *, dp: int):
+def actor_grads(graphdef, spec: ActorLossSpec, params, frozen, grad_acc, micro: Batch, grid: Batch, key, *, dp: int):
     """Add one micro-batch's actor gradient into ``grad_acc``; returns (grad_acc, metrics, token count)."""
     mask = grid["response_mask"].astype(jnp.float32)
     den, den_plain = actor_denominators(spec, mask)
@@ -113,7 +113,7 @@ def actor_grads(graphdef, spec: ActorLossSpec, params, grad_acc, micro: Batch, g
     moe = spec.router_aux_loss_coef is not None
 
     def loss_fn(p):
-        model = nnx.merge(graphdef, p)
+        model = nnx.merge(graphdef, p, frozen)
         out = packed_log_probs(model, micro, spec.temperature, True, dp, with_router_stats=moe)
         (logp_c, ent_c), stats = out if moe else (out, None)
         logp = scatter_to_grid(logp_c, micro["logit_targets"], mask.shape, dp)
@@ -127,14 +127,14 @@ def actor_grads(graphdef, spec: ActorLossSpec, params, grad_acc, micro: Batch, g
     return jax.tree.map(jnp.add, grad_acc, grads), aux, jnp.sum(m_mask)
 
 
-def critic_grads(graphdef, spec: CriticLossSpec, params, grad_acc, micro: Batch, grid: Batch, *, dp: int):
+def critic_grads(graphdef, spec: CriticLossSpec, params, frozen, grad_acc, micro: Batch, grid: Batch, *, dp: int):
     """Add one micro-batch's critic gradient into ``grad_acc``; returns (grad_acc, metrics, token count)."""
     mask = grid["response_mask"].astype(jnp.float32)
     den = algos.loss_denominator(mask, spec.loss_agg_mode, norm_constant=spec.norm_constant)
     m_mask = mask * covered_mask(micro, mask.shape, dp)
 
     def loss_fn(p):
-        model = nnx.merge(graphdef, p)
+        model = nnx.merge(graphdef, p, frozen)
         values = scatter_to_grid(packed_values(model, micro, dp), micro["logit_targets"], mask.shape, dp)
         return critic_loss(spec, values, grid, m_mask, den)
 

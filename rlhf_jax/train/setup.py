@@ -141,3 +141,68 @@ def load_policy(cfg: ConfigDict, model_path: str, mesh, rules, *, role: str = "a
         path or model_path, mesh=mesh, rules=rules, dtype=DTYPES[model_cfg.compute_dtype],
         param_dtype=DTYPES[model_cfg.dtype], remat=remat, attn_impl=model_cfg.attn_implementation, task=task,
     )
+
+
+LORA_KEY = "actor_rollout_ref.model."
+
+
+def lora_spec(cfg: ConfigDict):
+    """The actor's ``models.lora.LoraSpec`` (None when ``lora_rank`` is 0)."""
+    from rlhf_jax.models import lora
+
+    m = cfg.actor_rollout_ref.model
+    if not m.lora_rank:
+        return None
+    return lora.LoraSpec(int(m.lora_rank), float(m.lora_alpha),
+                         lora.resolve_targets(m.target_modules, key=LORA_KEY + "target_modules"))
+
+
+def actor_trainable(cfg: ConfigDict, model_path: str):
+    """What the actor's updates train, as an ``nnx`` filter (None: everything): the LoRA adapters, or what the
+    freeze section leaves. Checked against the model's abstract parameters before any weight is read."""
+    from flax import nnx
+
+    from rlhf_jax.models import lora, lora_peft
+    from rlhf_jax.models.hf_import import build_abstract
+    from rlhf_jax.train import freeze
+
+    freeze_spec = freeze.FreezeSpec.from_config(cfg.actor_rollout_ref.actor.freeze)
+    spec = lora_spec(cfg)
+    if spec is None and not freeze_spec.active:
+        return None
+    model_cfg = models.from_hf_dict(models.load_hf_config(model_path))
+    if spec is not None:
+        if freeze_spec.active:
+            raise ValueError(f"{LORA_KEY}lora_rank={spec.rank} trains only the adapters: unset "
+                             f"{freeze.KEY}* (the base weights are frozen already)")
+        if model_cfg.num_experts:
+            raise ValueError(f"{LORA_KEY}lora_rank: LoRA on Mixture-of-Experts models is not supported")
+        if model_cfg.model_type == "phi3":
+            raise ValueError(f"{LORA_KEY}lora_rank: LoRA on Phi-3 (fused qkv_proj / gate_up_proj) is not supported")
+        adapter = cfg.actor_rollout_ref.model.lora_adapter_path
+        if adapter:
+            try:
+                found = lora_peft.spec_from_config(lora_peft.read_config(adapter))
+            except ValueError as e:
+                raise ValueError(f"{LORA_KEY}lora_adapter_path: {e}") from None
+            if found != spec:
+                raise ValueError(f"{LORA_KEY}lora_adapter_path={adapter!r} has r={found.rank}, lora_alpha={found.alpha:g}, "
+                                 f"target_modules={list(found.targets)}; set lora_rank, lora_alpha and target_modules "
+                                 "to match it")
+        return lora.adapter_filter
+    _, state = nnx.split(build_abstract(model_cfg, models.TASK_CAUSAL_LM))
+    return freeze.check(freeze_spec, state, model_cfg.num_hidden_layers)
+
+
+def load_actor(cfg: ConfigDict, model_path: str, mesh, rules):
+    """The actor model: the checkpoint, with LoRA adapters when ``lora_rank`` > 0 (fresh, or read from
+    ``lora_adapter_path``)."""
+    from rlhf_jax.models import lora, lora_peft
+
+    model = load_policy(cfg, model_path, mesh, rules)
+    spec = lora_spec(cfg)
+    if spec is None:
+        return model
+    model = lora.with_adapters(model, spec, mesh, rules, seed=int(cfg.trainer.seed))
+    adapter = cfg.actor_rollout_ref.model.lora_adapter_path
+    return lora_peft.load_adapter(model, adapter) if adapter else model

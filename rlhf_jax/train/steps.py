@@ -252,8 +252,10 @@ def actor_denominators(spec: ActorLossSpec, mask):
             algos.loss_denominator(mask, spec.loss_agg_mode, norm_constant=spec.norm_constant))
 
 
-def actor_update(graphdef, tx, spec: ActorLossSpec, params, opt_state, mb: Batch, rng, *, n_micro: int):
-    """One optimizer step on one mini-batch, accumulating gradients over ``n_micro`` micro-batches."""
+def actor_update(graphdef, tx, spec: ActorLossSpec, params, frozen, opt_state, mb: Batch, rng, *, n_micro: int):
+    """One optimizer step on one mini-batch, accumulating gradients over ``n_micro`` micro-batches.
+
+    ``params`` are the trained parameters (differentiated, updated), ``frozen`` the rest (constant)."""
     mask = mb["response_mask"].astype(jnp.float32)
     den, den_plain = actor_denominators(spec, mask)
     micro = split_micro(mb, n_micro)
@@ -265,7 +267,7 @@ def actor_update(graphdef, tx, spec: ActorLossSpec, params, opt_state, mb: Batch
         m, key = xs
 
         def loss_fn(p):
-            model = nnx.merge(graphdef, p)
+            model = nnx.merge(graphdef, p, frozen)
             m_mask = m["response_mask"].astype(jnp.float32)
             args = (model, m["input_ids"], m["attention_mask"], m["responses"], spec.temperature, True)
             if spec.router_aux_loss_coef is None:
@@ -293,7 +295,7 @@ def critic_loss(spec: CriticLossSpec, vpreds, m: Batch, m_mask, den):
     return loss, {"critic/vf_loss": loss, "critic/vf_clipfrac": clipfrac, "critic/vpred_mean": vpred_mean}
 
 
-def critic_update(graphdef, tx, spec: CriticLossSpec, params, opt_state, mb: Batch, *, n_micro: int):
+def critic_update(graphdef, tx, spec: CriticLossSpec, params, frozen, opt_state, mb: Batch, *, n_micro: int):
     """One critic optimizer step on one mini-batch (clipped value loss)."""
     mask = mb["response_mask"].astype(jnp.float32)
     den = algos.loss_denominator(mask, spec.loss_agg_mode, norm_constant=spec.norm_constant)
@@ -304,7 +306,7 @@ def critic_update(graphdef, tx, spec: CriticLossSpec, params, opt_state, mb: Bat
 
     def micro_step(grad_acc, m):
         def loss_fn(p):
-            model = nnx.merge(graphdef, p)
+            model = nnx.merge(graphdef, p, frozen)
             vpreds = response_values(model, m["input_ids"], m["attention_mask"], R)
             return critic_loss(spec, vpreds, m, m["response_mask"], den)
 

@@ -34,7 +34,10 @@ from rlhf_jax import algos
 from rlhf_jax.algos.rollout_correction import correction_from_config, rollout_correction
 from rlhf_jax.config import resolve_model_path
 from rlhf_jax.data import PromptBatch, loader_from_config
-from rlhf_jax.models import TASK_TOKEN_VALUE, save_pretrained
+from flax import nnx
+
+from rlhf_jax.models import TASK_TOKEN_VALUE, lora, save_pretrained
+from rlhf_jax.models.lora_peft import ADAPTER_DIR, save_adapter
 from rlhf_jax.rewards import RewardManager, place_on_last_token
 from rlhf_jax.rewards.reward_model import decode_responses
 from rlhf_jax.parallel import batch_sharding
@@ -53,10 +56,11 @@ from rlhf_jax.train import ckpt_contents, run_lock
 from rlhf_jax.train.profiling import StepProfiler
 from rlhf_jax.train.preemption import STOP, StepAbandoned, StopRequest
 from rlhf_jax.train.passes import PassPlan, compile_pass, describe, fit_pass, free_device_memory, gib, memory_hint, plan_passes
-from rlhf_jax.train.setup import Components, load_policy, prepare
+from rlhf_jax.train.setup import Components, actor_trainable, load_actor, load_policy, prepare
 from rlhf_jax.train.steps import ActorLossSpec, CriticLossSpec, advantage_stage
 
 log = logging.getLogger(__name__)
+
 
 
 def router_aux_loss_coef(cfg: ConfigDict, model_cfg) -> float | None:
@@ -122,9 +126,15 @@ class Trainer:
         arr = cfg.actor_rollout_ref
 
         tx, lr_fn = make_optimizer(arr.actor.optim, arr.actor.grad_clip, self.total_steps, d.actor_updates_per_step)
-        self.actor = Role(load_policy(cfg, c.model_path, self.mesh, c.rules), self.mesh, tx, lr_fn)
-        # The reference is its own frozen copy: the actor's arrays are donated and replaced by every update.
-        self.ref = Role(load_policy(cfg, c.model_path, self.mesh, c.rules, role="ref"), self.mesh) if d.need_ref else None
+        trainable = actor_trainable(cfg, c.model_path)  # checks the freeze / LoRA keys before any weight is read
+        self.actor = Role(load_actor(cfg, c.model_path, self.mesh, c.rules), self.mesh, tx, lr_fn, trainable)
+        self.lora = self.actor.config.lora
+        # Without LoRA the reference is its own frozen copy: the actor's arrays are donated and replaced by every
+        # update. With LoRA it is the base model with the adapters off: the actor's frozen arrays, shared.
+        self.ref = None
+        if d.need_ref:
+            self.ref = Role(self._base_model(), self.mesh) if self.lora else Role(
+                load_policy(cfg, c.model_path, self.mesh, c.rules, role="ref"), self.mesh)
         self.critic = None
         if cfg.critic.enable:
             ctx, clr = make_optimizer(cfg.critic.optim, cfg.critic.grad_clip, self.total_steps, d.critic_updates_per_step)
@@ -133,11 +143,14 @@ class Trainer:
                                            path=critic_path),
                                self.mesh, ctx, clr)
         self._key_fn = key_function(self.mesh)
-        # Sampling runs on the training mesh, or on devices of its own (mesh.rollout_devices).
+        # Sampling runs on the training mesh, or on devices of its own (mesh.rollout_devices). Under LoRA it runs the
+        # plain model on weights with the adapters merged in (``_sampler_params``).
         self.rollout_mesh = c.rollout_mesh
         self._rollout_params_of: tuple[Any, Any] | None = None  # (actor params, their copy on the rollout mesh)
-        self.sampler = Sampler(self.actor.graphdef, mesh=self.rollout_mesh or self.mesh, rules=c.rules,
+        self.sampler = Sampler(lora.plain_graphdef(self.actor.config, self.actor.task) if self.lora else self.actor.graphdef,
+                               mesh=self.rollout_mesh or self.mesh, rules=c.rules,
                                max_positions=self.actor.config.max_position_embeddings)
+        self._merge_fn = None
         self.reward_manager = RewardManager.from_config(cfg.reward_model, cfg.custom_reward_function,
                                                         max_response_length=cfg.actor_rollout_ref.rollout.response_length)
         self.reward_model = None
@@ -166,7 +179,7 @@ class Trainer:
         self.logger = MetricLogger(self.log_dir, cfg.trainer.logger, total_steps=self.total_steps, enabled=self.is_main,
                                    run=(cfg.trainer.project_name, cfg.trainer.experiment_name, cfg.to_dict()))
         self.step = 0
-        self.num_params = sum(x.size for x in jax.tree.leaves(self.actor.params))
+        self.num_params = sum(x.size for x in jax.tree.leaves(self.actor.state()))
         self.plans = plan_passes(cfg, actor_mlp_width=self.actor.config.intermediate_size,
                                  critic_mlp_width=self.critic.config.intermediate_size if self.critic else None)
         self._memory_planned = False
@@ -180,7 +193,9 @@ class Trainer:
             "seed": int(self.cfg.trainer.seed),
             "model": {"hf_config": self.actor.config.hf_config, "task": self.actor.task,
                       "tokenizer_path": self.c.tokenizer_path,
-                      "param_dtype": self.cfg.actor_rollout_ref.model.dtype},
+                      "param_dtype": self.cfg.actor_rollout_ref.model.dtype,
+                      "lora": dataclasses.asdict(self.lora) if self.lora else None,
+                      "base_model_path": self.c.model_path},
         }
         if "extra" in self.cfg.actor_rollout_ref.actor.checkpoint.save_contents:
             state.update(kl_coef=float(self.kl_ctrl["value"]), data_state=self.loader.get_state())
@@ -188,7 +203,9 @@ class Trainer:
 
     def _role_arrays(self) -> dict[str, Any]:
         """Every checkpointable array tree of this run, by checkpoint item name."""
-        arrays = {"actor_params": self.actor.params, "actor_opt": self.actor.opt_state}
+        # Frozen parameters too (the export tool reads them here), except the base weights of a LoRA run: those are
+        # the base model's, read again from its directory.
+        arrays = {"actor_params": self.actor.params if self.lora else self.actor.state(), "actor_opt": self.actor.opt_state}
         if self.critic is not None:
             arrays.update(critic_params=self.critic.params, critic_opt=self.critic.opt_state)
         return arrays
@@ -233,7 +250,8 @@ class Trainer:
             step = previous
         if step is None:
             return
-        self.actor.params = restored.get("actor_params", self.actor.params)
+        if "actor_params" in restored:
+            self.actor.load_trained(restored["actor_params"])
         self.actor.opt_state = restored.get("actor_opt", self.actor.opt_state)
         if self.critic is not None:
             self.critic.params = restored.get("critic_params", self.critic.params)
@@ -256,9 +274,32 @@ class Trainer:
         return extra, ckpt.restore_arrays(step, {item: everything[item] for item in items}) if items else {}
 
     def export_hf(self) -> str:
+        """The actor as a plain HF directory (adapters merged); with LoRA also the adapter alone in PEFT's layout
+        (``<dir>/lora_adapter``)."""
         out = os.path.join(self.out_dir, "hf", f"global_step_{self.step}")
-        save_pretrained(self.actor.model(), out, tokenizer=self.tok, copy_from=self.c.model_path)
+        model = self.actor.model()
+        save_pretrained(lora.merged_model(model), out, tokenizer=self.tok, copy_from=self.c.model_path)
+        if self.lora:
+            save_adapter(model, os.path.join(out, ADAPTER_DIR), base_model=self.c.model_path)
         return out
+
+    # ------------------------------------------------------------------ LoRA
+    def _base_model(self):
+        """The base model (adapters off) over the actor's frozen arrays: no copy."""
+        return nnx.merge(lora.plain_graphdef(self.actor.config, self.actor.task), self.actor.frozen)
+
+    def _sampler_params(self):
+        """The sampler's weights: the actor's, with the adapters merged in under LoRA (a temporary copy of the
+        adapted weights only, for the rollout; the decode step then runs no extra low-rank matmuls)."""
+        if not self.lora:
+            return self.actor.state()
+        state = self.actor.state()
+        if self._merge_fn is None:
+            shardings = {lora.path_key(p): v.get_value() for p, v in nnx.to_flat_state(self.actor.frozen_shardings)}
+            shapes = jax.eval_shape(functools.partial(lora.merged_weights, spec=self.lora), state)
+            self._merge_fn = jax.jit(functools.partial(lora.merged_weights, spec=self.lora),
+                                     out_shardings={k: shardings[k] for k in shapes})
+        return lora.merged_state(state, self.lora, self._merge_fn(state))
 
     # ------------------------------------------------------------------ rollout + scoring
     def _rollout_key(self, seed: int, step: int) -> jax.Array:
@@ -266,19 +307,21 @@ class Trainer:
         return self._key_fn(seed, step)
 
     def _sampling_params(self):
-        """The actor's weights where the sampler runs: on separate rollout devices, a copy made once per update."""
-        params = self.actor.params
+        """The sampler's weights (``_sampler_params``) where it runs: on separate rollout devices, a copy made once
+        per update."""
+        params = self.actor.params  # replaced by every update
         if self.rollout_mesh is None:
-            return params
+            return self._sampler_params()
         if self._rollout_params_of is None or self._rollout_params_of[0] is not params:
-            shardings = jax.tree.map(lambda x: NamedSharding(self.rollout_mesh, x.sharding.spec), params)
-            self._rollout_params_of = (params, jax.device_put(params, shardings))
+            weights = self._sampler_params()
+            shardings = jax.tree.map(lambda x: NamedSharding(self.rollout_mesh, x.sharding.spec), weights)
+            self._rollout_params_of = (params, jax.device_put(weights, shardings))
         return self._rollout_params_of[1]
 
     def _generate(self, pb: PromptBatch, sampling, key, bucket: bool = True):
         """Sample from a (process-local) prompt batch (see train/generation.py); the result is on the training mesh."""
         if self.rollout_mesh is None:
-            return generate_batch(self.sampler, self.actor.params, self.mesh, self.cfg.derived.dp_size, pb, sampling,
+            return generate_batch(self.sampler, self._sampler_params(), self.mesh, self.cfg.derived.dp_size, pb, sampling,
                                   key, bucket)
         out, keep = generate_batch(self.sampler, self._sampling_params(), self.rollout_mesh,
                                    self.rollout_mesh.devices.size, pb, sampling, key, bucket)
