@@ -22,7 +22,7 @@ def test_split_placement_trains_like_the_shared_layout(tmp_path):
     assert len(train_devices) == len(rollout_devices) == 4 and not train_devices & rollout_devices
     trainer.fit()
     # The sampler's weights live on the rollout devices only, and are the trained ones.
-    sampling_params = trainer._sampling_params()
+    sampling_params = trainer._rollout_weights()
     for copy, trained in zip(jax.tree.leaves(sampling_params), jax.tree.leaves(trainer.actor.params)):
         assert set(copy.sharding.device_set) <= rollout_devices
         assert set(trained.sharding.device_set) <= train_devices
