@@ -49,11 +49,12 @@ READERS: dict[str, tuple[str, ...]] = {
     ),
     "rlhf_jax.train.optim": (_A + "actor.optim.*", "critic.optim.*"),
     "rlhf_jax.train.freeze": (_A + "actor.freeze.*",),
+    "rlhf_jax.train.trainer_checkpoints": (_A + "actor.checkpoint.*", "critic.checkpoint.*"),
     "rlhf_jax.train.trainer": (
         _A + "actor.shuffle", _A + "actor.grad_clip", _A + "actor.clip_ratio_low", _A + "actor.clip_ratio_high",
         _A + "actor.clip_ratio_c", _A + "actor.entropy_coeff", _A + "actor.kl_loss_coef",
         _A + "actor.router_aux_loss_coef", _A + "actor.kl_loss_type", _A + "actor.tis_imp_ratio_cap", _A + "actor.loss_agg_mode",
-        _A + "actor.loss_scale_factor", _A + "actor.policy_loss.*", _A + "actor.checkpoint.*", "critic.checkpoint.*",
+        _A + "actor.loss_scale_factor", _A + "actor.policy_loss.*",
         "critic.enable", "critic.model.path", "critic.model.revision", "critic.shuffle", "critic.grad_clip",
         "critic.cliprange_value", "critic.loss_agg_mode", "reward_model.enable", "algorithm.adv_estimator",
         "algorithm.gamma", "algorithm.lam", "algorithm.norm_adv_by_std_in_grpo", "algorithm.kl_penalty",
