@@ -49,7 +49,7 @@ READERS: dict[str, tuple[str, ...]] = {
     ),
     "rlhf_jax.train.optim": (_A + "actor.optim.*", "critic.optim.*"),
     "rlhf_jax.train.freeze": (_A + "actor.freeze.*",),
-    "rlhf_jax.train.trainer_checkpoints": (_A + "actor.checkpoint.*", "critic.checkpoint.*"),
+    "rlhf_jax.train.trainer_checkpoints": (_A + "actor.checkpoint.*", "critic.checkpoint.*", "trainer.resume_from_path"),
     "rlhf_jax.train.trainer": (
         _A + "actor.shuffle", _A + "actor.grad_clip", _A + "actor.clip_ratio_low", _A + "actor.clip_ratio_high",
         _A + "actor.clip_ratio_c", _A + "actor.entropy_coeff", _A + "actor.kl_loss_coef",
@@ -61,7 +61,7 @@ READERS: dict[str, tuple[str, ...]] = {
         "algorithm.filter_groups.*", "algorithm.kl_ctrl.*", "trainer.rollout_data_dir", "trainer.validation_data_dir",
         "trainer.log_val_generations", "trainer.default_local_dir", "trainer.save_freq", "trainer.test_freq",
         "trainer.val_before_train", "trainer.val_only", "trainer.critic_warmup", "trainer.resume_mode",
-        "trainer.resume_from_path", "trainer.max_actor_ckpt_to_keep", "trainer.save_hf_checkpoint",
+        "trainer.max_actor_ckpt_to_keep", "trainer.save_hf_checkpoint",
         "trainer.profile_steps", "trainer.profile_dir", "trainer.seed",
     ),
     "rlhf_jax.train.loggers": ("trainer.logger", "trainer.log_dir"),
