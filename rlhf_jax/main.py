@@ -33,11 +33,11 @@ def main(argv: list[str] | None = None) -> int:
     from rlhf_jax.train.checkpoint import CheckpointError, CheckpointWriteError
     from rlhf_jax.train.oom import out_of_memory_message
     from rlhf_jax.train.preemption import STOP
-    from rlhf_jax.train.trainer import Trainer
+    from rlhf_jax.train.tasks import trainer_class
 
     with STOP.installed():  # from here SIGTERM/SIGINT stop the run cleanly (train/preemption.py)
         try:  # everything that checks the config, data and checkpoints runs here, before any compilation
-            trainer = Trainer(cfg, lock_dir=True)
+            trainer = trainer_class(cfg.algorithm.type)(cfg, lock_dir=True)
         except (KeyError, ValueError, FileNotFoundError) as e:
             print(f"error: {e}", file=sys.stderr)
             return 2

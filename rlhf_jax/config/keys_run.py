@@ -112,6 +112,8 @@ CUSTOM_REWARD = (
 
 _G = "algorithm."
 ALGORITHM = (
+    Key(_G + "type", "rl", "What the run trains: rl = the online RL loop of algorithm.adv_estimator; other registered "
+        "trainers (rlhf_jax/train/tasks.py) by name."),
     Key(_G + "adv_estimator", "gae",
         "Advantage estimator: gae, grpo, rloo, reinforce_plus_plus, reinforce_plus_plus_baseline, remax, opo, gpg, "
         "grpo_passk, or a registered name."),

@@ -27,6 +27,7 @@ from rlhf_jax.config.consistency import check_consistency
 from rlhf_jax.config.derive import derive_batches
 from rlhf_jax.config.interpolation import has_reference, resolve
 from rlhf_jax.config.names import GROUP_ESTIMATORS, check_name
+from rlhf_jax.train import tasks
 
 log = logging.getLogger("rlhf_jax.config")
 
@@ -216,6 +217,7 @@ def _check_token_budgets(cfg: ConfigDict) -> None:
 def _check_algorithm(cfg: ConfigDict) -> None:
     a = "actor_rollout_ref.actor."
     actor, alg = cfg.actor_rollout_ref.actor, cfg.algorithm
+    tasks.check_type(alg.type)
     check_name("adv_estimator", alg.adv_estimator, "algorithm.adv_estimator")
     check_name("policy_loss", actor.policy_loss.loss_mode, a + "policy_loss.loss_mode")
     check_name("kl", alg.kl_penalty, "algorithm.kl_penalty")

@@ -125,6 +125,7 @@ def test_model_config_read_and_length_limit(tmp_path):
         (lambda c: setattr(c.actor_rollout_ref.ref, "log_prob_micro_batch_size_per_gpu", 7),
          r"actor_rollout_ref\.ref\.log_prob_micro_batch_size_per_gpu"),
         (lambda c: setattr(c.algorithm, "adv_estimator", "grpoo"), r"algorithm\.adv_estimator='grpoo' is not valid"),
+        (lambda c: setattr(c.algorithm, "type", "rlhf"), r"algorithm\.type='rlhf' is not valid: choose one of"),
         (lambda c: setattr(c.actor_rollout_ref.actor.policy_loss, "loss_mode", "ppo"),
          r"actor_rollout_ref\.actor\.policy_loss\.loss_mode='ppo' is not valid"),
         (lambda c: setattr(c.algorithm, "kl_penalty", "k4"), r"algorithm\.kl_penalty='k4' is not valid"),

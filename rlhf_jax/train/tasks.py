@@ -1,0 +1,29 @@
+"""Which trainer runs a config: ``algorithm.type`` names it.
+
+``rl`` is the online RL loop (its estimator is ``algorithm.adv_estimator``);
+other training kinds register their trainer class here by dotted path, so
+importing this module stays cheap and a stage list can name any of them.
+Every trainer offers the same three calls to ``main``: ``plan_memory()``,
+``fit()`` and ``close()``, and is built as ``cls(cfg, lock_dir=True)``.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+TRAINERS: dict[str, str] = {
+    "rl": "rlhf_jax.train.trainer:Trainer",
+}
+
+
+def check_type(name: str, key: str = "algorithm.type") -> None:
+    """Raise ValueError naming ``key`` when ``name`` is no registered trainer."""
+    if name not in TRAINERS:
+        raise ValueError(f"{key}={name!r} is not valid: choose one of {', '.join(sorted(TRAINERS))}")
+
+
+def trainer_class(name: str) -> type:
+    """The trainer class registered under ``name``."""
+    check_type(name)
+    module, attr = TRAINERS[name].split(":")
+    return getattr(importlib.import_module(module), attr)
