@@ -209,4 +209,18 @@ MESH = (
         "(logical axis name, mesh axis or axes or None) pairs; names not listed are replicated."),
 )
 
-KEYS: tuple[Key, ...] = CRITIC + REWARD + CUSTOM_REWARD + ALGORITHM + TRAINER + MESH
+EXPERIENCE = (
+    Key("experience.buffer_size", 1,
+        "Rollout batches sampled with one set of weights before training on them, one per step, oldest first "
+        "(seed 000's experience_buffer_size); batch i of a round trains i updates after its weights. What is "
+        "sampled but not yet trained on is saved with each checkpoint."),
+    Key("experience.overlap", False,
+        "Sample the next round on the rollout devices (mesh.rollout_devices, required) while the current one "
+        "trains: one-step off-policy with buffer_size 1 (a batch trains 1 update after its weights; K to 2K-1 "
+        "with buffer_size K). Correct the gap with algorithm.rollout_correction."),
+    Key("experience.max_staleness", None,
+        "Largest lag (updates between a batch's sampling weights and its training) the run may have; the "
+        "buffer size and overlap must stay within it. None = no bound; 0 = strictly on-policy.", type=int),
+)
+
+KEYS: tuple[Key, ...] = CRITIC + REWARD + CUSTOM_REWARD + ALGORITHM + TRAINER + MESH + EXPERIENCE

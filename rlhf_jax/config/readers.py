@@ -32,6 +32,7 @@ READERS: dict[str, tuple[str, ...]] = {
         # read to fill or check other keys: the sampler's length, the clip bounds, the checkpoint count, the mesh
         "data.max_response_length", _A + "actor.clip_ratio", "trainer.remove_previous_ckpt_in_save",
         "trainer.max_critic_ckpt_to_keep", "mesh.data", "mesh.fsdp", "mesh.tensor", "mesh.expert",
+        "experience.max_staleness",
     ),
     "rlhf_jax.config.derive": (
         _A + "actor.ppo_mini_batch_size", _A + "actor.ppo_micro_batch_size_per_gpu", _A + "actor.ppo_epochs",
@@ -50,6 +51,7 @@ READERS: dict[str, tuple[str, ...]] = {
     "rlhf_jax.train.optim": (_A + "actor.optim.*", "critic.optim.*"),
     "rlhf_jax.train.freeze": (_A + "actor.freeze.*",),
     "rlhf_jax.train.tasks": ("algorithm.type",),
+    "rlhf_jax.train.trainer_experience": ("experience.buffer_size", "experience.overlap"),
     "rlhf_jax.train.trainer_checkpoints": (_A + "actor.checkpoint.*", "critic.checkpoint.*", "trainer.resume_from_path"),
     "rlhf_jax.train.trainer": (
         _A + "actor.shuffle", _A + "actor.grad_clip", _A + "actor.clip_ratio_low", _A + "actor.clip_ratio_high",

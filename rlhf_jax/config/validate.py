@@ -382,6 +382,26 @@ def _train_devices(cfg: ConfigDict, num_devices: int, num_processes: int) -> int
     return num_devices - k
 
 
+def _experience(cfg: ConfigDict) -> None:
+    """The experience schedule (train/experience.py): sizes, the overlap's devices, the staleness bound."""
+    e = cfg.experience
+    if e.buffer_size < 1:
+        raise ValueError(f"experience.buffer_size={e.buffer_size} must be >= 1 (1 = train on each batch as it is "
+                         "sampled)")
+    if e.max_staleness is not None and e.max_staleness < 0:
+        raise ValueError(f"experience.max_staleness={e.max_staleness} must be >= 0 (0 = strictly on-policy) or None")
+    if e.overlap and cfg.mesh.rollout_devices == 0:
+        raise ValueError("experience.overlap=True samples while the training devices update, so the rollout needs "
+                         "devices of its own: set mesh.rollout_devices (e.g. half of the devices)")
+    lag = 2 * e.buffer_size - 1 if e.overlap else e.buffer_size - 1
+    if e.max_staleness is not None and lag > e.max_staleness:
+        raise ValueError(f"experience.max_staleness={e.max_staleness}: experience.buffer_size={e.buffer_size} with "
+                         f"experience.overlap={e.overlap} trains batches up to {lag} updates after their weights")
+    if (e.buffer_size > 1 or e.overlap) and cfg.algorithm.filter_groups.enable:
+        raise ValueError("algorithm.filter_groups.enable=True samples extra batches within a step; it needs "
+                         "experience.buffer_size=1 and experience.overlap=False")
+
+
 def finalize(
     cfg: ConfigDict,
     *,
@@ -415,6 +435,7 @@ def finalize(
     _check_axis_rules(out.mesh.logical_axis_rules)
     _check_trackers_installed(out.trainer.logger)
     train_devices = _train_devices(out, num_devices, num_processes)
+    _experience(out)
     mesh = resolve_mesh(out.mesh.data, out.mesh.fsdp, out.mesh.tensor, train_devices, out.mesh.expert)
     if check_paths:
         _check_paths(out)

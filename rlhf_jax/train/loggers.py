@@ -138,9 +138,11 @@ class MetricLogger:
         self._trackers = []
 
 
-def dump_generations(directory: str, step: int, inputs: list[str], outputs: list[str], gts: list, scores) -> str:
+def dump_generations(directory: str, step: int, inputs: list[str], outputs: list[str], gts: list, scores,
+                     weight_version: int | None = None) -> str:
     """verl's rollout / validation dump: ``<directory>/<step>.jsonl``, one line per response (process p of
-    several writes ``<step>.p<p>.jsonl``: each holds its own prompts)."""
+    several writes ``<step>.p<p>.jsonl``: each holds its own prompts). ``weight_version``: the updates applied to
+    the weights that sampled a training rollout (``step`` - 1 when sampled on-policy)."""
     import jax
 
     os.makedirs(directory, exist_ok=True)
@@ -148,8 +150,11 @@ def dump_generations(directory: str, step: int, inputs: list[str], outputs: list
     path = os.path.join(directory, name)
     with open(path, "w") as f:
         for i, o, g, s in zip(inputs, outputs, gts, scores):
-            f.write(json.dumps({"input": i, "output": o, "gts": g if isinstance(g, (str, int, float)) else str(g),
-                                "score": float(s), "step": step}, ensure_ascii=False) + "\n")
+            row = {"input": i, "output": o, "gts": g if isinstance(g, (str, int, float)) else str(g),
+                   "score": float(s), "step": step}
+            if weight_version is not None:
+                row["weight_version"] = weight_version
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
     return path
 
 

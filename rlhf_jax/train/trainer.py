@@ -48,7 +48,9 @@ from rlhf_jax.train.batching import gather_all, mini_batches, sum_over_processes
 from rlhf_jax.train.checkpoint import Checkpointer, quiet_storage_noise
 from rlhf_jax.train.dynamic_sampling import ROLLOUT_KEYS, Collected, varied_groups
 from rlhf_jax.train.engine import Role
+from rlhf_jax.train.experience import Experience
 from rlhf_jax.train.trainer_checkpoints import CheckpointMixin
+from rlhf_jax.train.trainer_experience import ExperienceMixin
 from rlhf_jax.train.generation import generate_batch, key_function
 from rlhf_jax.train.loggers import MetricLogger, dump_generations
 from rlhf_jax.train.optim import make_optimizer
@@ -107,7 +109,7 @@ def _due(freq: int | None, step: int, is_last: bool) -> bool:
     return freq > 0 and (is_last or step % freq == 0)
 
 
-class Trainer(CheckpointMixin):
+class Trainer(CheckpointMixin, ExperienceMixin):
     def __init__(self, cfg: ConfigDict, components: Components | None = None, stop: StopRequest = STOP,
                  lock_dir: bool = False):
         """``lock_dir``: refuse at once if another run uses the output directory (``fit`` always checks)."""
@@ -184,6 +186,7 @@ class Trainer(CheckpointMixin):
                                  critic_mlp_width=self.critic.config.intermediate_size if self.critic else None)
         self._memory_planned = False
         self._layout_metrics: dict[str, float] = {}
+        self._init_experience()
 
     # ------------------------------------------------------------------ LoRA
     def _base_model(self):
@@ -220,11 +223,13 @@ class Trainer(CheckpointMixin):
             self._rollout_params_of = (params, jax.device_put(weights, shardings))
         return self._rollout_params_of[1]
 
-    def _generate(self, pb: PromptBatch, sampling, key, bucket: bool = True):
-        """Sample from a (process-local) prompt batch (see train/generation.py); the result is on the training mesh."""
+    def _generate(self, pb: PromptBatch, sampling, key, bucket: bool = True, weights: Any = None):
+        """Sample from a (process-local) prompt batch (see train/generation.py) with ``weights`` (default: the
+        current ones); the result is on the training mesh."""
         mesh = self.rollout_mesh or self.mesh
         dp = self.cfg.derived.dp_size if self.rollout_mesh is None else self.rollout_mesh.devices.size
-        out, keep = generate_batch(self.sampler, self._rollout_weights(), mesh, dp, pb, sampling, key, bucket)
+        weights = self._rollout_weights() if weights is None else weights
+        out, keep = generate_batch(self.sampler, weights, mesh, dp, pb, sampling, key, bucket)
         if self.rollout_mesh is not None:
             rows = {1: batch_sharding(self.mesh, 1, self.c.rules), 2: batch_sharding(self.mesh, 2, self.c.rules)}
             out = jax.tree.map(lambda x: jax.device_put(x, rows[x.ndim]), out)
@@ -240,34 +245,38 @@ class Trainer(CheckpointMixin):
                                            response_lengths=rmask.sum(-1))
         return result.scores.astype(np.float32), result.metrics(), texts, result.extras
 
-    def _rollout(self, pb: PromptBatch, timer, out_metrics: dict, key, extras: dict | None = None):
-        """Sample the prompts and score the responses: (the sampler's batch, process-local scores (N,))."""
+    def _rollout(self, pb: PromptBatch, timer, out_metrics: dict, key, step: int, extras: dict | None = None,
+                 abandonable: bool = True, weights: Any = None, version: int | None = None):
+        """Sample the prompts and score the responses for training step ``step`` (0-based): (the sampler's batch,
+        process-local scores (N,)). ``abandonable``: a stop request abandons the step after the sampling."""
         with timer("gen"):  # waits for the sampler: dispatch is asynchronous, the reward would be billed for it
-            out, _ = self._generate(pb, self.c.sampling, key, bucket=False)  # every row is trained on
+            out, _ = self._generate(pb, self.c.sampling, key, bucket=False, weights=weights)  # every row is trained on
             out = jax.block_until_ready(out)
-        self._abandon_if_stopping()
+        if abandonable:
+            self._abandon_if_stopping()
         with timer("reward"):
             scores, reward_metrics, texts, found = self._score(pb, to_local(out.responses), to_local(out.response_mask),
                                                                self.c.sampling.n)
         out_metrics.update(reward_metrics)
         if self.cfg.trainer.rollout_data_dir:
             n = self.c.sampling.n
-            dump_generations(os.path.expanduser(self.cfg.trainer.rollout_data_dir), self.step + 1,
+            dump_generations(os.path.expanduser(self.cfg.trainer.rollout_data_dir), step + 1,
                              [t for t in pb.prompt_text for _ in range(n)], texts,
-                             [g for g in pb.ground_truth for _ in range(n)], scores)
+                             [g for g in pb.ground_truth for _ in range(n)], scores,
+                             weight_version=self.step if version is None else version)
         if extras is not None:
             extras.update(found)
         return out, scores
 
-    def _dynamic_rollout(self, pb: PromptBatch, timer, out_metrics: dict):
+    def _dynamic_rollout(self, pb: PromptBatch, timer, out_metrics: dict, step: int):
         """DAPO's dynamic sampling (train/dynamic_sampling.py): batches until train_batch_size groups vary."""
         fg, n = self.cfg.algorithm.filter_groups, self.c.sampling.n
         collected = Collected(n, int(self.c.sampling.pad_token_id))
-        base_key, rounds = self._rollout_key(self.c.sampling.seed, self.step), 0
+        base_key, rounds = self._rollout_key(self.c.sampling.seed, step), 0
         while True:
             extras: dict = {}
             key = base_key if rounds == 0 else jax.random.fold_in(base_key, rounds)
-            out, scores = self._rollout(pb, timer, out_metrics, key, extras)
+            out, scores = self._rollout(pb, timer, out_metrics, key, step, extras)
             rounds += 1
             if fg.metric == "acc" and "acc" not in extras:
                 raise ValueError("algorithm.filter_groups.metric=acc: the reward function returns no 'acc' (return "
@@ -286,31 +295,55 @@ class Trainer(CheckpointMixin):
         out = RolloutBatch(**{k: to_global(self.mesh, rows[k]) for k in ROLLOUT_KEYS})
         return out, pb, rows["scores"]
 
-    def _greedy_baselines(self, pb: PromptBatch, n: int) -> jax.Array:
+    def _greedy_baselines(self, pb: PromptBatch, n: int, step: int, weights: Any = None) -> jax.Array:
         """ReMax's baseline: the score of one greedy response per prompt, repeated for the prompt's n samples."""
         greedy = dataclasses.replace(self.c.sampling, n=1, do_sample=False)
-        out, keep = self._generate(pb, greedy, self._rollout_key(greedy.seed, self.step))
+        out, keep = self._generate(pb, greedy, self._rollout_key(greedy.seed, step), weights=weights)
         scores, _, _, _ = self._score(pb, to_local(out.responses)[:keep], to_local(out.response_mask)[:keep], 1)
         return to_global(self.mesh, np.repeat(scores, n).astype(np.float32))
 
-    # ------------------------------------------------------------------ one step
-    def train_step(self, pb: PromptBatch) -> dict[str, Any]:
-        self.plan_memory()
-        cfg, d, n = self.cfg, self.cfg.derived, self.c.sampling.n
+    def _produce(self, pb: PromptBatch, step: int, data_state: Any = None, abandonable: bool = True,
+                 weights: Any = None, version: int | None = None) -> Experience:
+        """Sample and score one prompt batch for training step ``step`` (0-based) with ``weights`` of version
+        ``version`` (default: the current ones)."""
+        version = self.step if version is None else version
         timer = M.Timer()
         out_metrics: dict[str, Any] = {}
+        if self.cfg.algorithm.filter_groups.enable:
+            out, pb, scores = self._dynamic_rollout(pb, timer, out_metrics, step)
+        else:
+            out, scores = self._rollout(pb, timer, out_metrics, self._rollout_key(self.c.sampling.seed, step), step,
+                                        abandonable=abandonable, weights=weights, version=version)
+        baselines = None
+        if self.cfg.algorithm.adv_estimator == "remax":
+            with timer("gen_max"):  # verl's name for ReMax's greedy baseline rollout
+                baselines = self._greedy_baselines(pb, self.c.sampling.n, step, weights)
+        scores = to_global(self.mesh, np.asarray(scores, np.float32))
+        out_metrics.update({f"timing_s/{k}": v for k, v in timer.seconds.items()})
+        return Experience(pb=pb, out=out, scores=scores, baselines=baselines, version=version,
+                          data_state=data_state, metrics=out_metrics)
+
+    # ------------------------------------------------------------------ one step
+    def train_step(self, pb: PromptBatch) -> dict[str, Any]:
+        """One step on a prompt batch: sample and score it now, then train on it."""
+        self.plan_memory()
+        timer = M.Timer()
         with timer("step"):
-            if cfg.algorithm.filter_groups.enable:
-                out, pb, scores = self._dynamic_rollout(pb, timer, out_metrics)
-            else:
-                out, scores = self._rollout(pb, timer, out_metrics, self._rollout_key(self.c.sampling.seed, self.step))
+            experience = self._produce(pb, self.step)
+        return self._learn(experience, timer)
+
+    def _learn(self, experience: Experience, timer: M.Timer) -> dict[str, Any]:
+        """Train on one produced batch: old/ref log-probs, values, advantages, critic and actor updates.
+        ``timer`` is the step's (its "step" phase may already hold the batch's production)."""
+        self.plan_memory()
+        cfg, d, n = self.cfg, self.cfg.derived, self.c.sampling.n
+        pb, out, baselines = experience.pb, experience.out, experience.baselines
+        out_metrics: dict[str, Any] = dict(experience.metrics)
+        out_metrics["training/weight_version"] = float(experience.version)
+        out_metrics["training/staleness"] = float(self.step - experience.version)
+        with timer("step"):
             host = {k: gather_all(getattr(out, k)) for k in ("prompts", "prompt_mask", "responses", "response_mask")}
-            with timer("reward"):
-                token_scores = jax.block_until_ready(place_on_last_token(to_global(self.mesh, scores), out.response_mask))
-            baselines = None
-            if cfg.algorithm.adv_estimator == "remax":
-                with timer("gen_max"):  # verl's name for ReMax's greedy baseline rollout
-                    baselines = self._greedy_baselines(pb, n)
+            token_scores = place_on_last_token(experience.scores, out.response_mask)
             batch, rollout_logprobs = self._training_batch(out, host)
             need_old = d.recompute_old_log_prob or cfg.algorithm.use_kl_in_reward or self.correction.enabled
             if need_old:
@@ -366,7 +399,9 @@ class Trainer(CheckpointMixin):
                                           max_response_length=cfg.actor_rollout_ref.rollout.response_length))
         resp_tokens = int(arrays["response_mask"].sum())
         total_tokens = resp_tokens + int(arrays["prompt_mask"].sum())
-        out_metrics.update(M.timing_metrics(timer.seconds, response_tokens=resp_tokens, total_tokens=total_tokens))
+        seconds = {**{k[len("timing_s/"):]: v for k, v in experience.metrics.items() if k.startswith("timing_s/")},
+                   **timer.seconds}
+        out_metrics.update(M.timing_metrics(seconds, response_tokens=resp_tokens, total_tokens=total_tokens))
         out_metrics.update(M.perf_metrics(total_tokens=total_tokens, step_seconds=timer.seconds["step"],
                                           update_seconds=timer.seconds.get("update_actor", 0.0), num_params=self.num_params,
                                           ppo_epochs=cfg.actor_rollout_ref.actor.ppo_epochs))
@@ -588,13 +623,10 @@ class Trainer(CheckpointMixin):
         stopping = self.stop.agreed()
         saves = t.save_freq is None or t.save_freq > 0  # save_freq <= 0: no checkpoint at all, not even on a stop
         while self.step < self.total_steps and not stopping:
-            data_state = self.loader.get_state()
-            pb = next(self.loader)
             try:
                 with self.profiler.step(self.step + 1):
-                    metrics = self.train_step(pb)
+                    metrics = self._train_next()  # the loader is rewound to what a resumed run must sample again
             except StepAbandoned:
-                self.loader.set_state(data_state)  # the abandoned step's prompts come first after a resume
                 stopping = True
                 break
             self.step += 1
@@ -629,6 +661,7 @@ class Trainer(CheckpointMixin):
         return last
 
     def close(self) -> None:
+        self._close_experience()
         self.checkpointer.close()
         self.reward_manager.close()
         self.logger.close()

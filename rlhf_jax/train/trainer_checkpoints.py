@@ -16,7 +16,8 @@ import numpy as np
 
 from rlhf_jax.models import lora, save_pretrained
 from rlhf_jax.models.lora_peft import ADAPTER_DIR, save_adapter
-from rlhf_jax.train import ckpt_contents
+from rlhf_jax.parallel import batch_sharding
+from rlhf_jax.train import ckpt_contents, experience
 from rlhf_jax.train.batching import sum_over_processes
 from rlhf_jax.train.checkpoint import CheckpointError, Checkpointer, quiet_storage_noise, resolve_resume
 
@@ -34,7 +35,8 @@ class CheckpointMixin:
                       "base_model_path": self.c.model_path},
         }
         if "extra" in self.cfg.actor_rollout_ref.actor.checkpoint.save_contents:
-            state.update(kl_coef=float(self.kl_ctrl["value"]), data_state=self.loader.get_state())
+            _, pending, data_state = self._pending_for_checkpoint()
+            state.update(kl_coef=float(self.kl_ctrl["value"]), data_state=data_state, pending=pending)
         return state
 
     def _role_arrays(self) -> dict[str, Any]:
@@ -54,6 +56,8 @@ class CheckpointMixin:
     def save_checkpoint(self) -> None:
         everything = self._role_arrays()
         arrays = {item: everything[item] for item in ckpt_contents.array_items(*self._contents("save_contents"))}
+        if "extra" in self._contents("save_contents")[0] and self._pending:  # sampled, not yet trained on
+            arrays["experience"] = self._pending_for_checkpoint()[0]
         self.checkpointer.save(self.step, arrays, {**self._extra_state(), "items": sorted(arrays)})
 
     def maybe_resume(self) -> None:
@@ -96,6 +100,7 @@ class CheckpointMixin:
         if ckpt_contents.restores_extra(actor_load, extra):
             self.kl_ctrl = {**self.kl_ctrl, "value": jnp.asarray(extra["kl_coef"], jnp.float32)}
             self.loader.set_state(extra["data_state"])
+            self._restore_pending(restored.get("experience", {}), extra.get("pending", []))
         self.step = int(extra["step"])
         _, lacking = ckpt_contents.items_to_restore(actor_load, critic_load, ckpt_contents.saved_items(extra))
         fresh = lacking + ([] if ckpt_contents.restores_extra(actor_load, extra) else ["data position, KL coefficient"])
@@ -107,7 +112,11 @@ class CheckpointMixin:
         extra = ckpt.restore_extra(step)
         items, _ = ckpt_contents.items_to_restore(*self._contents("load_contents"), ckpt_contents.saved_items(extra))
         everything = self._role_arrays()
-        return extra, ckpt.restore_arrays(step, {item: everything[item] for item in items}) if items else {}
+        templates = {item: everything[item] for item in items}
+        if extra.get("pending") and ckpt_contents.restores_extra(self._contents("load_contents")[0], extra):
+            templates["experience"] = experience.templates(
+                extra["pending"], lambda ndim: batch_sharding(self.mesh, ndim, self.c.rules))
+        return extra, ckpt.restore_arrays(step, templates) if templates else {}
 
     def export_hf(self) -> str:
         """The actor as a plain HF directory (adapters merged); with LoRA also the adapter alone in PEFT's layout

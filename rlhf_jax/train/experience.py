@@ -1,0 +1,83 @@
+"""Experience generated ahead of training: rounds of rollout batches, trained on one per step, in order.
+
+``experience.buffer_size`` = K: a round is K rollout batches sampled with one set of weights (seed 000's
+experience buffer). Sequentially, a round is produced when nothing is left to train on; the i-th batch of a
+round is then trained i updates after its weights (staleness K - 1 at most). With ``experience.overlap`` the
+next round is produced on the rollout devices while the current round's first batch trains, so a batch lags
+its trained weights by K to 2K - 1 updates (1 for K = 1: one-step off-policy).
+
+Every batch records the weight version (updates applied) that sampled it. What is produced but not yet trained
+on is part of each checkpoint: its arrays, and the loader position before its prompts, from which a resumed run
+draws the same prompt batches again (the prompts' metadata is not stored). A resumed run therefore trains on
+exactly the batches an uninterrupted one would, in the same order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import numpy as np
+
+from rlhf_jax.rollout.decode import RolloutBatch
+
+ROLLOUT_ARRAYS = ("prompts", "prompt_mask", "responses", "response_mask", "logprobs", "finished")
+
+
+@dataclasses.dataclass
+class Experience:
+    """One rollout batch waiting to be trained on."""
+
+    pb: Any  # the process-local PromptBatch it was sampled from
+    out: RolloutBatch  # on the training mesh
+    scores: jax.Array  # (N,) float32, global
+    baselines: jax.Array | None  # ReMax's greedy baseline scores, (N,), or None
+    version: int  # updates applied to the weights that sampled it
+    data_state: Any  # the loader's state before its prompts were drawn
+    metrics: dict[str, float]  # its reward metrics and production timings (timing_s/gen, timing_s/reward, ...)
+
+
+def production_due(pending: int, buffer_size: int, overlap: bool) -> bool:
+    """Whether a step starts by producing a round: when nothing is pending, or (overlap) when only the current
+    round is left, so that the next one is sampled while it trains."""
+    return pending <= (buffer_size if overlap else 0)
+
+
+def implied_staleness(buffer_size: int, overlap: bool) -> int:
+    """The largest lag, in updates, between a batch's sampling weights and the weights it is trained from."""
+    return 2 * buffer_size - 1 if overlap else buffer_size - 1
+
+
+def to_checkpoint(queue: list[Experience]) -> tuple[dict[str, jax.Array], list[dict]]:
+    """(arrays, description) of the pending batches: a flat ``{"<i>.<name>": array}`` item and a JSON list."""
+    arrays, described = {}, []
+    for i, exp in enumerate(queue):
+        fields = {name: getattr(exp.out, name) for name in ROLLOUT_ARRAYS}
+        fields["scores"] = exp.scores
+        if exp.baselines is not None:
+            fields["baselines"] = exp.baselines
+        arrays.update({f"{i}.{name}": x for name, x in fields.items()})
+        described.append({"version": int(exp.version), "metrics": {k: float(v) for k, v in exp.metrics.items()},
+                          "arrays": {name: [list(x.shape), str(x.dtype)] for name, x in fields.items()}})
+    return arrays, described
+
+
+def templates(described: list[dict], sharding_of) -> dict[str, jax.ShapeDtypeStruct]:
+    """Restore targets of ``to_checkpoint``'s arrays; ``sharding_of(ndim)`` gives a row sharding."""
+    out = {}
+    for i, d in enumerate(described):
+        for name, (shape, dtype) in d["arrays"].items():
+            out[f"{i}.{name}"] = jax.ShapeDtypeStruct(tuple(shape), np.dtype(dtype), sharding=sharding_of(len(shape)))
+    return out
+
+
+def from_checkpoint(arrays: dict[str, jax.Array], described: list[dict], prompt_batches: list,
+                    data_states: list) -> list[Experience]:
+    """The pending batches again, with the prompt batches (and loader states) drawn anew by the caller."""
+    queue = []
+    for i, (d, pb, state) in enumerate(zip(described, prompt_batches, data_states)):
+        out = RolloutBatch(**{name: arrays[f"{i}.{name}"] for name in ROLLOUT_ARRAYS})
+        queue.append(Experience(pb=pb, out=out, scores=arrays[f"{i}.scores"], baselines=arrays.get(f"{i}.baselines"),
+                                version=int(d["version"]), data_state=state, metrics=dict(d["metrics"])))
+    return queue

@@ -1,0 +1,133 @@
+"""Experience produced ahead of training (train/experience.py): overlap with staleness 1 on separate rollout
+devices, an experience buffer of K batches, the pending batches in the checkpoint, and the config checks."""
+
+import glob
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from rlhf_jax.train.checkpoint import Checkpointer
+from rlhf_jax.train.preemption import StopRequest
+from rlhf_jax.train.setup import prepare
+from rlhf_jax.train.trainer import Trainer
+from tests.train.helpers import make_config, read_metrics
+
+SPLIT = {"mesh.rollout_devices": 4, "mesh.tensor": 1}
+VOLATILE = ("timing_s/", "timing_per_token_ms/", "perf/")
+
+
+class StopAfter(StopRequest):
+    """A stop request that arrives once the trainer has finished ``steps`` steps (as a SIGTERM then would)."""
+
+    def __init__(self, steps: int):
+        super().__init__()
+        self.steps, self.trainer = steps, None
+
+    def agreed(self) -> bool:
+        return self.trainer is not None and self.trainer.step >= self.steps
+
+    @property
+    def name(self) -> str:
+        return "the test"
+
+
+def _dumps(rollout_dir: str) -> dict[int, list[dict]]:
+    """The rollout dump of each step: {step: rows}."""
+    out = {}
+    for path in glob.glob(os.path.join(rollout_dir, "*.jsonl")):
+        with open(path) as f:
+            out[int(os.path.basename(path).split(".")[0])] = [json.loads(line) for line in f]
+    return out
+
+
+def _run(out_dir: str, stop_after: int | None = None, **overrides) -> Trainer:
+    cfg = make_config(out_dir, **{"trainer.rollout_data_dir": os.path.join(out_dir, "rollouts"), **overrides})
+    stop = StopAfter(stop_after) if stop_after is not None else StopRequest()
+    trainer = Trainer(cfg, stop=stop)
+    stop.trainer = trainer
+    trainer.fit()
+    return trainer
+
+
+def _same_rows(a: list[dict], b: list[dict]) -> None:
+    assert [r["step"] for r in a] == [r["step"] for r in b]
+    for ra, rb in zip(a, b):
+        ra = {k: v for k, v in ra.items() if not k.startswith(VOLATILE)}
+        rb = {k: v for k, v in rb.items() if not k.startswith(VOLATILE)}
+        assert ra.keys() == rb.keys()
+        for k in ra:
+            if isinstance(ra[k], float):
+                np.testing.assert_allclose(rb[k], ra[k], rtol=1e-6, atol=1e-6, err_msg=f"step {ra['step']} {k}")
+            else:
+                assert ra[k] == rb[k], (ra["step"], k)
+
+
+def _params(trainer: Trainer) -> list[np.ndarray]:
+    return [np.asarray(x) for x in jax.tree.leaves(trainer.actor.params)]
+
+
+def test_overlap_trains_one_update_behind_and_resumes_exactly(tmp_path):
+    steps = {"trainer.total_training_steps": 4, "trainer.save_freq": 2, "experience.overlap": True,
+             "experience.max_staleness": 1, **SPLIT}
+    full = _run(str(tmp_path / "full"), **steps)
+    rows = read_metrics(str(tmp_path / "full"))
+    # Step s trains on a batch sampled with the weights of update max(0, s - 2): the first round is sampled before
+    # any update, every later one while the previous batch trains.
+    assert [r["training/weight_version"] for r in rows] == [0, 0, 1, 2]
+    assert [r["training/staleness"] for r in rows] == [0, 1, 1, 1]
+    dumps = _dumps(str(tmp_path / "full" / "rollouts"))
+    assert sorted(dumps) == [1, 2, 3, 4]  # no batch sampled beyond the last step
+    for step, dump in dumps.items():
+        assert {row["weight_version"] for row in dump} == {max(0, step - 2)}
+        assert all(0 <= step - 1 - row["weight_version"] <= 1 for row in dump)  # trained version - sampled version
+    assert all(r["timing_s/wait_rollout"] >= 0 for r in rows[:3]) and rows[0]["actor/grad_norm"] > 0
+
+    # Stopped after step 2 (as by SIGTERM): the batch sampled for step 3 during step 2 is in the checkpoint ...
+    part = str(tmp_path / "part")
+    _run(part, stop_after=2, **steps)
+    extra = Checkpointer(os.path.join(part, "checkpoints"), async_save=False).restore_extra(2)
+    assert [p["version"] for p in extra["pending"]] == [1]
+    # ... and the resumed run trains on it: steps 3 and 4 as in the uninterrupted run, weights bit-identical.
+    resumed = _run(part, **steps)
+    _same_rows(rows, read_metrics(part))
+    for a, b in zip(_params(full), _params(resumed)):
+        np.testing.assert_array_equal(a, b)
+    assert _dumps(os.path.join(part, "rollouts")).keys() == dumps.keys()
+
+
+def test_buffer_of_two_trains_each_batch_once_in_order_and_a_resume_loses_none(tmp_path):
+    steps = {"trainer.total_training_steps": 4, "trainer.save_freq": 1, "experience.buffer_size": 2}
+    full = _run(str(tmp_path / "full"), **steps)
+    rows = read_metrics(str(tmp_path / "full"))
+    assert [r["training/weight_version"] for r in rows] == [0, 0, 2, 2]
+    # The prompts come in the loader's order, one batch per step: those of an on-policy run.
+    onpolicy = _run(str(tmp_path / "onpolicy"), **{**steps, "experience.buffer_size": 1})
+    a, b = _dumps(str(tmp_path / "full" / "rollouts")), _dumps(str(tmp_path / "onpolicy" / "rollouts"))
+    assert sorted(a) == sorted(b) == [1, 2, 3, 4]
+    for step in a:
+        assert [r["input"] for r in a[step]] == [r["input"] for r in b[step]]
+    del onpolicy
+    # Stopped between the fill and the training of the round's second batch: the checkpoint holds that batch.
+    part = str(tmp_path / "part")
+    _run(part, stop_after=1, **steps)
+    resumed = _run(part, **steps)
+    _same_rows(rows, read_metrics(part))
+    for x, y in zip(_params(full), _params(resumed)):
+        np.testing.assert_array_equal(x, y)
+
+
+@pytest.mark.parametrize("overrides,message", [
+    ({"experience.overlap": True}, r"experience\.overlap=True .* set mesh\.rollout_devices"),
+    ({"experience.max_staleness": -1}, r"experience\.max_staleness=-1 must be >= 0"),
+    ({"experience.buffer_size": 0}, r"experience\.buffer_size=0 must be >= 1"),
+    ({"experience.buffer_size": 2, "experience.max_staleness": 0}, r"experience\.max_staleness=0: .*up to 1 updates"),
+    ({"experience.overlap": True, "experience.max_staleness": 0, **SPLIT}, r"experience\.max_staleness=0"),
+    ({"experience.buffer_size": 2, "algorithm.filter_groups.enable": True}, r"algorithm\.filter_groups\.enable"),
+    ({"mesh.rollout_devices": 9}, r"mesh\.rollout_devices=9 must be 0 \(shared devices\) or in \[1, 7\]"),
+])
+def test_bad_experience_settings_name_the_key(tmp_path, overrides, message):
+    with pytest.raises(ValueError, match=message):
+        prepare(make_config(str(tmp_path), **overrides))
