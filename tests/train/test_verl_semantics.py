@@ -142,9 +142,12 @@ def test_rollout_and_validation_dumps(tmp_path):
     for step, row in zip((1, 2), rows):
         dumped = read(os.path.join(rollouts, f"{step}.jsonl"))
         assert len(dumped) == 8 and {d["step"] for d in dumped} == {step}  # 4 prompts x 2 samples
-        assert set(dumped[0]) == {"input", "output", "gts", "score", "step"}
+        # verl's fields, and the version of the weights that sampled the row (on-policy: the previous step's)
+        assert set(dumped[0]) == {"input", "output", "gts", "score", "step", "weight_version"}
+        assert {d["weight_version"] for d in dumped} == {step - 1}
         assert np.mean([d["score"] for d in dumped]) == pytest.approx(row["critic/score/mean"], rel=1e-5)
     val = read(os.path.join(vals, "2.jsonl"))
+    assert set(val[0]) == {"input", "output", "gts", "score", "step"}
     assert len(val) == 4 and np.mean([d["score"] for d in val]) == pytest.approx(
         rows[-1]["val-core/arithmetic/reward/mean@1"], rel=1e-5)
 
