@@ -24,17 +24,10 @@ def optim_keys(prefix: str, lr: float) -> tuple[Key, ...]:
     """AdamW + schedule keys shared by actor and critic (``<prefix>optim.*``)."""
     p = prefix + "optim."
     return (
-        Key(p + "optimizer", "AdamW", "Optimizer (case-insensitive): AdamW, Adam and SGD as in PyTorch (Adam's and SGD's "
-            "weight decay is L2 on the gradient), Lion (betas = its beta1, beta2), or Adafactor as in transformers "
-            "(lr from lr and its schedule; weight_decay x its step size; betas and eps unused: its own settings "
-            "are in override_optimizer_config)."),
-        Key(p + "override_optimizer_config", None,
-            "Further keyword arguments of the optimizer, named as in its PyTorch / transformers class. Adafactor: "
-            "eps (pair: squared-gradient epsilon, parameter-scale floor; [1e-30, 1e-3]), clip_threshold (1.0), "
-            "decay_rate (-0.8), beta1 (None = no first moment), scale_parameter (True), relative_step and "
-            "warmup_init (False only). AdamW/Adam: amsgrad, maximize (False only); SGD: momentum, dampening (0 "
-            "only), nesterov, maximize (False only); any: foreach, fused, capturable, differentiable (no effect "
-            "in XLA). Anything else stops the run by name.", type=object),
+        Key(p + "optimizer", "AdamW", "AdamW, Adam, SGD (as in PyTorch: Adam's and SGD's decay is L2), Lion, or "
+            "Adafactor (as in transformers, with lr from lr and its schedule); case-insensitive."),
+        Key(p + "override_optimizer_config", None, "The optimizer class's further keyword arguments (PyTorch / "
+            "transformers names): see 'optimizer arguments'; others stop the run by name.", type=object),
         Key(p + "lr", lr, "Peak learning rate."),
         Key(p + "lr_warmup_steps", -1, "Linear warmup steps; negative: use lr_warmup_steps_ratio."),
         Key(p + "lr_warmup_steps_ratio", 0.0, "Warmup steps as a fraction of the total training steps."),

@@ -24,10 +24,17 @@ OPTIMIZER_NAMES = {"adamw": "AdamW", "adam": "Adam", "sgd": "SGD", "lion": "Lion
 # schedule, so relative_step is off: transformers refuses a manual lr with relative_step=True).
 ADAFACTOR_DEFAULTS = {"eps": (1e-30, 1e-3), "clip_threshold": 1.0, "decay_rate": -0.8, "beta1": None,
                       "scale_parameter": True, "relative_step": False, "warmup_init": False}
+ADAFACTOR_MEANING = {"eps": "(squared-gradient epsilon, parameter-scale floor)",
+                     "clip_threshold": "RMS bound of the normalised update (> 0)",
+                     "decay_rate": "second-moment average coefficient 1 - t^decay_rate at step t (< 0)",
+                     "beta1": "first-moment coefficient (no bias correction); None: no first moment",
+                     "scale_parameter": "multiply the step size by max(eps[1], RMS(parameter))",
+                     "relative_step": "False only: the lr is optim.lr and its schedule",
+                     "warmup_init": "False only (a relative-step option)"}
 # PyTorch arguments that pick an implementation of the same arithmetic: accepted, nothing to do in XLA.
-_IMPLEMENTATION = ("foreach", "fused", "capturable", "differentiable")
+IMPLEMENTATION_ONLY = ("foreach", "fused", "capturable", "differentiable")
 # PyTorch arguments accepted at the one value whose update rule is the one built here.
-_ONLY = {"adamw": {"amsgrad": False, "maximize": False}, "adam": {"amsgrad": False, "maximize": False},
+ONLY_AT = {"adamw": {"amsgrad": False, "maximize": False}, "adam": {"amsgrad": False, "maximize": False},
          "sgd": {"momentum": 0, "dampening": 0, "nesterov": False, "maximize": False}, "lion": {},
          "adafactor": {"relative_step": False, "warmup_init": False}}
 _OWN_KEYS = ("lr", "betas", "eps", "weight_decay")  # the optim section's own keys (Adafactor's eps is its pair)
@@ -101,12 +108,12 @@ def optimizer_settings(name: str, overrides: Any, where: str = "optim.override_o
     given = dict(overrides or {})
     out = dict(ADAFACTOR_DEFAULTS) if key == "adafactor" else {}
     for arg, value in given.items():
-        if arg in _IMPLEMENTATION:
+        if arg in IMPLEMENTATION_ONLY:
             continue
-        if arg in _ONLY[key]:
-            if value != _ONLY[key][arg]:
+        if arg in ONLY_AT[key]:
+            if value != ONLY_AT[key][arg]:
                 raise ValueError(f"{where}.{arg}={value!r} is not supported for {OPTIMIZER_NAMES[key]} "
-                                 f"(only {_ONLY[key][arg]!r})" + (": set optim.lr and its schedule instead of "
+                                 f"(only {ONLY_AT[key][arg]!r})" + (": set optim.lr and its schedule instead of "
                                                                   "relative steps" if key == "adafactor" else ""))
         elif key == "adafactor" and arg in ADAFACTOR_DEFAULTS:
             out[arg] = value

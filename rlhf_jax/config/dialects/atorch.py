@@ -68,8 +68,9 @@ def _model_path(role: str):
 
 
 def _optimizer(role: str, prefix: str):
-    """``optimizer: {name, kwargs}`` -> ``<prefix>optim.*`` (the class's defaults for what kwargs omit)."""
     def convert(value: Any, _: dict) -> dict:
+        """name (a torch.optim / transformers class) -> optim.optimizer; kwargs lr, betas, eps, weight_decay ->
+        optim.*, the others -> optim.override_optimizer_config; the class's own defaults for what kwargs omit"""
         where = f"model.{role}.optimizer"
         value = value if isinstance(value, dict) else {}
         name = str(value.get("name") or "")
@@ -116,7 +117,8 @@ def _truncation(value: Any, _: dict) -> str:
 
 
 def _mode(value: Any, _: dict) -> dict:
-    """sequential: generation and training take turns on every device (the default here)"""
+    """sequential: generation and training take turns on every device; concurrent is refused (its device count
+    is not in the file: set mesh.rollout_devices)"""
     if str(value).lower() != "sequential":
         raise ValueError("concurrent generation on devices of its own needs a device count: write the run in "
                          "rlhf_jax keys with mesh.rollout_devices=N (split placement), or use mode: sequential")
@@ -136,8 +138,7 @@ def _buffer(value: Any, _: dict) -> dict:
 
 
 def _generation_batch(value: Any, full: dict) -> dict:
-    """prompts decoded at once (rollout.max_num_seqs); also the experiences per step when
-    experience_buffer_size is not given"""
+    """prompts decoded at once (rollout.max_num_seqs); without experience_buffer_size also data.train_batch_size"""
     out = {_A + "rollout.max_num_seqs": int(value)}
     if get(full, "train.experience_buffer_size") is None:
         out["data.train_batch_size"] = int(value)
