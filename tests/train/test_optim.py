@@ -129,3 +129,35 @@ def test_optimizer_arguments_are_honoured_or_refused_by_name(tmp_path):
     cfg = make_config(str(tmp_path), critic__optim__optimizer="Adafactor", critic__optim__betas=(0.8, 0.9))
     with pytest.raises(ValueError, match=r"critic\.optim\.betas=\(0\.8, 0\.9\).*Adafactor"):
         finalize(cfg, num_devices=8, check_paths=False)
+
+
+def test_adafactor_state_on_a_sharded_model_gives_the_unsharded_update(tmp_path):
+    """On a (data=2, fsdp=2, tensor=2) mesh the engine's optimizer-state shardings (a moment shaped like its
+    parameter sharded like it, the factored row / column moments replicated) hold Adafactor's state, and an
+    update there equals the same update on one device."""
+    import jax
+
+    from rlhf_jax import models
+    from rlhf_jax.parallel import make_mesh
+    from rlhf_jax.train.engine import Role
+    from tests.conftest import build_hf_checkpoint
+
+    build_hf_checkpoint("llama", str(tmp_path / "llama"))
+    mesh = make_mesh(2, 2, 2)
+    model = models.from_pretrained(str(tmp_path / "llama"), mesh=mesh, dtype=jnp.float32, param_dtype=jnp.float32)
+    cfg = dict(optimizer="Adafactor", lr=LR, weight_decay=WD, lr_warmup_steps=0,
+               override_optimizer_config={"beta1": 0.9})
+    tx, lr_fn = make_optimizer(cfg, grad_clip=1.0, total_steps=2, updates_per_step=1)
+    role = Role(model, mesh, tx, lr_fn)
+    sharded = [s for s in jax.tree.leaves(role.param_shardings) if any(a is not None for a in s.spec)]
+    assert sharded and len(jax.tree.leaves(role.opt_state)) > len(jax.tree.leaves(role.params))
+    rng = np.random.default_rng(0)
+    grads = jax.tree.map(lambda p, s: jax.device_put(rng.standard_normal(p.shape).astype(np.float32), s),
+                         role.params, role.param_shardings)
+    step = jax.jit(tx.update, in_shardings=(role.param_shardings, role.opt_shardings, role.param_shardings),
+                   out_shardings=(role.param_shardings, role.opt_shardings))
+    updates, _ = step(grads, role.opt_state, role.params)
+    local = lambda t: jax.tree.map(lambda x: np.asarray(x), t)  # noqa: E731
+    want, _ = jax.jit(tx.update)(local(grads), jax.jit(tx.init)(local(role.params)), local(role.params))
+    for a, b in zip(jax.tree.leaves(updates), jax.tree.leaves(want)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-7)
