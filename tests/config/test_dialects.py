@@ -274,6 +274,15 @@ def test_atorch_file_maps_its_keys():
     assert dict(c.override_optimizer_config) == {"relative_step": False, "scale_parameter": False,
                                                      "clip_threshold": 0.5, "beta1": 0.9}
     # no optimizer given: ATorch's default, torch.optim.Adam with torch's own defaults
+    assert not cfg.experience.overlap  # mode: sequential
+    # concurrent: the next experiences are generated on devices of their own while training; the file does not
+    # say how many, so finalize asks for mesh.rollout_devices
+    concurrent = load_yaml("train:\n  mode: concurrent\n  eg_batch_size: 8\n  rl_batch_size: 4\n")
+    assert concurrent.experience.overlap
+    with pytest.raises(ValueError, match=r"experience\.overlap=True .*set mesh\.rollout_devices"):
+        finalize(concurrent, num_devices=8, check_paths=False, train_dataset_size=64)
+    concurrent.mesh.rollout_devices = 4
+    assert finalize(concurrent, num_devices=8, check_paths=False, train_dataset_size=64).experience.overlap
     plain = load_yaml("model:\n  actor:\n    model_path: /m\ntrain:\n  eg_batch_size: 4\n")
     o = plain.actor_rollout_ref.actor.optim
     assert (o.optimizer, o.lr, o.weight_decay, tuple(o.betas)) == ("Adam", 1e-3, 0.0, (0.9, 0.999))
@@ -297,7 +306,7 @@ def test_atorch_convert_round_trips_warns_once_and_refuses_what_it_cannot_honour
         ("  actor_critic:\n    model_path: /m\n", r"model\.actor_critic: one model sharing its weights between "
                                                  r"actor and critic is not implemented"),
         ("  reward_critic:\n    model_path: /m\n", r"model\.reward_critic: .*reward_model and critic"),
-        ("train:\n  mode: concurrent\n", r"train\.mode='concurrent'.*mesh\.rollout_devices"),
+        ("train:\n  mode: parallel\n", r"train\.mode='parallel': use sequential or concurrent"),
         ("train:\n  strategy_file: s.py\n", r"train\.strategy_file='s\.py' is not supported"),
         ("train:\n  trainer: DPOTrainer\n", r"train\.trainer='DPOTrainer'"),
         ("train:\n  experience_buffer_size: 12\n  rl_batch_size: 8\n", r"rl_batch_size=8 does not divide"),

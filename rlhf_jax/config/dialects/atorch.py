@@ -117,12 +117,12 @@ def _truncation(value: Any, _: dict) -> str:
 
 
 def _mode(value: Any, _: dict) -> dict:
-    """sequential: generation and training take turns on every device; concurrent is refused (its device count
-    is not in the file: set mesh.rollout_devices)"""
-    if str(value).lower() != "sequential":
-        raise ValueError("concurrent generation on devices of its own needs a device count: write the run in "
-                         "rlhf_jax keys with mesh.rollout_devices=N (split placement), or use mode: sequential")
-    return {}
+    """sequential: generation and training take turns on every device; concurrent: experience.overlap (the next
+    experiences are generated on mesh.rollout_devices while training; the file does not size it: set it)"""
+    mode = str(value).lower()
+    if mode not in ("sequential", "concurrent"):
+        raise ValueError("use sequential or concurrent")
+    return {"experience.overlap": mode == "concurrent"}
 
 
 def _trainer(value: Any, _: dict) -> dict:
