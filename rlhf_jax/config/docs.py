@@ -69,7 +69,8 @@ def render_markdown() -> str:
 
 def _optimizer_arguments() -> list[str]:
     """``optim.override_optimizer_config``: what each optimizer reads from it, from the code that checks it."""
-    from rlhf_jax.train.optim import ADAFACTOR_DEFAULTS, ADAFACTOR_MEANING, IMPLEMENTATION_ONLY, ONLY_AT, OPTIMIZER_NAMES
+    from rlhf_jax.train.optim import (ADAFACTOR_DEFAULTS, ADAFACTOR_MEANING, IMPLEMENTATION_ONLY, ONLY_AT,
+                                      OPTIMIZER_NAMES)
 
     lines = ["", "## optimizer arguments", "",
              "`*.optim.override_optimizer_config` holds the optimizer class's further keyword arguments, named as in "
