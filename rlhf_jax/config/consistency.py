@@ -10,7 +10,9 @@ import os
 
 from ml_collections import ConfigDict
 
+from rlhf_jax.config import schema
 from rlhf_jax.config.keys_policy import OPTIMIZERS
+from rlhf_jax.train.optim import optimizer_settings
 
 
 def _same_path(a: str, b: str) -> bool:
@@ -24,7 +26,16 @@ def check_consistency(cfg: ConfigDict) -> None:
     for path, optim in (("actor_rollout_ref.actor.optim", cfg.actor_rollout_ref.actor.optim),
                         ("critic.optim", cfg.critic.optim)):
         if str(optim.optimizer).lower() not in OPTIMIZERS:
-            raise ValueError(f"{path}.optimizer={optim.optimizer!r}: choose one of AdamW, Adam, SGD, Lion")
+            raise ValueError(f"{path}.optimizer={optim.optimizer!r}: choose one of AdamW, Adam, SGD, Lion, Adafactor")
+        optimizer_settings(str(optim.optimizer), optim.override_optimizer_config,
+                           f"{path}.override_optimizer_config")
+        if str(optim.optimizer).lower() == "adafactor":  # its own moments: betas / eps would do nothing
+            for name in ("betas", "eps"):
+                default = schema.get_key(f"{path}.{name}").default
+                value = tuple(optim[name]) if name == "betas" else optim[name]
+                if value != default:
+                    raise ValueError(f"{path}.{name}={optim[name]!r} has no meaning for Adafactor: leave it at "
+                                     f"{default!r} and set {path}.override_optimizer_config (beta1, eps)")
     if "hf_model" in cfg.critic.checkpoint.save_contents:
         raise ValueError("critic.checkpoint.save_contents: hf_model is not supported (only the actor is exported "
                          "as a Hugging Face directory); remove it")

@@ -62,17 +62,40 @@ def render_markdown() -> str:
               "| key | ours | verl's | why |", "|---|---|---|---|"]
     lines += [f"| `{path}` | {_fmt(schema.get_key(path).default)} | {_fmt(verl)} | {_cell(why)} |"
               for path, (verl, why) in DIFFERENCES.items()]
+    lines += _optimizer_arguments()
     lines += _dialect_tables()
     return "\n".join(lines) + "\n"
 
 
+def _optimizer_arguments() -> list[str]:
+    """``optim.override_optimizer_config``: what each optimizer reads from it, from the code that checks it."""
+    from rlhf_jax.train.optim import (ADAFACTOR_DEFAULTS, ADAFACTOR_MEANING, IMPLEMENTATION_ONLY, ONLY_AT,
+                                      OPTIMIZER_NAMES)
+
+    lines = ["", "## optimizer arguments", "",
+             "`*.optim.override_optimizer_config` holds the optimizer class's further keyword arguments, named as in "
+             "PyTorch (transformers for Adafactor). Adafactor reads lr from `optim.lr` and its schedule and applies "
+             "`optim.weight_decay` x its step size; `optim.betas` / `optim.eps` must stay at their defaults with it. "
+             "Its second moments are factored over the two largest dimensions of every parameter with two or more "
+             "(transformers factors the last two of its 2-D weights: the same for matrices; the attention "
+             "projections here are (embed, heads, head_dim) arrays). Arguments that only pick a PyTorch "
+             f"implementation are accepted for every optimizer: {', '.join(IMPLEMENTATION_ONLY)}.", "",
+             "| optimizer | argument | default | meaning |", "|---|---|---|---|"]
+    lines += [f"| Adafactor | `{arg}` | {_fmt(default)} | {_cell(ADAFACTOR_MEANING[arg])} |"
+              for arg, default in ADAFACTOR_DEFAULTS.items()]
+    lines += [f"| {OPTIMIZER_NAMES[key]} | `{arg}` | {_fmt(value)} | this value only (the update rule built here) |"
+              for key, args in ONLY_AT.items() if key != "adafactor" for arg, value in args.items()]
+    return lines
+
+
 def _dialect_tables() -> list[str]:
     """One table per foreign format: their key, what it becomes here (or why it does not), and their defaults."""
-    from rlhf_jax.config.dialects import roll, trainer_config, trinity
+    from rlhf_jax.config.dialects import atorch, roll, trainer_config, trinity
 
     lines = []
     for name, module in (("ROLL (`rlvr_config.yaml`)", roll), ("Trinity-RFT", trinity),
-                         ("TRL-based `Trainer_config.yaml`", trainer_config)):
+                         ("TRL-based `Trainer_config.yaml`", trainer_config),
+                         ("ATorch (`model` / `tokenizer` / `train`)", atorch)):
         lines += ["", f"## {name} files", "", (module.__doc__ or "").strip().split("\n\n")[0].replace("\n", " "), "",
                   "Run one with `python -m rlhf_jax.main --config=FILE.yaml` (recognised by its top-level keys, or "
                   "`--config_format`); `python -m rlhf_jax.config convert FILE.yaml` prints it in rlhf_jax's keys.",
@@ -82,7 +105,8 @@ def _dialect_tables() -> list[str]:
                 here = f"`{rule.to}`"
             elif rule.convert is not None:
                 doc = rule.convert.__doc__ or ""
-                here = "computed" + (": " + doc.strip().split("\n")[0] if doc else "")
+                first = " ".join(line.strip() for line in doc.strip().split("\n\n")[0].split("\n"))
+                here = first if first.startswith("refused") else "computed" + (": " + first if first else "")
             elif rule.used_by is not None:
                 here = f"read with `{rule.used_by}`"
             else:

@@ -16,7 +16,7 @@ ATTN_IMPLEMENTATIONS = ("auto", "dense", "blockwise", "cudnn", "splash")
 TOKEN_BUDGET_DOC = " (when {flag}; -1 = the largest that fits in memory)"
 WARMUP_STYLES = ("constant", "cosine", "linear")
 CKPT_CONTENTS = ("model", "optimizer", "extra", "hf_model")
-OPTIMIZERS = ("adamw", "adam", "sgd", "lion")  # optim.optimizer, compared lower-case (verl writes AdamW)
+OPTIMIZERS = ("adamw", "adam", "sgd", "lion", "adafactor")  # optim.optimizer, compared lower-case (verl writes AdamW)
 A = "actor_rollout_ref."
 
 
@@ -24,17 +24,19 @@ def optim_keys(prefix: str, lr: float) -> tuple[Key, ...]:
     """AdamW + schedule keys shared by actor and critic (``<prefix>optim.*``)."""
     p = prefix + "optim."
     return (
-        Key(p + "optimizer", "AdamW", "Optimizer (case-insensitive): AdamW, Adam and SGD as in PyTorch (Adam's and SGD's "
-            "weight decay is L2 on the gradient), or Lion (betas = its beta1, beta2)."),
+        Key(p + "optimizer", "AdamW", "AdamW, Adam, SGD (as in PyTorch: Adam's and SGD's decay is L2), Lion, or "
+            "Adafactor (as in transformers, with lr from lr and its schedule); case-insensitive."),
+        Key(p + "override_optimizer_config", None, "The optimizer class's further keyword arguments (PyTorch / "
+            "transformers names): see 'optimizer arguments'; others stop the run by name.", type=object),
         Key(p + "lr", lr, "Peak learning rate."),
         Key(p + "lr_warmup_steps", -1, "Linear warmup steps; negative: use lr_warmup_steps_ratio."),
         Key(p + "lr_warmup_steps_ratio", 0.0, "Warmup steps as a fraction of the total training steps."),
         Key(p + "warmup_style", "constant", "Schedule after warmup.", choices=WARMUP_STYLES),
         Key(p + "min_lr_ratio", 0.0, "Final lr as a fraction of lr (cosine and linear decay)."),
         Key(p + "num_cycles", 0.5, "Cosine cycles over the decay phase (0.5 = half a cosine, verl's default)."),
-        Key(p + "weight_decay", 0.01, "AdamW decoupled weight decay."),
-        Key(p + "betas", (0.9, 0.999), "AdamW (beta1, beta2)."),
-        Key(p + "eps", 1e-8, "AdamW epsilon."),
+        Key(p + "weight_decay", 0.01, "Weight decay (decoupled for AdamW, Lion and Adafactor; L2 for Adam and SGD)."),
+        Key(p + "betas", (0.9, 0.999), "(beta1, beta2) of AdamW, Adam and Lion."),
+        Key(p + "eps", 1e-8, "Epsilon of AdamW and Adam."),
     )
 
 

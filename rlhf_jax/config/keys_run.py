@@ -211,13 +211,11 @@ MESH = (
 
 EXPERIENCE = (
     Key("experience.buffer_size", 1,
-        "Rollout batches sampled with one set of weights before training on them, one per step, oldest first "
-        "(seed 000's experience_buffer_size); batch i of a round trains i updates after its weights. What is "
-        "sampled but not yet trained on is saved with each checkpoint."),
+        "Rollout batches sampled with one set of weights, then trained on one per step, oldest first (batch i of "
+        "a round trains i updates after its weights); untrained ones are saved with checkpoints."),
     Key("experience.overlap", False,
-        "Sample the next round on the rollout devices (mesh.rollout_devices, required) while the current one "
-        "trains: one-step off-policy with buffer_size 1 (a batch trains 1 update after its weights; K to 2K-1 "
-        "with buffer_size K). Correct the gap with algorithm.rollout_correction."),
+        "Sample the next round on mesh.rollout_devices (required) while the current one trains: a batch trains 1 "
+        "update after its weights (K to 2K-1 with buffer_size K); see algorithm.rollout_correction."),
     Key("experience.max_staleness", None,
         "Largest lag (updates between a batch's sampling weights and its training) the run may have; the "
         "buffer size and overlap must stay within it. None = no bound; 0 = strictly on-policy.", type=int),

@@ -232,7 +232,6 @@ IGNORED: tuple[Ignored, ...] = (
     # verl's current (engine-based) config.
     Ignored("*.nccl_timeout", "no NCCL process groups: one JAX program"),
     Ignored("*.optim.optimizer_impl", "optimizers come from optax (see optim.optimizer)"),
-    Ignored("*.optim.override_optimizer_config", "optimizer overrides: the optim keys are the whole optimizer", _empty),
     Ignored("*.tiled_mlp", "tiled MLP memory saving: use enable_gradient_checkpointing", _off),
     Ignored("*.router_replay", "mixture-of-experts routing replay is not implemented",
             lambda v: not isinstance(v, dict) or v.get("mode") in (None, "disabled")),

@@ -45,8 +45,11 @@ class Role:
         self.opt_shardings = None
         if tx is not None:
             abstract = jax.eval_shape(tx.init, self.params)
+            # state shaped like its parameter (moments) is sharded like it; other per-parameter state (Adafactor's
+            # factored row / column moments) is small and replicated
             self.opt_shardings = optax.tree_map_params(
-                tx, lambda _, s: s, abstract, self.param_shardings, transform_non_params=lambda _: replicated(mesh)
+                tx, lambda leaf, s, p: s if leaf.shape == p.shape else replicated(mesh), abstract,
+                self.param_shardings, self.params, transform_non_params=lambda _: replicated(mesh)
             )
             self.opt_state = jax.jit(tx.init, out_shardings=self.opt_shardings)(self.params)
         self._compiled: dict[tuple, Callable] = {}

@@ -1,5 +1,9 @@
 """Optimizer and learning-rate schedules (the ``optim`` sections of actor and critic).
 
+``optim.optimizer`` names the update rule as PyTorch (or transformers, for Adafactor) defines it;
+``optim.override_optimizer_config`` holds the further keyword arguments of that class (verl's key), checked
+by :func:`optimizer_settings`: the ones with a meaning here are applied, the rest are refused by name.
+
 As in verl, the schedule advances once per *training step* (not per mini-batch
 update): with ``updates_per_step`` optimizer updates in a step, the schedule is
 evaluated at ``update_count // updates_per_step``.
@@ -8,12 +12,32 @@ evaluated at ``update_count // updates_per_step``.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
+import jax
 import jax.numpy as jnp
 import optax
 
 WARMUP_STYLES = ("constant", "cosine", "linear")
+OPTIMIZER_NAMES = {"adamw": "AdamW", "adam": "Adam", "sgd": "SGD", "lion": "Lion", "adafactor": "Adafactor"}
+# transformers' Adafactor arguments with a meaning here, and their defaults (lr comes from optim.lr and its
+# schedule, so relative_step is off: transformers refuses a manual lr with relative_step=True).
+ADAFACTOR_DEFAULTS = {"eps": (1e-30, 1e-3), "clip_threshold": 1.0, "decay_rate": -0.8, "beta1": None,
+                      "scale_parameter": True, "relative_step": False, "warmup_init": False}
+ADAFACTOR_MEANING = {"eps": "(squared-gradient epsilon, parameter-scale floor)",
+                     "clip_threshold": "RMS bound of the normalised update (> 0)",
+                     "decay_rate": "second-moment average coefficient 1 - t^decay_rate at step t (< 0)",
+                     "beta1": "first-moment coefficient (no bias correction); None: no first moment",
+                     "scale_parameter": "multiply the step size by max(eps[1], RMS(parameter))",
+                     "relative_step": "False only: the lr is optim.lr and its schedule",
+                     "warmup_init": "False only (a relative-step option)"}
+# PyTorch arguments that pick an implementation of the same arithmetic: accepted, nothing to do in XLA.
+IMPLEMENTATION_ONLY = ("foreach", "fused", "capturable", "differentiable")
+# PyTorch arguments accepted at the one value whose update rule is the one built here.
+ONLY_AT = {"adamw": {"amsgrad": False, "maximize": False}, "adam": {"amsgrad": False, "maximize": False},
+         "sgd": {"momentum": 0, "dampening": 0, "nesterov": False, "maximize": False}, "lion": {},
+         "adafactor": {"relative_step": False, "warmup_init": False}}
+_OWN_KEYS = ("lr", "betas", "eps", "weight_decay")  # the optim section's own keys (Adafactor's eps is its pair)
 
 
 def warmup_steps(lr_warmup_steps: int, lr_warmup_steps_ratio: float, total_steps: int) -> int:
@@ -66,16 +90,100 @@ def make_optimizer(optim_cfg: Any, grad_clip: float, total_steps: int, updates_p
     )
     per_update = lambda count: schedule(count // max(updates_per_step, 1))  # noqa: E731
     betas = tuple(get("betas", (0.9, 0.999)) or (0.9, 0.999))
-    update = optimizer_transform(str(get("optimizer", "AdamW") or "AdamW"), per_update, betas,
-                                 float(get("eps", 1e-8) or 1e-8), float(get("weight_decay", 0.01)))
+    name = str(get("optimizer", "AdamW") or "AdamW")
+    update = optimizer_transform(name, per_update, betas, float(get("eps", 1e-8) or 1e-8),
+                                 float(get("weight_decay", 0.01)),
+                                 optimizer_settings(name, get("override_optimizer_config", None)))
     parts = [optax.clip_by_global_norm(grad_clip)] if grad_clip and grad_clip > 0 else []
     return optax.chain(*parts, update), schedule
 
 
-def optimizer_transform(name: str, lr, betas: tuple, eps: float, weight_decay: float) -> optax.GradientTransformation:
+def optimizer_settings(name: str, overrides: Any, where: str = "optim.override_optimizer_config") -> dict:
+    """The further arguments of optimizer ``name`` given in ``overrides`` (keyword -> value), checked:
+    Adafactor's settings with its defaults filled in (``{}`` for the others); ValueError naming ``where.<arg>``
+    for an argument with no meaning here or a value that cannot be honoured."""
+    key = name.lower()
+    if key not in OPTIMIZER_NAMES:
+        raise ValueError(f"optim.optimizer={name!r}: choose one of {', '.join(OPTIMIZER_NAMES.values())}")
+    given = dict(overrides or {})
+    out = dict(ADAFACTOR_DEFAULTS) if key == "adafactor" else {}
+    for arg, value in given.items():
+        if arg in IMPLEMENTATION_ONLY:
+            continue
+        if arg in ONLY_AT[key]:
+            if value != ONLY_AT[key][arg]:
+                raise ValueError(f"{where}.{arg}={value!r} is not supported for {OPTIMIZER_NAMES[key]} "
+                                 f"(only {ONLY_AT[key][arg]!r})" + (": set optim.lr and its schedule instead of "
+                                                                  "relative steps" if key == "adafactor" else ""))
+        elif key == "adafactor" and arg in ADAFACTOR_DEFAULTS:
+            out[arg] = value
+        elif arg in _OWN_KEYS:
+            raise ValueError(f"{where}.{arg}: set optim.{arg} instead")
+        else:
+            raise ValueError(f"{where}.{arg}: {OPTIMIZER_NAMES[key]} has no argument {arg!r} rlhf_jax can honour"
+                             + (f" (it reads {', '.join(sorted(ADAFACTOR_DEFAULTS))})" if key == "adafactor" else ""))
+    if key == "adafactor":
+        eps = out["eps"]
+        if not (isinstance(eps, (list, tuple)) and len(eps) == 2 and all(float(e) >= 0 for e in eps)):
+            raise ValueError(f"{where}.eps={eps!r}: Adafactor's eps is a pair (squared-gradient epsilon, "
+                             "parameter-scale floor), e.g. [1e-30, 1e-3]")
+        if not float(out["clip_threshold"]) > 0 or not float(out["decay_rate"]) < 0:
+            raise ValueError(f"{where}: Adafactor needs clip_threshold > 0 and decay_rate < 0 "
+                             f"(got {out['clip_threshold']!r}, {out['decay_rate']!r})")
+        if out["beta1"] is not None and not 0 <= float(out["beta1"]) < 1:
+            raise ValueError(f"{where}.beta1={out['beta1']!r} must be in [0, 1) or null (no first moment)")
+    return out
+
+
+class _AdafactorStepState(NamedTuple):
+    count: jax.Array
+    exp_avg: Any  # first moment per parameter, or () without beta1
+
+
+def _adafactor_step(lr, scale_parameter: bool, min_scale: float, beta1, weight_decay: float):
+    """transformers' Adafactor after its RMS clipping: the step size is lr x max(min_scale, RMS(param)) (or lr),
+    an optional first moment (EMA, no bias correction) of the scaled update, and weight decay
+    ``weight_decay x step size x param`` taken from the parameter before the update."""
+    def init(params):
+        exp_avg = jax.tree.map(jnp.zeros_like, params) if beta1 is not None else ()
+        return _AdafactorStepState(jnp.zeros([], jnp.int32), exp_avg)
+
+    def update(updates, state, params):
+        rate = lr(state.count)
+
+        def size(p):
+            return rate * jnp.maximum(jnp.sqrt(jnp.mean(jnp.square(p))), min_scale) if scale_parameter else rate
+
+        steps = jax.tree.map(lambda u, p: size(p) * u, updates, params)
+        exp_avg = state.exp_avg
+        if beta1 is not None:
+            exp_avg = jax.tree.map(lambda m, u: beta1 * m + (1 - beta1) * u, exp_avg, steps)
+            steps = exp_avg
+        out = jax.tree.map(lambda u, p: -u - weight_decay * size(p) * p, steps, params)
+        return out, _AdafactorStepState(optax.safe_increment(state.count), exp_avg)
+
+    return optax.GradientTransformation(init, update)
+
+
+def adafactor(lr, weight_decay: float, settings: dict) -> optax.GradientTransformation:
+    """transformers' Adafactor (relative_step=False) from optax's pieces: factored second moments with
+    decay 1 - t^decay_rate over the two largest dimensions of every parameter with two or more (transformers
+    factors the last two of its 2-D weights: the same for matrices), then RMS clipping and the step."""
+    eps1, eps2 = (float(e) for e in settings["eps"])
+    return optax.chain(
+        optax.scale_by_factored_rms(decay_rate=-float(settings["decay_rate"]), min_dim_size_to_factor=1,
+                                    epsilon=eps1),
+        optax.clip_by_block_rms(float(settings["clip_threshold"])),
+        _adafactor_step(lr, bool(settings["scale_parameter"]), eps2,
+                        None if settings["beta1"] is None else float(settings["beta1"]), weight_decay),
+    )
+
+
+def optimizer_transform(name: str, lr, betas: tuple, eps: float, weight_decay: float,
+                        settings: dict | None = None) -> optax.GradientTransformation:
     """``optim.optimizer`` (case-insensitive) as PyTorch defines it: AdamW's decay is decoupled; Adam's and SGD's
     (no momentum) is L2 added to the gradient; Lion (sign of the interpolated momentum, decoupled decay) uses
-    ``betas`` as its (beta1, beta2)."""
+    ``betas`` as its (beta1, beta2); Adafactor is transformers' with ``settings`` (:func:`optimizer_settings`)."""
     key = name.lower()
     b1, b2 = float(betas[0]), float(betas[1])
     if key == "adamw":
@@ -86,4 +194,6 @@ def optimizer_transform(name: str, lr, betas: tuple, eps: float, weight_decay: f
         return optax.chain(optax.add_decayed_weights(weight_decay), optax.sgd(lr))
     if key == "lion":
         return optax.lion(lr, b1=b1, b2=b2, weight_decay=weight_decay)
-    raise ValueError(f"optim.optimizer={name!r}: choose one of AdamW, Adam, SGD, Lion")
+    if key == "adafactor":
+        return adafactor(lr, weight_decay, settings if settings is not None else optimizer_settings(name, None))
+    raise ValueError(f"optim.optimizer={name!r}: choose one of {', '.join(OPTIMIZER_NAMES.values())}")

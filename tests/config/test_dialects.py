@@ -1,6 +1,7 @@
-"""Other trainers' config files: a ROLL rlvr_config.yaml converts, round-trips through `convert`, trains two
-steps with only model, data and batch sizes overridden; keys with no meaning are warned about once, keys
-whose value would change the run are refused by name."""
+"""Other trainers' config files (ROLL's rlvr_config.yaml, Trinity-RFT's, the TRL-based Trainer_config.yaml,
+ATorch's): each converts, round-trips through `convert`, trains two steps with only model, data and batch sizes
+overridden; keys with no meaning are warned about once, keys whose value would change the run are refused by
+name."""
 
 import glob
 import logging
@@ -78,8 +79,9 @@ def test_format_recognised_or_named():
     # no ROLL marker in the file: --config_format says what it is
     cfg = load_yaml("max_steps: 3\nresponse_length: 8\nadv_estimator: grpo\nnorm_mean_type: group\n", fmt="roll")
     assert cfg.trainer.total_training_steps == 3
-    with pytest.raises(ValueError, match=r"looks like a model/tokenizer/train config"):
-        load_yaml("tokenizer:\n  tokenizer_path: /tok\ntrain:\n  epochs: 1\n")
+    # ATorch's files by their tokenizer / train sections or a model section listing its model names
+    assert load_yaml("tokenizer:\n  tokenizer_path: /tok\ntrain:\n  epochs: 2\n").trainer.total_epochs == 2
+    assert load_yaml("model:\n  actor:\n    model_path: /m\n").actor_rollout_ref.model.path == "/m"
 
 
 def test_roll_file_trains_two_steps_with_overrides_in_our_keys(tmp_path):
@@ -247,4 +249,103 @@ def test_trainer_config_file_trains_two_steps_with_overrides_in_our_keys(tmp_pat
     proc = run_main(args, devices=1, env={"WANDB_MODE": "offline"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stderr.count("trainer_config keys have no meaning in rlhf_jax") == 1
+    assert os.path.isdir(os.path.join(out, "checkpoints", "2")) and "step 2" in proc.stdout
+
+
+ATORCH = os.path.join(os.path.dirname(__file__), "dialects", "atorch_ppo.yaml")
+
+
+def test_atorch_file_maps_its_keys():
+    cfg = load_yaml(ATORCH)
+    arr, d, t = cfg.actor_rollout_ref, cfg.data, cfg.trainer
+    assert arr.model.path == cfg.critic.model.path == d.tokenizer == "Qwen/Qwen2.5-0.5B-Instruct"
+    assert cfg.reward_model.enable and cfg.reward_model.model.path == "OpenAssistant/reward-model-deberta-v3-base"
+    assert cfg.algorithm.use_kl_in_reward  # ref_model listed: trlx's KL penalty in the reward
+    assert d.truncation == "left" and t.total_epochs == 3
+    # experience_buffer_size experiences per step, eg_batch_size decoded at once, rl_batch_size per update
+    assert (d.train_batch_size, arr.rollout.max_num_seqs, arr.rollout.n) == (32, 8, 1)
+    assert (arr.actor.ppo_mini_batch_size, arr.actor.ppo_epochs) == (16, 2)
+    assert cfg.algorithm.adv_estimator == "gae" and arr.actor.clip_ratio_c == 1e30
+    o = arr.actor.optim
+    assert (o.optimizer, o.lr, tuple(o.betas), o.weight_decay, o.eps) == ("AdamW", 2e-6, (0.9, 0.95), 0.05, 1e-8)
+    assert dict(o.override_optimizer_config) == {"fused": True}
+    c = cfg.critic.optim
+    assert (c.optimizer, c.lr, c.weight_decay) == ("Adafactor", 1e-5, 0.0)  # transformers' weight_decay default
+    assert dict(c.override_optimizer_config) == {"relative_step": False, "scale_parameter": False,
+                                                     "clip_threshold": 0.5, "beta1": 0.9}
+    # no optimizer given: ATorch's default, torch.optim.Adam with torch's own defaults
+    assert not cfg.experience.overlap  # mode: sequential
+    # concurrent: the next experiences are generated on devices of their own while training; the file does not
+    # say how many, so finalize asks for mesh.rollout_devices
+    concurrent = load_yaml("train:\n  mode: concurrent\n  eg_batch_size: 8\n  rl_batch_size: 4\n")
+    assert concurrent.experience.overlap
+    with pytest.raises(ValueError, match=r"experience\.overlap=True .*set mesh\.rollout_devices"):
+        finalize(concurrent, num_devices=8, check_paths=False, train_dataset_size=64)
+    concurrent.mesh.rollout_devices = 4
+    assert finalize(concurrent, num_devices=8, check_paths=False, train_dataset_size=64).experience.overlap
+    plain = load_yaml("model:\n  actor:\n    model_path: /m\ntrain:\n  eg_batch_size: 4\n")
+    o = plain.actor_rollout_ref.actor.optim
+    assert (o.optimizer, o.lr, o.weight_decay, tuple(o.betas)) == ("Adam", 1e-3, 0.0, (0.9, 0.999))
+    assert plain.data.train_batch_size == 4  # no experience_buffer_size: one generation batch per step
+
+
+def test_atorch_convert_round_trips_warns_once_and_refuses_what_it_cannot_honour(tmp_path, caplog):
+    converted = tmp_path / "converted.yaml"
+    converted.write_text(convert(ATORCH))
+    a = finalize(load_yaml(ATORCH), num_devices=8, check_paths=False, train_dataset_size=320)
+    b = finalize(load_yaml(str(converted)), num_devices=8, check_paths=False, train_dataset_size=320)
+    assert a.to_dict() == b.to_dict()
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="rlhf_jax.config"):
+        load_yaml(ATORCH)
+    warnings = [r.getMessage() for r in caplog.records if "atorch keys have no meaning" in r.getMessage()]
+    assert len(warnings) == 1 and "tokenizer.params.padding_side" in warnings[0]
+    assert "model.actor.train_strategy" in warnings[0]
+    base = "model:\n  actor:\n    model_path: /m\n"
+    for text, key in [
+        ("  actor_critic:\n    model_path: /m\n", r"model\.actor_critic: one model sharing its weights between "
+                                                 r"actor and critic is not implemented"),
+        ("  reward_critic:\n    model_path: /m\n", r"model\.reward_critic: .*reward_model and critic"),
+        ("train:\n  mode: parallel\n", r"train\.mode='parallel': use sequential or concurrent"),
+        ("train:\n  strategy_file: s.py\n", r"train\.strategy_file='s\.py' is not supported"),
+        ("train:\n  trainer: DPOTrainer\n", r"train\.trainer='DPOTrainer'"),
+        ("train:\n  experience_buffer_size: 12\n  rl_batch_size: 8\n", r"rl_batch_size=8 does not divide"),
+        ("  critic:\n    model_path: m.py\n    model_cls: Critic\n", r"model\.critic\.model_path='m\.py'"),
+        ("  critic:\n    model_path: /m\n    model_cls: Critic\n", r"model\.critic\.model_cls='Critic'"),
+        ("  ref_model:\n    model_path: /other\n", r"model\.ref_model\.model_path='/other' differs"),
+        ("  reward_model:\n    model_path: /rm\n    optimizer:\n      name: adam\n",
+         r"model\.reward_model\.optimizer\.name='adam' is not supported.*not trained"),
+        ("    train_strategy: fsdp_strategy\n", r"model\.actor\.train_strategy='fsdp_strategy'"),
+        ("    model_params:\n      torch_dtype: bfloat16\n", r"model\.actor\.model_params\.torch_dtype"),
+        ("    optimizer:\n      name: torch.optim.RMSprop\n", r"model\.actor\.optimizer\.name='torch\.optim\.RMSprop'"),
+        ("    optimizer:\n      name: AdamW\n      kwargs:\n        amsgrad: true\n",
+         r"model\.actor\.optimizer\.kwargs\.amsgrad=True is not supported for AdamW"),
+        ("    optimizer:\n      name: Adafactor\n", r"model\.actor\.optimizer\.kwargs: Adafactor without lr"),
+        ("tokenizer:\n  params:\n    truncation_side: middle\n", r"truncation_side='middle'"),
+        ("tokenizer:\n  params:\n    use_fast: false\n", r"tokenizer\.params\.use_fast=False is not supported"),
+        ("train:\n  rl_steps: 3\n", r"train\.rl_steps \(atorch key\) has no rlhf_jax equivalent"),
+    ]:
+        with pytest.raises(ValueError, match=key):
+            load_yaml(base + text)
+
+
+def test_atorch_file_trains_two_steps_with_overrides_in_our_keys(tmp_path):
+    from tests.train.helpers import tiny_hf_checkpoint
+
+    rm = tiny_hf_checkpoint("LlamaConfig", "LlamaForSequenceClassification", str(tmp_path / "rm"), num_labels=1)
+    out = str(tmp_path / "run")
+    overrides = {
+        "actor_rollout_ref.model.path": "builtin:tiny", "critic.model.path": "builtin:tiny",
+        "data.tokenizer": "builtin:tiny", "reward_model.model.path": rm,
+        "data.train_files": "builtin:arithmetic?max_value=4&train_size=16",
+        "data.val_files": "builtin:arithmetic?max_value=4&test_size=4", "data.prompt_key": "prompt",
+        "data.max_prompt_length": 48, "data.max_response_length": 4, "data.train_batch_size": 4,
+        "data.val_batch_size": 4, "actor_rollout_ref.rollout.max_num_seqs": 4,
+        "actor_rollout_ref.actor.ppo_mini_batch_size": 2, "reward_model.micro_batch_size_per_gpu": 2,
+        "trainer.total_training_steps": 2, "trainer.default_local_dir": out,
+    }
+    args = [f"--config={ATORCH}"] + [f"--config.{k}={v}" for k, v in overrides.items()]
+    proc = run_main(args, devices=1)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stderr.count("atorch keys have no meaning in rlhf_jax") == 1
     assert os.path.isdir(os.path.join(out, "checkpoints", "2")) and "step 2" in proc.stdout

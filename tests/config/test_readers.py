@@ -52,9 +52,9 @@ def test_every_verl_name_leads_somewhere():
     for entry in IGNORED:
         assert entry.reason.strip(), entry.pattern
         assert not _matches(entry.pattern), f"ignored verl key {entry.pattern} shadows schema keys"
-    from rlhf_jax.config.dialects import roll, trainer_config, trinity
+    from rlhf_jax.config.dialects import atorch, roll, trainer_config, trinity
 
-    for rule in roll.RULES + trinity.RULES + trainer_config.RULES:  # a key becomes a read schema key, is computed, or is ignored with a reason
+    for rule in roll.RULES + trinity.RULES + trainer_config.RULES + atorch.RULES:  # a key becomes a read schema key, is computed, or is ignored with a reason
         assert rule.to is None or rule.to in read, f"{rule.their} -> {rule.to}, which nothing reads"
         assert rule.maps or rule.used_by or rule.reason.strip(), rule.their
 

@@ -90,6 +90,10 @@ reward_model:
     ("actor_rollout_ref:\n  model:\n    mtp: {num_layers: 2}\n", r"model\.mtp"),
     ("critic:\n  model:\n    tokenizer_path: /elsewhere/tok\n", r"critic\.model\.tokenizer_path='/elsewhere/tok' differs"),
     ("actor_rollout_ref:\n  model:\n    external_lib: my_models\n", r"external_lib"),
+    ("actor_rollout_ref:\n  model:\n    override_config: {attention_dropout: 0.1}\n", r"model\.override_config="),
+    ("data:\n  datagen:\n    path: gen.py\n    name: G\n", r"data\.datagen="),
+    ("actor_rollout_ref:\n  model:\n    enable_activation_offload: true\n", r"enable_activation_offload=True"),
+    ("actor_rollout_ref:\n  rollout:\n    mode: server\n", r"rollout\.mode='server'"),
 ])
 def test_features_we_lack_are_refused_when_switched_on(text, key):
     with pytest.raises(ValueError, match=key + r".*not supported|" + key):
@@ -117,3 +121,15 @@ def test_profiler_and_checkpoint_keys_are_honoured():
     cfg = load_yaml("trainer:\n  profile_steps: [0]\n")
     with pytest.raises(ValueError, match=r"trainer\.profile_steps=\(0,\)"):
         finalize(cfg, num_devices=1, check_paths=False)
+
+
+@pytest.mark.parametrize("path", [GENERATED, LEGACY])
+def test_convert_output_of_a_verl_file_gives_the_same_finalized_config(path, tmp_path):
+    from rlhf_jax.config import finalize
+    from rlhf_jax.config.__main__ import convert
+
+    converted = tmp_path / "converted.yaml"
+    converted.write_text(convert(path))
+    a = finalize(load_yaml(path), num_devices=8, check_paths=False, train_dataset_size=1024)
+    b = finalize(load_yaml(str(converted)), num_devices=8, check_paths=False, train_dataset_size=1024)
+    assert a.to_dict() == b.to_dict()

@@ -11,22 +11,17 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from rlhf_jax.config.dialects import roll, trainer_config, trinity
+from rlhf_jax.config.dialects import atorch, roll, trainer_config, trinity
 from rlhf_jax.config.dialects.rules import translate
 
 log = logging.getLogger("rlhf_jax.config")
 
-FORMATS = ("verl", "roll", "trinity", "trainer_config")
-_MODULES = {"roll": roll, "trinity": trinity, "trainer_config": trainer_config}
-# Top-level keys of the formats not read yet, to say so instead of "unknown key".
-_UNREAD = {
-    "model/tokenizer/train": ("tokenizer",),
-}
+FORMATS = ("verl", "roll", "trinity", "trainer_config", "atorch")
+_MODULES = {"roll": roll, "trinity": trinity, "trainer_config": trainer_config, "atorch": atorch}
 
 
 def detect(mapping: dict) -> str:
-    """The format of a parsed config file: roll, trinity, trainer_config, else verl; a known format that is not
-    read (the model/tokenizer/train trainer's) is an error."""
+    """The format of a parsed config file: roll, trinity, trainer_config, atorch, else verl."""
     keys = set(mapping)
     if keys & set(roll.MARKERS):
         return "roll"
@@ -34,11 +29,8 @@ def detect(mapping: dict) -> str:
         return "trinity"
     if keys & set(trainer_config.MARKERS):
         return "trainer_config"
-    for name, markers in _UNREAD.items():
-        if keys & set(markers):
-            raise ValueError(f"this looks like a {name} config (top-level keys {sorted(keys & set(markers))}); "
-                             f"rlhf_jax reads {', '.join(FORMATS)} files: write the run in rlhf_jax's keys "
-                             "(docs/CONFIG.md)")
+    if keys & set(atorch.MARKERS) or atorch.looks_like(mapping):
+        return "atorch"
     return "verl"
 
 
