@@ -50,6 +50,9 @@ DATA = (
 _C = "critic."
 CRITIC = (
     Key(_C + "enable", None, "Train a value model; None = only when algorithm.adv_estimator is gae.", type=bool),
+    Key(_C + "shared_trunk", False, "The value model is a head on the actor's trunk: one forward pass gives log-probs "
+        "and values, one loss trains both (seed 000's actor_critic)."),
+    Key(_C + "vf_coef", 0.1, "With critic.shared_trunk: weight of the clipped value loss in the joint loss (TRL's)."),
     Key(_C + "model.path", None, "Critic initialisation checkpoint (a directory or Hub id); None = "
         "actor_rollout_ref.model.path.", type=str),
     Key(_C + "model.revision", None, "Hub revision of a Hub id critic.model.path; None = main.", type=str),

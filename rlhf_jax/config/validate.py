@@ -382,6 +382,32 @@ def _train_devices(cfg: ConfigDict, num_devices: int, num_processes: int) -> int
     return num_devices - k
 
 
+# Critic settings a shared trunk does not use: the actor's model, optimizer and mini-batches train the value head.
+_SEPARATE_CRITIC_ONLY = ("critic.optim.lr", "critic.optim.weight_decay", "critic.optim.optimizer", "critic.grad_clip",
+                         "critic.model.enable_gradient_checkpointing", "trainer.critic_warmup")
+
+
+def _shared_trunk(cfg: ConfigDict) -> None:
+    """critic.shared_trunk: a value head on the actor; the settings of a separate critic must stay unset."""
+    c = cfg.critic
+    if not c.shared_trunk:
+        return
+    if not c.enable:
+        raise ValueError("critic.shared_trunk=True puts a value head on the actor, but no value model is trained "
+                         f"(critic.enable=False, algorithm.adv_estimator={cfg.algorithm.adv_estimator}): use gae")
+    if c.model.path != cfg.actor_rollout_ref.model.path:
+        raise ValueError(f"critic.model.path={c.model.path!r}: with critic.shared_trunk the value head sits on the "
+                         "actor's trunk; leave critic.model.path unset")
+    if cfg.actor_rollout_ref.model.lora_rank:
+        raise ValueError("critic.shared_trunk=True with actor_rollout_ref.model.lora_rank > 0 is not supported "
+                         "(the value head would train through frozen weights): use a separate critic")
+    for path in _SEPARATE_CRITIC_ONLY:
+        value = schema.get_path(cfg, path)
+        if value != schema.get_key(path).default:
+            raise ValueError(f"{path}={value!r} applies to a separate critic; with critic.shared_trunk the actor's "
+                             "optimizer, mini-batches and remat train the value head (set the actor's keys)")
+
+
 def _experience(cfg: ConfigDict) -> None:
     """The experience schedule (train/experience.py): sizes, the overlap's devices, the staleness bound."""
     e = cfg.experience
@@ -436,6 +462,7 @@ def finalize(
     _check_trackers_installed(out.trainer.logger)
     train_devices = _train_devices(out, num_devices, num_processes)
     _experience(out)
+    _shared_trunk(out)
     mesh = resolve_mesh(out.mesh.data, out.mesh.fsdp, out.mesh.tensor, train_devices, out.mesh.expert)
     if check_paths:
         _check_paths(out)

@@ -4,6 +4,7 @@ import and export."""
 from rlhf_jax.models.config import (
     SUPPORTED_MODEL_TYPES,
     TASK_CAUSAL_LM,
+    TASK_CAUSAL_LM_VALUE,
     TASK_SEQ_CLS,
     TASK_TOKEN_VALUE,
     ModelConfig,
@@ -14,6 +15,7 @@ from rlhf_jax.models.config import (
 from rlhf_jax.models.attention import attention
 from rlhf_jax.models.decoder import (
     CausalLM,
+    CausalLMWithValue,
     SequenceClassifier,
     TokenValueModel,
     positions_from_mask,
@@ -26,9 +28,11 @@ from rlhf_jax.models.sharding import shard_model, state_shardings
 __all__ = [
     "SUPPORTED_MODEL_TYPES",
     "TASK_CAUSAL_LM",
+    "TASK_CAUSAL_LM_VALUE",
     "TASK_SEQ_CLS",
     "TASK_TOKEN_VALUE",
     "CausalLM",
+    "CausalLMWithValue",
     "CheckpointError",
     "ModelConfig",
     "SequenceClassifier",

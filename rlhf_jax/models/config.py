@@ -36,7 +36,10 @@ REMAT_POLICIES = ("none", *remat.POLICIES)
 TASK_CAUSAL_LM = "causal_lm"
 TASK_SEQ_CLS = "seq_cls"  # *ForSequenceClassification: one score per sequence (reward model)
 TASK_TOKEN_VALUE = "token_value"  # *ForTokenClassification with one label: one value per token (critic)
-TASKS = (TASK_CAUSAL_LM, TASK_SEQ_CLS, TASK_TOKEN_VALUE)
+# A causal LM with a value head on its trunk (an actor-critic sharing its weights); exported as the causal LM
+# plus the head's weights, so no checkpoint names this task.
+TASK_CAUSAL_LM_VALUE = "causal_lm_value"
+TASKS = (TASK_CAUSAL_LM, TASK_SEQ_CLS, TASK_TOKEN_VALUE, TASK_CAUSAL_LM_VALUE)
 _ARCH_SUFFIX_TO_TASK = {
     "ForCausalLM": TASK_CAUSAL_LM,
     "ForSequenceClassification": TASK_SEQ_CLS,
@@ -262,6 +265,7 @@ def task_from_hf(hf: dict) -> str:
 
 
 def architecture_name(model_type: str, task: str) -> str:
+    task = TASK_CAUSAL_LM if task == TASK_CAUSAL_LM_VALUE else task  # the value head is saved beside the LM
     suffix = {v: k for k, v in _ARCH_SUFFIX_TO_TASK.items()}[task]
     if model_type == "gemma3_text" and task != TASK_CAUSAL_LM:  # Gemma3For* heads are the multimodal model's
         return "Gemma3Text" + suffix

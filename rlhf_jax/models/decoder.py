@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from rlhf_jax.models.config import TASK_CAUSAL_LM, TASK_SEQ_CLS, TASK_TOKEN_VALUE, ModelConfig
+from rlhf_jax.models.config import TASK_CAUSAL_LM, TASK_CAUSAL_LM_VALUE, TASK_SEQ_CLS, TASK_TOKEN_VALUE, ModelConfig
 from rlhf_jax.models.attention import soft_cap
 from rlhf_jax.models.layers import DecoderLayer, norm, param
 from rlhf_jax.models.remat import checkpointed
@@ -201,11 +201,35 @@ class TokenValueModel(nnx.Module):
         self.score = param(rngs, (cfg.hidden_size, 1), ("embed", "labels"), cfg.param_dtype)
         self.score_bias = param(rngs, (1,), ("labels",), cfg.param_dtype, init="zeros")
 
-    def __call__(self, input_ids, attention_mask=None, positions=None, segment_ids=None) -> jax.Array:
-        hidden = self.model.full_sequence(input_ids, attention_mask, positions, segment_ids)
+    def values_from_hidden(self, hidden: jax.Array) -> jax.Array:
+        """(..., E) hidden states -> (...) float32 values."""
         dt = self.config.dtype
         values = hidden @ self.score[...].astype(dt) + self.score_bias[...].astype(dt)
         return values[..., 0].astype(jnp.float32)
 
+    def token_values(self, input_ids, attention_mask=None, positions=None, segment_ids=None) -> jax.Array:
+        """(B, T) float32 value of each position."""
+        return self.values_from_hidden(self.model.full_sequence(input_ids, attention_mask, positions, segment_ids))
 
-MODEL_CLASSES = {TASK_CAUSAL_LM: CausalLM, TASK_SEQ_CLS: SequenceClassifier, TASK_TOKEN_VALUE: TokenValueModel}
+    __call__ = token_values
+
+
+class CausalLMWithValue(CausalLM):
+    """A causal LM with a value head on its trunk (seed 000's ``actor_critic``): log-probs and values come from one
+    forward pass (``hidden_states``, then ``logits_from_hidden`` and ``values_from_hidden``)."""
+
+    task = TASK_CAUSAL_LM_VALUE
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs | None):
+        super().__init__(cfg, rngs=rngs)
+        self.score = param(rngs, (cfg.hidden_size, 1), ("embed", "labels"), cfg.param_dtype)
+        self.score_bias = param(rngs, (1,), ("labels",), cfg.param_dtype, init="zeros")
+
+    values_from_hidden = TokenValueModel.values_from_hidden
+
+    def token_values(self, input_ids, attention_mask=None, positions=None, segment_ids=None) -> jax.Array:
+        return self.values_from_hidden(self.hidden_states(input_ids, attention_mask, positions, segment_ids))
+
+
+MODEL_CLASSES = {TASK_CAUSAL_LM: CausalLM, TASK_SEQ_CLS: SequenceClassifier, TASK_TOKEN_VALUE: TokenValueModel,
+                 TASK_CAUSAL_LM_VALUE: CausalLMWithValue}

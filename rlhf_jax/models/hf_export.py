@@ -18,11 +18,15 @@ import ml_dtypes
 import numpy as np
 from flax import nnx
 
-from rlhf_jax.models.config import TASK_SEQ_CLS, TASK_TOKEN_VALUE, architecture_name
+from rlhf_jax.models.config import TASK_CAUSAL_LM_VALUE, TASK_SEQ_CLS, TASK_TOKEN_VALUE, architecture_name
 from rlhf_jax.models.hf_names import TensorMapping, mapping_for
 from rlhf_jax.models.safetensors_io import save_file
 
 DEFAULT_MAX_SHARD_BYTES = 2 * 1024**3
+# A shared-trunk actor-critic's value head, beside the causal LM, under the names TRL's
+# AutoModelForCausalLMWithValueHead gives it (v_head.summary: a Linear(hidden, 1)).
+VALUE_HEAD_FILE = "value_head.safetensors"
+VALUE_HEAD_NAMES = {"score.weight": "v_head.summary.weight", "score.bias": "v_head.summary.bias"}
 _DTYPE_NAMES = {np.dtype(np.float32): "float32", np.dtype(np.float16): "float16", np.dtype(ml_dtypes.bfloat16): "bfloat16"}
 
 
@@ -98,6 +102,8 @@ def save_pretrained(
     out_dir = os.path.abspath(os.path.expanduser(out_dir))
     writer = jax.process_index() == 0
     entries = _hf_tensors(model)
+    value_head = [e for e in entries if e[0] in VALUE_HEAD_NAMES] if model.task == TASK_CAUSAL_LM_VALUE else []
+    entries = [e for e in entries if e not in value_head]
     shards = _plan_shards(entries, max_shard_bytes)
     tmp_dir = out_dir + ".tmp-export"
     if writer:
@@ -125,8 +131,11 @@ def save_pretrained(
             total += tensors[name].nbytes
         if writer:
             save_file(tensors, os.path.join(tmp_dir, fname))
+    head = {VALUE_HEAD_NAMES[name]: parts[0][0].to_hf(host_value(parts[0][1], None)) for name, parts in value_head}
     if not writer:
         return out_dir
+    if head:
+        save_file(head, os.path.join(tmp_dir, VALUE_HEAD_FILE))
     if len(shards) > 1:
         with open(os.path.join(tmp_dir, "model.safetensors.index.json"), "w") as f:
             json.dump({"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}, f, indent=2)

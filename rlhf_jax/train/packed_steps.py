@@ -22,7 +22,7 @@ from flax import nnx
 
 from rlhf_jax import algos
 from rlhf_jax.train.steps import (ActorLossSpec, Batch, CriticLossSpec, actor_denominators, actor_loss, add_router_loss,
-                                  critic_loss, token_log_probs)
+                                  add_value_loss, critic_loss, token_log_probs, value_denominator)
 
 
 # A packed micro-batch: (dp*M, L) int32 rows, and (dp*C,) lists of the states that predict a response token: their
@@ -82,7 +82,8 @@ def pick(per_position: jax.Array, micro: Batch, dp: int) -> jax.Array:
 
 def packed_values(model, micro: Batch, dp: int) -> jax.Array:
     """Critic values (dp, C) of the listed states (those before each response token)."""
-    return pick(model(micro["input_ids"], positions=micro["positions"], segment_ids=micro["segment_ids"]), micro, dp)
+    return pick(model.token_values(micro["input_ids"], positions=micro["positions"], segment_ids=micro["segment_ids"]),
+                micro, dp)
 
 
 def covered_mask(micro: Batch, grid_shape: tuple[int, int], dp: int) -> jax.Array:
@@ -108,20 +109,26 @@ def actor_grads(graphdef, spec: ActorLossSpec, params, frozen, grad_acc, micro: 
     """Add one micro-batch's actor gradient into ``grad_acc``; returns (grad_acc, metrics, token count)."""
     mask = grid["response_mask"].astype(jnp.float32)
     den, den_plain = actor_denominators(spec, mask)
+    value_den = value_denominator(spec, mask)
     m_mask = mask * covered_mask(micro, mask.shape, dp)
 
     moe = spec.router_aux_loss_coef is not None
 
     def loss_fn(p):
         model = nnx.merge(graphdef, p, frozen)
-        out = packed_log_probs(model, micro, spec.temperature, True, dp, with_router_stats=moe)
-        (logp_c, ent_c), stats = out if moe else (out, None)
-        logp = scatter_to_grid(logp_c, micro["logit_targets"], mask.shape, dp)
-        ent = scatter_to_grid(ent_c, micro["logit_targets"], mask.shape, dp)
-        loss, metrics = actor_loss(spec, logp, ent, grid, m_mask, den, den_plain, key)
-        if not moe:
-            return loss, metrics
-        return add_router_loss(spec, loss, metrics, stats, jnp.sum(m_mask) / jnp.maximum(jnp.sum(mask), 1.0))
+        out = packed_hidden(model, micro, with_router_stats=moe)
+        hidden, stats = out if moe else (out, None)
+        picked = pick(hidden, micro, dp)  # (dp, C, E): the states that predict each listed token
+        logp_c, ent_c = token_log_probs(model, picked, micro["logit_token_ids"].reshape(dp, -1), spec.temperature, True)
+        to_grid = lambda x: scatter_to_grid(x, micro["logit_targets"], mask.shape, dp)  # noqa: E731
+        loss, metrics = actor_loss(spec, to_grid(logp_c), to_grid(ent_c), grid, m_mask, den, den_plain, key)
+        if moe:
+            loss, metrics = add_router_loss(spec, loss, metrics, stats,
+                                            jnp.sum(m_mask) / jnp.maximum(jnp.sum(mask), 1.0))
+        if spec.value is not None:  # the value head on the same states, placed on the grid like the log-probs
+            loss, metrics = add_value_loss(spec, to_grid(model.values_from_hidden(picked)), grid, m_mask, value_den,
+                                           loss, metrics)
+        return loss, metrics
 
     (_, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
     return jax.tree.map(jnp.add, grad_acc, grads), aux, jnp.sum(m_mask)

@@ -170,6 +170,8 @@ def compile_pass(trainer, name: str, role, plan: PassPlan):
             grid["ref_log_probs"] = f32
         if trainer.correction.rollout_is is not None:
             grid["rollout_is_weights"] = f32
+        if trainer.actor_spec.value is not None:  # critic.shared_trunk: the value loss joins the actor's
+            grid.update(values=f32, returns=f32)
     else:
         grid = {"response_mask": i32, "values": f32, "returns": f32}
     grid = {k: ((rows, R), t) for k, t in grid.items()}

@@ -196,10 +196,11 @@ def actor_trainable(cfg: ConfigDict, model_path: str):
 
 def load_actor(cfg: ConfigDict, model_path: str, mesh, rules):
     """The actor model: the checkpoint, with LoRA adapters when ``lora_rank`` > 0 (fresh, or read from
-    ``lora_adapter_path``)."""
-    from rlhf_jax.models import lora, lora_peft
+    ``lora_adapter_path``), with a value head on its trunk under ``critic.shared_trunk``."""
+    from rlhf_jax.models import TASK_CAUSAL_LM_VALUE, lora, lora_peft
 
-    model = load_policy(cfg, model_path, mesh, rules)
+    shared = cfg.critic.enable and cfg.critic.shared_trunk
+    model = load_policy(cfg, model_path, mesh, rules, task=TASK_CAUSAL_LM_VALUE if shared else None)
     spec = lora_spec(cfg)
     if spec is None:
         return model

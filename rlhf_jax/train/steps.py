@@ -91,7 +91,7 @@ def response_log_probs(model, input_ids, attention_mask, responses, temperature:
 
 def response_values(model, input_ids, attention_mask, response_length: int):
     """Critic values of the states before each response token; (b, R) float32 (verl's slicing)."""
-    return model(input_ids, attention_mask)[:, -response_length - 1 : -1]
+    return model.token_values(input_ids, attention_mask)[:, -response_length - 1 : -1]
 
 
 def forward_log_probs(graphdef, params, batch: Batch, *, n_micro: int, temperature: float, with_entropy: bool):
@@ -153,6 +153,10 @@ class ActorLossSpec:
     options: tuple[tuple[str, Any], ...] = ()  # extra policy-loss options, e.g. (("clip_cov_ratio", 2e-4),)
     # Mixture-of-Experts actor: weight of the router load-balancing loss (0: router metrics only); None: dense actor.
     router_aux_loss_coef: float | None = None
+    # A value head on the actor's trunk (critic.shared_trunk): its clipped value loss, times vf_coef, joins the
+    # actor loss, computed from the same forward pass. None: a separate critic (or none).
+    value: CriticLossSpec | None = None
+    vf_coef: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -245,6 +249,20 @@ def add_router_loss(spec: ActorLossSpec, loss, metrics: dict, stats, share):
     return loss, metrics
 
 
+def add_value_loss(spec: ActorLossSpec, vpreds, m: Batch, m_mask, value_den, loss, metrics: dict):
+    """The actor loss plus ``vf_coef`` x the shared value head's clipped loss of ``vpreds`` (its values of the
+    states that predict each response token, from the actor's own forward pass), and the critic metrics."""
+    vloss, vmetrics = critic_loss(spec.value, vpreds, m, m_mask, value_den)
+    return loss + spec.vf_coef * vloss, {**metrics, **vmetrics}
+
+
+def value_denominator(spec: ActorLossSpec, mask):
+    """The shared value head's loss denominator over a whole mini-batch mask (None without one)."""
+    if spec.value is None:
+        return None
+    return algos.loss_denominator(mask, spec.value.loss_agg_mode, norm_constant=spec.value.norm_constant)
+
+
 def actor_denominators(spec: ActorLossSpec, mask):
     """(policy-loss denominator, plain-mode denominator) of a whole mini-batch mask."""
     agg_mode = algos.effective_loss_agg_mode(spec.loss_mode, spec.loss_agg_mode)
@@ -258,10 +276,13 @@ def actor_update(graphdef, tx, spec: ActorLossSpec, params, frozen, opt_state, m
     ``params`` are the trained parameters (differentiated, updated), ``frozen`` the rest (constant)."""
     mask = mb["response_mask"].astype(jnp.float32)
     den, den_plain = actor_denominators(spec, mask)
+    value_den = value_denominator(spec, mask)
     micro = split_micro(mb, n_micro)
     tokens = jnp.sum(split_micro(mask, n_micro), axis=(1, 2))
     weights = tokens / jnp.maximum(jnp.sum(tokens), 1.0)
     rngs = jax.random.split(rng, n_micro)
+    R = mb["responses"].shape[1]
+    moe = spec.router_aux_loss_coef is not None
 
     def micro_step(grad_acc, xs):
         m, key = xs
@@ -269,13 +290,18 @@ def actor_update(graphdef, tx, spec: ActorLossSpec, params, frozen, opt_state, m
         def loss_fn(p):
             model = nnx.merge(graphdef, p, frozen)
             m_mask = m["response_mask"].astype(jnp.float32)
-            args = (model, m["input_ids"], m["attention_mask"], m["responses"], spec.temperature, True)
-            if spec.router_aux_loss_coef is None:
-                logp, ent = response_log_probs(*args)
-                return actor_loss(spec, logp, ent, m, m_mask, den, den_plain, key)
-            (logp, ent), stats = response_log_probs(*args, with_router_stats=True)
+            out = model.hidden_states(m["input_ids"], m["attention_mask"], with_router_stats=moe)
+            hidden, stats = out if moe else (out, None)
+            hidden = hidden[:, -R - 1 : -1]  # the states that predict each response token
+            logp, ent = token_log_probs(model, hidden, m["responses"], spec.temperature, True)
             loss, metrics = actor_loss(spec, logp, ent, m, m_mask, den, den_plain, key)
-            return add_router_loss(spec, loss, metrics, stats, jnp.sum(m_mask) / jnp.maximum(jnp.sum(mask), 1.0))
+            if moe:
+                loss, metrics = add_router_loss(spec, loss, metrics, stats,
+                                                jnp.sum(m_mask) / jnp.maximum(jnp.sum(mask), 1.0))
+            if spec.value is not None:
+                loss, metrics = add_value_loss(spec, model.values_from_hidden(hidden), m, m_mask, value_den, loss,
+                                               metrics)
+            return loss, metrics
 
         (_, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
         return jax.tree.map(jnp.add, grad_acc, grads), aux

@@ -137,8 +137,9 @@ class Trainer(CheckpointMixin, ExperienceMixin):
         if d.need_ref:
             self.ref = Role(self._base_model(), self.mesh) if self.lora else Role(
                 load_policy(cfg, c.model_path, self.mesh, c.rules, role="ref"), self.mesh)
-        self.critic = None
-        if cfg.critic.enable:
+        self.critic = None  # a separate value model; under critic.shared_trunk the actor carries the value head
+        self.shared_value = bool(cfg.critic.enable and cfg.critic.shared_trunk)
+        if cfg.critic.enable and not self.shared_value:
             ctx, clr = make_optimizer(cfg.critic.optim, cfg.critic.grad_clip, self.total_steps, d.critic_updates_per_step)
             critic_path = resolve_model_path(cfg.critic.model.path, cfg.critic.model.revision) if cfg.critic.model.path else c.model_path
             self.critic = Role(load_policy(cfg, c.model_path, self.mesh, c.rules, role="critic", task=TASK_TOKEN_VALUE,
@@ -162,8 +163,13 @@ class Trainer(CheckpointMixin, ExperienceMixin):
             self.reward_model = RewardModelScorer.from_config(cfg.reward_model, mesh=self.mesh, rules=c.rules)
         kc = cfg.algorithm.kl_ctrl
         self.kl_ctrl = algos.init_kl_controller(kc.kl_coef, kc.type, kc.target_kl, kc.horizon)
+        self.critic_spec = CriticLossSpec(cfg.critic.cliprange_value, cfg.critic.loss_agg_mode,
+                                          arr.actor.loss_scale_factor)
         self.actor_spec = actor_loss_spec(cfg, d.recompute_old_log_prob, c.sampling.logprob_temperature,
                                           self.actor.config)
+        if self.shared_value:
+            self.actor_spec = dataclasses.replace(self.actor_spec, value=self.critic_spec,
+                                                  vf_coef=float(cfg.critic.vf_coef))
         self.correction = correction_from_config(cfg.algorithm.rollout_correction,
                                                  cfg.actor_rollout_ref.actor.tis_imp_ratio_cap)
         self._correction_fn = jax.jit(functools.partial(rollout_correction, cfg=self.correction))
@@ -172,8 +178,6 @@ class Trainer(CheckpointMixin, ExperienceMixin):
             advantage_stage, estimator=alg.adv_estimator, gamma=alg.gamma, lam=alg.lam,
             norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo, use_kl_in_reward=alg.use_kl_in_reward,
             kl_penalty=alg.kl_penalty))
-        self.critic_spec = CriticLossSpec(cfg.critic.cliprange_value, cfg.critic.loss_agg_mode,
-                                          arr.actor.loss_scale_factor)
         self.loader = loader_from_config(cfg.data, self.tok, "train", num_epochs=None, dataset=c.train_dataset)
         self.profiler = StepProfiler(cfg.trainer.profile_steps, cfg.trainer.profile_dir)
         self.checkpointer = Checkpointer(os.path.join(self.out_dir, "checkpoints"),
@@ -365,10 +369,10 @@ class Trainer(CheckpointMixin, ExperienceMixin):
                 with timer("ref"):
                     batch["ref_log_probs"] = jax.block_until_ready(
                         self._forward_pass("ref", self.ref, batch, host))
-            if self.critic is not None:
+            if self.critic is not None or self.shared_value:
                 with timer("values"):
                     batch["values"] = jax.block_until_ready(
-                        self._forward_pass("values", self.critic, batch, host))
+                        self._forward_pass("values", self._pass_role("values"), batch, host))
             self._abandon_if_stopping()  # the last point before the step changes state (KL controller, weights)
             with timer("adv"):
                 group_ids = to_global(self.mesh, np.repeat(np.arange(len(pb)) + jax.process_index() * len(pb), n).astype(np.int32))
@@ -427,7 +431,8 @@ class Trainer(CheckpointMixin, ExperienceMixin):
         cfg, d = self.cfg, self.cfg.derived
         if name == "old_log_prob":
             return self.actor if (d.recompute_old_log_prob or cfg.algorithm.use_kl_in_reward) else None
-        return {"ref": self.ref, "update_actor": self.actor, "values": self.critic, "update_critic": self.critic}[name]
+        values = self.actor if self.shared_value else self.critic
+        return {"ref": self.ref, "update_actor": self.actor, "values": values, "update_critic": self.critic}[name]
 
     def plan_memory(self) -> None:
         """Compile every training pass before the first step, size automatic (-1) micro-batches to the largest that
@@ -509,6 +514,8 @@ class Trainer(CheckpointMixin, ExperienceMixin):
             keys.append("ref_log_probs")
         if "rollout_is_weights" in batch:
             keys.append("rollout_is_weights")
+        if self.shared_value:
+            keys += ["values", "returns"]
         plan = self.plans["update_actor"]
         sub = {k: batch[k] for k in keys if not plan.packed or k not in ("input_ids", "attention_mask", "responses")}
         collected: dict[str, list] = {}
