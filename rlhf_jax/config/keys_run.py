@@ -116,9 +116,8 @@ CUSTOM_REWARD = (
 
 _G = "algorithm."
 ALGORITHM = (
-    Key(_G + "type", "rl", "What the run trains: rl = the online RL loop of algorithm.adv_estimator; dpo = Direct "
-        "Preference Optimization on prompt/chosen/rejected data (algorithm.dpo.*); other registered trainers "
-        "(rlhf_jax/train/tasks.py) by name."),
+    Key(_G + "type", "rl", "What the run trains: rl = the RL loop of algorithm.adv_estimator; dpo = DPO on "
+        "prompt/chosen/rejected pairs (algorithm.dpo.*); other trainers of train/tasks.py by name."),
     Key(_G + "dpo.beta", 0.1, "DPO: beta, the strength of the pull towards the reference (TRL's beta; IPO's tau)."),
     Key(_G + "dpo.label_smoothing", 0.0, "DPO (sigmoid loss): the assumed fraction of flipped preference labels, "
         "in [0, 0.5) (conservative DPO; 0 = plain DPO)."),
