@@ -211,3 +211,24 @@ def test_missing_rejected_stops_before_compiling_naming_file_and_row(tmp_path):
 def test_bad_settings_stop_before_loading(tmp_path, overrides, message):
     with pytest.raises(ValueError, match=message):
         dpo.prepare(make_config(str(tmp_path / "run"), **overrides))
+
+
+def test_micro_batches_do_not_change_the_step(tmp_path):
+    """One SGD step (lr 1: the parameter change is the gradient) over 8 pairs in one pass or in micro-batches of one
+    pair per shard gives the same weights and metrics."""
+    results = []
+    for micro in (-1, 1):
+        trainer = DPOTrainer(make_config(str(tmp_path / f"micro{micro}"), **{
+            "actor_rollout_ref.actor.ppo_mini_batch_size": 8, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": micro,
+            "actor_rollout_ref.actor.optim.optimizer": "SGD", "actor_rollout_ref.actor.optim.lr": 1.0,
+            "actor_rollout_ref.actor.optim.weight_decay": 0.0, "actor_rollout_ref.actor.grad_clip": 0.0,
+            "trainer.total_training_steps": 2, "trainer.save_freq": 0}))
+        assert trainer.cfg.derived.actor_grad_accum_steps == (1 if micro == -1 else 2)
+        metrics = trainer.fit()
+        results.append((metrics, [np.asarray(x) for x in jax.tree.leaves(trainer.actor.params)]))
+    (m1, p1), (m2, p2) = results
+    assert m1["actor/grad_norm"] > 0 and m1["rewards/margins"] != 0  # the second step sees the first one's change
+    for name in ("actor/dpo_loss", "actor/grad_norm", "rewards/margins", "rewards/chosen", "logps/rejected"):
+        np.testing.assert_allclose(m1[name], m2[name], rtol=1e-5, atol=1e-6, err_msg=name)
+    for a, b in zip(p1, p2):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
