@@ -72,6 +72,9 @@ RL_ONLY = (
     ("trainer.log_val_generations", 0, "DPO validation generates nothing"),
     ("trainer.rollout_data_dir", None, "nothing is sampled"),
     ("trainer.validation_data_dir", None, "DPO validation generates nothing"),
+    ("experience.buffer_size", 1, "nothing is sampled"),
+    ("experience.overlap", False, "nothing is sampled"),
+    ("experience.max_staleness", None, "nothing is sampled"),
 )
 
 
@@ -161,6 +164,16 @@ class DPOTrainer(CheckpointMixin):
                                    run=(cfg.trainer.project_name, cfg.trainer.experiment_name, cfg.to_dict()))
         self.step = 0
         self._update_program = None
+
+    # ------------------------------------------------------------------ checkpoint contents
+    # The RL loop's checkpoints also hold sampled batches not yet trained on; a DPO run has none.
+    _pending: list = []
+
+    def _pending_for_checkpoint(self) -> tuple[dict, list, Any]:
+        return {}, [], self.loader.get_state()
+
+    def _restore_pending(self, arrays: dict, described: list) -> None:
+        assert not described, "a DPO checkpoint holds no sampled batches"
 
     # ------------------------------------------------------------------ batches
     def _widths(self, data: PreferenceDataset) -> tuple[int, int]:
