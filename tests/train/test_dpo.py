@@ -131,6 +131,7 @@ def test_cli_run_learns_the_preferences(tmp_path):
             "--config.trainer.save_hf_checkpoint=never"]
     proc = run_main(args)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stderr.strip() == ""  # nothing but the console's metric lines (stdout)
     rows = read_metrics(out)
     before, steps = rows[0], rows[1:]
     assert before["step"] == 0 and before["val/rewards/accuracies"] == 0.0  # policy == reference: all ties
