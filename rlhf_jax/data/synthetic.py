@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-number", type=int, default=20, help="countdown: largest given number")
     p.add_argument("--max-target", type=int, default=100, help="countdown: largest target")
     a = p.parse_args(argv)
-    if a.task == "arithmetic":
+    if a.task in ("arithmetic", "arithmetic_preferences"):
         knobs = dict(min_value=a.min_value, max_value=9 if a.max_value is None else a.max_value, num_terms=a.num_terms,
                      ops=tuple(a.ops or "+"), style=a.style)
     elif a.task == "word_problems":

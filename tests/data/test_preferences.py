@@ -66,3 +66,14 @@ def test_bad_rows_name_file_row_and_column(tmp_path, tok, row, message):
     data = _jsonl(tmp_path, [row])
     with pytest.raises(DataError, match=message):
         build_preference_dataset(data, tok, prompt_template="raw", max_prompt_length=16, max_response_length=8)
+
+
+def test_generated_parquet_reads_back_as_pairs(tmp_path, tok):
+    from rlhf_jax.data.synthetic import generate
+
+    train, _ = generate("arithmetic_preferences", str(tmp_path), train_size=6, test_size=2, seed=0, max_value=9)
+    ds = build_preference_dataset(train, tok, prompt_template="raw", max_prompt_length=16, max_response_length=4)
+    rows = make_arithmetic_preferences(6, 0, max_value=9)
+    assert [tok.decode(x) for x in ds.prompts.input_ids] == [r["prompt"][0]["content"] for r in rows]
+    assert [tok.decode(x) for x in ds.chosen] == [r["chosen"] + tok.eos_token for r in rows]
+    assert [tok.decode(x) for x in ds.rejected] == [r["rejected"] + tok.eos_token for r in rows]
