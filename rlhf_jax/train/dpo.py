@@ -17,6 +17,7 @@ so the update compiles once, before the first step, where the memory plan reads 
 
 from __future__ import annotations
 
+import fnmatch
 import logging
 import os
 import sys
@@ -54,32 +55,23 @@ from rlhf_jax.train.trainer_checkpoints import CheckpointMixin
 log = logging.getLogger(__name__)
 
 _A = "actor_rollout_ref."
-# Settings of the RL loop that would change what a DPO run does: each must stay at the value shown.
-RL_ONLY = (
-    (_A + "rollout.n", 1, "nothing is sampled: the data holds both responses"),
-    ("critic.enable", False, "DPO trains no value model"),
-    (_A + "actor.use_kl_loss", False, "algorithm.dpo.beta is DPO's pull towards the reference"),
-    ("algorithm.use_kl_in_reward", False, "algorithm.dpo.beta is DPO's pull towards the reference"),
-    ("reward_model.enable", False, "the preferences come from the data"),
-    ("custom_reward_function.path", None, "the preferences come from the data"),
-    ("algorithm.filter_groups.enable", False, "nothing is sampled"),
-    (_A + "actor.ppo_epochs", 1, "each batch of pairs is used once"),
-    (_A + "actor.entropy_coeff", 0.0, "the DPO loss has no entropy term"),
-    (_A + "model.use_remove_padding", False, "DPO runs padded batches (no packing yet)"),
-    (_A + "actor.use_dynamic_bsz", False, "token budgets need packing, which DPO does not do yet"),
-    ("mesh.rollout_devices", 0, "nothing is sampled"),
-    ("trainer.critic_warmup", 0, "there is no critic"),
-    ("trainer.log_val_generations", 0, "DPO validation generates nothing"),
-    ("trainer.rollout_data_dir", None, "nothing is sampled"),
-    ("trainer.validation_data_dir", None, "DPO validation generates nothing"),
-    ("experience.buffer_size", 1, "nothing is sampled"),
-    ("experience.overlap", False, "nothing is sampled"),
-    ("experience.max_staleness", None, "nothing is sampled"),
+# Settings of the RL loop (sampling, rewards, critic, the policy-gradient loss, experience rounds). A DPO run uses
+# none of them, so one changed from its default stops the run by name: a key that is accepted does something.
+RL_ONLY_KEYS = (
+    _A + "rollout.*", _A + "actor.policy_loss.*", _A + "actor.clip_ratio*", _A + "actor.kl_loss_*",
+    _A + "actor.use_kl_loss", _A + "actor.entropy_coeff", _A + "actor.loss_agg_mode", _A + "actor.loss_scale_factor",
+    _A + "actor.tis_imp_ratio_cap", _A + "actor.ppo_epochs", _A + "actor.use_dynamic_bsz",
+    _A + "actor.ppo_max_token_len_per_gpu", _A + "actor.router_aux_loss_coef", _A + "ref.log_prob_use_dynamic_bsz",
+    _A + "ref.log_prob_max_token_len_per_gpu", "critic.*", "reward_model.*", "custom_reward_function.*",
+    "experience.*", "algorithm.*", "trainer.critic_warmup", "trainer.log_val_generations", "trainer.rollout_data_dir",
+    "trainer.validation_data_dir", "trainer.max_critic_ckpt_to_keep", "data.ground_truth_key",
+    "data.default_data_source", "mesh.rollout_devices",
 )
+DPO_KEYS = ("algorithm.type", "algorithm.dpo.*")
 
 
 def check_settings(cfg: ConfigDict) -> None:
-    """Reject DPO settings out of range and RL settings a DPO run cannot honour, naming the key."""
+    """Reject DPO settings out of range and settings of the RL loop (as given, before finalize), naming the key."""
     from rlhf_jax.config import schema
 
     d = cfg.algorithm.dpo
@@ -90,10 +82,17 @@ def check_settings(cfg: ConfigDict) -> None:
     if d.label_smoothing and d.loss_type != "sigmoid":
         raise ValueError(f"algorithm.dpo.label_smoothing={d.label_smoothing} applies to loss_type=sigmoid, not "
                          f"{d.loss_type}: set it to 0")
-    for key, wanted, why in RL_ONLY:
-        value = schema.get_path(cfg, key)
-        if value != wanted:
-            raise ValueError(f"{key}={value!r} has no meaning under algorithm.type=dpo ({why}): set it to {wanted!r}")
+    if cfg.actor_rollout_ref.model.use_remove_padding:
+        raise ValueError(f"{_A}model.use_remove_padding=True: DPO runs padded batches (no packing yet); set it to "
+                         "False")
+    for path in schema.key_paths():
+        if not any(fnmatch.fnmatchcase(path, p) for p in RL_ONLY_KEYS) or \
+                any(fnmatch.fnmatchcase(path, p) for p in DPO_KEYS):
+            continue
+        value, default = schema.get_path(cfg, path), schema.get_key(path).default
+        if value != default:
+            raise ValueError(f"{path}={value!r} is a setting of the RL loop, which algorithm.type=dpo does not run: "
+                             f"leave it at its default ({default!r})")
 
 
 def prepare(cfg: ConfigDict) -> tuple[Components, PreferenceDataset, PreferenceDataset | None]:
@@ -101,7 +100,8 @@ def prepare(cfg: ConfigDict) -> tuple[Components, PreferenceDataset, PreferenceD
     cfg = ConfigDict(cfg.to_dict()) if cfg.is_locked else cfg
     cfg.unlock()
     model_path = resolve_model_path(cfg.actor_rollout_ref.model.path, cfg.actor_rollout_ref.model.revision)
-    check_settings(finalize(cfg, num_devices=jax.device_count(), num_processes=jax.process_count()))
+    check_settings(cfg)
+    finalize(cfg, num_devices=jax.device_count(), num_processes=jax.process_count())
     tokenizer_path = resolve_model_path(cfg.data.tokenizer) if cfg.data.tokenizer else model_path
     tokenizer = load_tokenizer(tokenizer_path, cfg.data.chat_template)
     train = preference_dataset_from_config(cfg.data, tokenizer, "train")

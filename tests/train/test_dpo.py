@@ -204,9 +204,13 @@ def test_missing_rejected_stops_before_compiling_naming_file_and_row(tmp_path):
     ({"algorithm.dpo.beta": 0.0}, r"algorithm\.dpo\.beta=0\.0 must be > 0"),
     ({"algorithm.dpo.label_smoothing": 0.5}, r"algorithm\.dpo\.label_smoothing=0\.5 must be in \[0, 0\.5\)"),
     ({"algorithm.dpo.loss_type": "ipo", "algorithm.dpo.label_smoothing": 0.1}, r"applies to loss_type=sigmoid"),
-    ({"actor_rollout_ref.rollout.n": 2}, r"actor_rollout_ref\.rollout\.n=2 has no meaning under algorithm\.type=dpo"),
-    ({"actor_rollout_ref.actor.use_kl_loss": True}, r"actor_rollout_ref\.actor\.use_kl_loss=True has no meaning"),
-    ({"actor_rollout_ref.model.use_remove_padding": True}, r"use_remove_padding=True has no meaning .*padded"),
+    ({"actor_rollout_ref.rollout.n": 2}, r"actor_rollout_ref\.rollout\.n=2 is a setting of the RL loop, which "
+                                         r"algorithm\.type=dpo does not run: leave it at its default \(1\)"),
+    ({"actor_rollout_ref.actor.use_kl_loss": True}, r"actor_rollout_ref\.actor\.use_kl_loss=True is a setting of"),
+    ({"algorithm.adv_estimator": "grpo"}, r"algorithm\.adv_estimator='grpo' is a setting of the RL loop"),
+    ({"critic.enable": True}, r"critic\.enable=True is a setting of the RL loop"),
+    ({"experience.buffer_size": 2}, r"experience\.buffer_size=2 is a setting of the RL loop"),
+    ({"actor_rollout_ref.model.use_remove_padding": True}, r"use_remove_padding=True: DPO runs padded batches"),
     ({"data.chosen_key": "better"}, r"row 0: missing column 'better' \(data\.chosen_key\)"),
 ])
 def test_bad_settings_stop_before_loading(tmp_path, overrides, message):
