@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import signal
 
 import jax
 import numpy as np
@@ -16,6 +17,7 @@ from rlhf_jax.models import lora
 from rlhf_jax.train import dpo
 from rlhf_jax.train.batching import to_global
 from rlhf_jax.train.dpo import DPOTrainer
+from rlhf_jax.train.preemption import StopRequest
 from tests.train.helpers import cli_args, load_recipe, read_metrics, run_main, tiny_hf_checkpoint
 from tests.train.test_resume import _assert_same_rows
 
@@ -144,18 +146,30 @@ def test_cli_run_learns_the_preferences(tmp_path):
     assert os.path.isdir(os.path.join(out, "checkpoints", "24"))
 
 
-def test_resume_is_exact(tmp_path):
+def test_stop_signal_and_resume_are_exact(tmp_path):
+    """SIGTERM during step 2 of 4 ends the run after that step with a checkpoint (none was scheduled there); the same
+    command resumes and its steps 3-4 and final weights equal the uninterrupted run's."""
     full_dir, split_dir = str(tmp_path / "full"), str(tmp_path / "split")
-    over = {"trainer.save_freq": 2, "trainer.test_freq": 2}
-    full = DPOTrainer(make_config(full_dir, **over))
+    over = {"trainer.save_freq": 3, "trainer.test_freq": 2, "actor_rollout_ref.actor.shuffle": True}
+    full = DPOTrainer(make_config(full_dir, **over), stop=StopRequest())
     full.fit()
-    DPOTrainer(make_config(split_dir, **over, **{"trainer.total_training_steps": 2})).fit()
-    resumed = DPOTrainer(make_config(split_dir, **over))
+    stopped = DPOTrainer(make_config(split_dir, **over), stop=StopRequest())
+    step = stopped.train_step
+
+    def signalled(pb):
+        if stopped.step == 1:  # inside step 2
+            os.kill(os.getpid(), signal.SIGTERM)
+        return step(pb)
+
+    stopped.train_step = signalled
+    stopped.fit()
+    assert stopped.step == 2 and stopped.checkpointer.all_steps() == [2]
+    resumed = DPOTrainer(make_config(split_dir, **over), stop=StopRequest())
     resumed.fit()
     full_rows, split_rows = read_metrics(full_dir), read_metrics(split_dir)
     assert [r["step"] for r in split_rows] == [1, 2, 3, 4]
-    for step in (3, 4):
-        _assert_same_rows(full_rows[step - 1], split_rows[step - 1])
+    for step_no in (3, 4):
+        _assert_same_rows(full_rows[step_no - 1], split_rows[step_no - 1])
     assert full_rows[2]["actor/dpo_loss"] != full_rows[3]["actor/dpo_loss"] and "val/rewards/accuracies" in full_rows[3]
     for a, b in zip(jax.tree.leaves(full.actor.params), jax.tree.leaves(resumed.actor.params)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
