@@ -101,7 +101,7 @@ def test_sequence_log_probs_match_transformers(tmp_path):
         "actor_rollout_ref.model.path": model_dir, "data.train_files": (data,), "data.val_files": (data,),
         "data.prompt_template": "native", "data.max_prompt_length": 64, "data.max_response_length": 32,
         "actor_rollout_ref.actor.ppo_mini_batch_size": 8, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 2,
-        "trainer.total_training_steps": 1, "trainer.save_freq": 0})
+        "data.val_batch_size": 3, "trainer.total_training_steps": 1, "trainer.save_freq": 0})
     trainer = DPOTrainer(cfg)
     ds = trainer.train_data
     # Chat responses are the template's continuation of the prompt: prompt + response == the whole conversation.
@@ -118,6 +118,12 @@ def test_sequence_log_probs_match_transformers(tmp_path):
         for role in (trainer.actor, trainer.ref):
             got = np.asarray(trainer._sequence_log_probs(role, batch, s, 2))
             np.testing.assert_allclose(got, want[s], rtol=1e-5, atol=2e-4, err_msg=s)
+    # Validation in batches of 3, 3 and 2 pairs (each padded to whole shards; padding pairs are not counted).
+    val = trainer.validate()
+    np.testing.assert_allclose(val["val/logps/chosen"], want["chosen"].mean(), rtol=1e-5, atol=2e-4)
+    np.testing.assert_allclose(val["val/logps/rejected"], want["rejected"].mean(), rtol=1e-5, atol=2e-4)
+    assert val["val/rewards/margins"] == 0 and val["val/rewards/accuracies"] == 0  # policy == reference
+    assert val["val/dpo_loss"] == pytest.approx(np.log(2), abs=1e-6)
     # One step over the whole set: the update's forward (before its optimizer step) gives the same means.
     metrics = trainer.fit()
     np.testing.assert_allclose(metrics["logps/chosen"], want["chosen"].mean(), rtol=1e-5, atol=2e-4)
