@@ -18,7 +18,6 @@ so the update compiles once, before the first step, where the memory plan reads 
 from __future__ import annotations
 
 import fnmatch
-import logging
 import os
 import sys
 import time
@@ -52,7 +51,6 @@ from rlhf_jax.train.setup import Components, actor_trainable, load_actor, load_p
 from rlhf_jax.train.trainer import _due
 from rlhf_jax.train.trainer_checkpoints import CheckpointMixin
 
-log = logging.getLogger(__name__)
 
 _A = "actor_rollout_ref."
 # Settings of the RL loop (sampling, rewards, critic, the policy-gradient loss, experience rounds). A DPO run uses
