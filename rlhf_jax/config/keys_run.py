@@ -19,6 +19,10 @@ DATA = (
         "actor_rollout_ref.model.path.", type=str),
     Key("data.prompt_key", None, "Prompt column (a string or chat messages); None = first of prompt, messages, question, "
         "query, problem, instruction (any case).", type=str),
+    Key("data.chosen_key", "chosen", "Preference data (algorithm.type=dpo): column of the preferred response (a string "
+        "or the assistant's chat messages)."),
+    Key("data.rejected_key", "rejected", "Preference data (algorithm.type=dpo): column of the dispreferred response "
+        "(a string or chat messages); a row without it stops the run naming file and row."),
     Key("data.ground_truth_key", None, "Dotted path of the ground truth in a row; None = first of "
         "reward_model.ground_truth, ground_truth, answer, solution, target, label, response; '' = none.", type=str),
     Key("data.default_data_source", None,
@@ -115,8 +119,13 @@ CUSTOM_REWARD = (
 
 _G = "algorithm."
 ALGORITHM = (
-    Key(_G + "type", "rl", "What the run trains: rl = the online RL loop of algorithm.adv_estimator; other registered "
-        "trainers (rlhf_jax/train/tasks.py) by name."),
+    Key(_G + "type", "rl", "What the run trains: rl = the RL loop of algorithm.adv_estimator; dpo = DPO on "
+        "prompt/chosen/rejected pairs (algorithm.dpo.*); other trainers of train/tasks.py by name."),
+    Key(_G + "dpo.beta", 0.1, "DPO: beta, the strength of the pull towards the reference (TRL's beta; IPO's tau)."),
+    Key(_G + "dpo.label_smoothing", 0.0, "DPO (sigmoid loss): the assumed fraction of flipped preference labels, "
+        "in [0, 0.5) (conservative DPO; 0 = plain DPO)."),
+    Key(_G + "dpo.loss_type", "sigmoid", "DPO pair loss: sigmoid (DPO), hinge (SLiC) or ipo (IPO), as TRL names them.",
+        choices=("sigmoid", "hinge", "ipo")),
     Key(_G + "adv_estimator", "gae",
         "Advantage estimator: gae, grpo, rloo, reinforce_plus_plus, reinforce_plus_plus_baseline, remax, opo, gpg, "
         "grpo_passk, or a registered name."),

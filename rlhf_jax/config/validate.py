@@ -73,7 +73,7 @@ def _fill_defaults(cfg: ConfigDict) -> None:
     if actor.loss_scale_factor is None:
         actor.loss_scale_factor = float(rollout.response_length)
     if critic.enable is None:
-        critic.enable = cfg.algorithm.adv_estimator == "gae"
+        critic.enable = cfg.algorithm.adv_estimator == "gae" and cfg.algorithm.type == "rl"  # other trainers have none
     if critic.model.path is None:
         critic.model.path = arr.model.path
         if critic.model.revision is None:
@@ -234,7 +234,7 @@ def _check_algorithm(cfg: ConfigDict) -> None:
     if alg.adv_estimator in GROUP_ESTIMATORS and n < 2:
         raise ValueError(f"algorithm.adv_estimator={alg.adv_estimator} compares the samples of one prompt: set "
                          f"actor_rollout_ref.rollout.n >= 2 (got {n})")
-    if alg.adv_estimator == "gae" and not cfg.critic.enable:
+    if alg.adv_estimator == "gae" and not cfg.critic.enable and alg.type == "rl":
         raise ValueError("algorithm.adv_estimator=gae needs a value model but critic.enable=False: set "
                          "critic.enable=True (or None), or pick a critic-free estimator such as grpo")
     if cfg.trainer.critic_warmup > 0 and not cfg.critic.enable:

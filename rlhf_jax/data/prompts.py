@@ -37,6 +37,15 @@ def _messages_text(messages: Messages) -> str:
     return "\n".join(m["content"] for m in messages)
 
 
+def chat_messages(prompt: str | Messages, system_prompt: str | None = None) -> Messages:
+    """The chat messages of a prompt under the native template: a string is one user message; the system prompt
+    leads unless the messages start with one."""
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+    if system_prompt and messages[0]["role"] != "system":
+        messages = [{"role": "system", "content": system_prompt}] + messages
+    return messages
+
+
 def render_prompt(
     prompt: str | Messages,
     tokenizer: Any,
@@ -49,9 +58,7 @@ def render_prompt(
     ``chat_template_kwargs`` reach the chat template (``native``), e.g. ``{"enable_thinking": False}``.
     """
     if template == "native":
-        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
-        if system_prompt and messages[0]["role"] != "system":
-            messages = [{"role": "system", "content": system_prompt}] + messages
+        messages = chat_messages(prompt, system_prompt)
         if getattr(tokenizer, "chat_template", None) is None:
             raise DataError(
                 "data.prompt_template='native' needs a tokenizer with a chat template; this tokenizer has none "

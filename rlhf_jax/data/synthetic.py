@@ -11,6 +11,8 @@ Generation is deterministic from the seed.
   ``style="instruct"`` asks for the answer after ``####``.
 - word_problems: grade-school word problems in GSM8K's format, see
   :mod:`rlhf_jax.data.word_problems`.
+- arithmetic_preferences: the arithmetic rows with ``chosen`` (the right value) and ``rejected`` (a wrong
+  one) responses, DPO's preference pairs.
 - countdown: ``num_numbers`` integers in [1, max_number] and a target in
   [1, max_target] that is reachable using each number exactly once with ``ops``;
   ground truth ``{"target": int, "numbers": [...]}``, answer in ``<answer>`` tags.
@@ -180,7 +182,23 @@ def make_word_problems(n: int, seed: int = 0, *, max_steps: int = 2, max_value: 
     return rows
 
 
-GENERATORS = {"arithmetic": make_arithmetic, "countdown": make_countdown, "word_problems": make_word_problems}
+def make_arithmetic_preferences(n: int, seed: int = 0, *, max_offset: int = 3, split: str = "train",
+                                **knobs: Any) -> list[dict[str, Any]]:
+    """Arithmetic rows (``knobs`` as :func:`make_arithmetic`) as DPO preference pairs: ``chosen`` is the right
+    value, ``rejected`` a wrong one (the right value moved by 1..``max_offset`` either way, never below 0)."""
+    if max_offset < 1:
+        raise ValueError(f"arithmetic_preferences: max_offset must be >= 1, got {max_offset}")
+    rows = make_arithmetic(n, seed, split=split, **knobs)
+    rng = random.Random(seed + 7919)  # another stream than the expressions'
+    for row in rows:
+        value = int(row["reward_model"]["ground_truth"])
+        wrong = [value + d for d in range(-max_offset, max_offset + 1) if d and value + d >= 0]
+        row.update(data_source="arithmetic_preferences", chosen=str(value), rejected=str(rng.choice(wrong)))
+    return rows
+
+
+GENERATORS = {"arithmetic": make_arithmetic, "countdown": make_countdown, "word_problems": make_word_problems,
+              "arithmetic_preferences": make_arithmetic_preferences}
 
 
 def generate(task: str, out_dir: str, *, train_size: int, test_size: int, seed: int, **knobs: Any) -> list[str]:
@@ -212,7 +230,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-number", type=int, default=20, help="countdown: largest given number")
     p.add_argument("--max-target", type=int, default=100, help="countdown: largest target")
     a = p.parse_args(argv)
-    if a.task == "arithmetic":
+    if a.task in ("arithmetic", "arithmetic_preferences"):
         knobs = dict(min_value=a.min_value, max_value=9 if a.max_value is None else a.max_value, num_terms=a.num_terms,
                      ops=tuple(a.ops or "+"), style=a.style)
     elif a.task == "word_problems":

@@ -140,6 +140,22 @@ class Role:
     def update_critic(self, spec: steps.CriticLossSpec, mb: dict, *, n_micro: int) -> dict:
         return self._update("critic_update", steps.critic_update, spec, mb, (), n_micro)
 
+    def update_program(self, name: str, step_fn: Callable, spec: Any, batch_specs: dict, *, n_micro: int) -> Any:
+        """An update of another loss, compiled ahead of time for a mini-batch of ``batch_specs`` ({key: (shape,
+        dtype)}). ``step_fn(graphdef, tx, spec, params, frozen, opt_state, mb, *, n_micro)`` returns (params,
+        opt_state, metrics), as ``steps.actor_update`` does; ``apply_program`` runs it."""
+        def make():
+            inputs = self._abstract(batch_specs)
+            return (self._update_fn(name, step_fn, spec, inputs, 0, n_micro),
+                    (self.params, self.frozen, self.opt_state, inputs))
+
+        return self._compile(("aot", name, spec, n_micro, tuple(sorted(batch_specs.items()))), make)
+
+    def apply_program(self, program: Any, mb: dict) -> dict:
+        """One optimizer step of an ``update_program`` on the mini-batch ``mb``; returns its metrics."""
+        self.params, self.opt_state, metrics = program(self.params, self.frozen, self.opt_state, mb)
+        return metrics
+
     def padded_program(self, kind: str, batch_specs: dict, *, n_micro: int, spec: Any = None,
                        temperature: float = 1.0) -> Any:
         """The padded pass ``kind`` (logp, values, update) compiled for abstract shapes (for the memory plan)."""

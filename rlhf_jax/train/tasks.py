@@ -13,6 +13,7 @@ import importlib
 
 TRAINERS: dict[str, str] = {
     "rl": "rlhf_jax.train.trainer:Trainer",
+    "dpo": "rlhf_jax.train.dpo:DPOTrainer",
 }
 
 

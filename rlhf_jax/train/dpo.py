@@ -1,0 +1,349 @@
+"""The DPO loop (``algorithm.type=dpo``): preference pairs -> reference log-probs -> DPO updates.
+
+``DPOTrainer(cfg).fit()`` walks ``data.train_files``' (prompt, chosen, rejected) pairs in batches of
+``data.train_batch_size`` pairs with the RL loop's grain loader, so a resume continues with the next batch of
+the uninterrupted run. Each step computes the frozen reference's sequence log-probs of both responses, then
+takes ``train_batch_size / actor.ppo_mini_batch_size`` optimizer steps with the DPO loss
+(``algorithm.dpo.*``, :mod:`rlhf_jax.algos.dpo`), micro-batched by ``actor.ppo_micro_batch_size_per_gpu``
+(pairs per shard; -1 = the whole mini-batch). The reference is a frozen copy of the initial weights, or under
+LoRA the base model with the adapters off over the actor's own frozen arrays (no second copy).
+
+Validation (``trainer.test_freq``, ``val_before_train``, ``val_only``) reports the loss and TRL's metrics on
+``data.val_files``' pairs as ``val/...``. Checkpoints, resume and the HF export are the RL trainer's
+(``trainer_checkpoints.CheckpointMixin``); metrics go to the same loggers. Batches are padded: every step has
+the same shapes (the data's longest prompt, bucketed, and longest response, rounded up to a power of two),
+so the update compiles once, before the first step, where the memory plan reads XLA's estimate.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import sys
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from ml_collections import ConfigDict
+
+from rlhf_jax.algos.dpo import dpo_loss
+from rlhf_jax.batch.trim import trimmed_width
+from rlhf_jax.config import finalize, resolve_model_path
+from rlhf_jax.data.loader import PromptLoader
+from rlhf_jax.data.preferences import PreferenceDataset, preference_dataset_from_config
+from rlhf_jax.data.prompts import bucket_length, pad_left, pad_token_id_of, resolve_buckets
+from rlhf_jax.models import lora
+from rlhf_jax.train import metrics as M
+from rlhf_jax.train import run_lock
+from rlhf_jax.train.batching import mini_batches, to_global
+from rlhf_jax.train.checkpoint import Checkpointer, quiet_storage_noise
+from rlhf_jax.train.dpo_steps import SIDES, DPOSpec, dpo_update, side
+from rlhf_jax.train.engine import Role
+from rlhf_jax.train.loggers import MetricLogger
+from rlhf_jax.train.optim import make_optimizer
+from rlhf_jax.train.passes import HEADROOM, compiled_bytes, free_device_memory, gib, memory_hint
+from rlhf_jax.train.preemption import STOP, StopRequest
+from rlhf_jax.train.profiling import StepProfiler
+from rlhf_jax.train.setup import Components, actor_trainable, load_actor, load_policy, load_tokenizer, mesh_and_rules
+from rlhf_jax.train.trainer import _due
+from rlhf_jax.train.trainer_checkpoints import CheckpointMixin
+
+
+_A = "actor_rollout_ref."
+# Settings of the RL loop (sampling, rewards, critic, the policy-gradient loss, experience rounds). A DPO run uses
+# none of them, so one changed from its default stops the run by name: a key that is accepted does something.
+RL_ONLY_KEYS = (
+    _A + "rollout.*", _A + "actor.policy_loss.*", _A + "actor.clip_ratio*", _A + "actor.kl_loss_*",
+    _A + "actor.use_kl_loss", _A + "actor.entropy_coeff", _A + "actor.loss_agg_mode", _A + "actor.loss_scale_factor",
+    _A + "actor.tis_imp_ratio_cap", _A + "actor.ppo_epochs", _A + "actor.use_dynamic_bsz",
+    _A + "actor.ppo_max_token_len_per_gpu", _A + "actor.router_aux_loss_coef", _A + "ref.log_prob_use_dynamic_bsz",
+    _A + "ref.log_prob_max_token_len_per_gpu", "critic.*", "reward_model.*", "custom_reward_function.*",
+    "experience.*", "algorithm.*", "trainer.critic_warmup", "trainer.log_val_generations", "trainer.rollout_data_dir",
+    "trainer.validation_data_dir", "trainer.max_critic_ckpt_to_keep", "data.ground_truth_key",
+    "data.default_data_source", "mesh.rollout_devices",
+)
+DPO_KEYS = ("algorithm.type", "algorithm.dpo.*")
+
+
+def check_settings(cfg: ConfigDict) -> None:
+    """Reject DPO settings out of range and settings of the RL loop (as given, before finalize), naming the key."""
+    from rlhf_jax.config import schema
+
+    d = cfg.algorithm.dpo
+    if not d.beta > 0:
+        raise ValueError(f"algorithm.dpo.beta={d.beta} must be > 0")
+    if not 0 <= d.label_smoothing < 0.5:
+        raise ValueError(f"algorithm.dpo.label_smoothing={d.label_smoothing} must be in [0, 0.5)")
+    if d.label_smoothing and d.loss_type != "sigmoid":
+        raise ValueError(f"algorithm.dpo.label_smoothing={d.label_smoothing} applies to loss_type=sigmoid, not "
+                         f"{d.loss_type}: set it to 0")
+    if cfg.actor_rollout_ref.model.use_remove_padding:
+        raise ValueError(f"{_A}model.use_remove_padding=True: DPO runs padded batches (no packing yet); set it to "
+                         "False")
+    for path in schema.key_paths():
+        if not any(fnmatch.fnmatchcase(path, p) for p in RL_ONLY_KEYS) or \
+                any(fnmatch.fnmatchcase(path, p) for p in DPO_KEYS):
+            continue
+        value, default = schema.get_path(cfg, path), schema.get_key(path).default
+        if value != default:
+            raise ValueError(f"{path}={value!r} is a setting of the RL loop, which algorithm.type=dpo does not run: "
+                             f"leave it at its default ({default!r})")
+
+
+def prepare(cfg: ConfigDict) -> tuple[Components, PreferenceDataset, PreferenceDataset | None]:
+    """The finalized config, tokenizer, preference data and mesh of a DPO run (every check before any model)."""
+    cfg = ConfigDict(cfg.to_dict()) if cfg.is_locked else cfg
+    cfg.unlock()
+    model_path = resolve_model_path(cfg.actor_rollout_ref.model.path, cfg.actor_rollout_ref.model.revision)
+    check_settings(cfg)
+    finalize(cfg, num_devices=jax.device_count(), num_processes=jax.process_count())
+    tokenizer_path = resolve_model_path(cfg.data.tokenizer) if cfg.data.tokenizer else model_path
+    tokenizer = load_tokenizer(tokenizer_path, cfg.data.chat_template)
+    train = preference_dataset_from_config(cfg.data, tokenizer, "train")
+    val = preference_dataset_from_config(cfg.data, tokenizer, "val") if cfg.data.val_files else None
+    cfg = finalize(cfg, num_devices=jax.device_count(), num_processes=jax.process_count(),
+                   train_dataset_size=len(train))
+    mesh, rules = mesh_and_rules(cfg)
+    c = Components(cfg, model_path, tokenizer_path, tokenizer, train.prompts, val.prompts if val else None, mesh, rules,
+                   None, None)
+    return c, train, val
+
+
+def pad_right(rows: list[np.ndarray], length: int, pad_token_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """Right-pad token id rows to ``length``: (ids int32 [B, length], mask int32 [B, length])."""
+    out = np.full((len(rows), length), pad_token_id, np.int32)
+    mask = np.zeros((len(rows), length), np.int32)
+    for i, row in enumerate(rows):
+        out[i, :len(row)], mask[i, :len(row)] = row, 1
+    return out, mask
+
+
+class DPOTrainer(CheckpointMixin):
+    def __init__(self, cfg: ConfigDict, stop: StopRequest = STOP, lock_dir: bool = False):
+        """``lock_dir``: refuse at once if another run uses the output directory (``fit`` always checks)."""
+        self.stop = stop
+        c, self.train_data, self.val_data = prepare(cfg)
+        self.c, self.cfg, self.mesh, self.tok = c, c.cfg, c.mesh, c.tokenizer
+        cfg, d = self.cfg, self.cfg.derived
+        self.total_steps = int(d.total_training_steps)
+        self.is_main = jax.process_index() == 0
+        self.out_dir = os.path.abspath(os.path.expanduser(cfg.trainer.default_local_dir))
+        self._locks = 0
+        if lock_dir:  # before any model is loaded
+            run_lock.acquire(self.out_dir)
+            self._locks += 1
+        self.log_dir = os.path.abspath(os.path.expanduser(cfg.trainer.log_dir or self.out_dir))
+        arr = cfg.actor_rollout_ref
+        tx, lr_fn = make_optimizer(arr.actor.optim, arr.actor.grad_clip, self.total_steps, d.actor_updates_per_step)
+        trainable = actor_trainable(cfg, c.model_path)  # checks the freeze / LoRA keys before any weight is read
+        self.actor = Role(load_actor(cfg, c.model_path, self.mesh, c.rules), self.mesh, tx, lr_fn, trainable)
+        self.lora = self.actor.config.lora
+        self.ref = Role(nnx.merge(lora.plain_graphdef(self.actor.config, self.actor.task), self.actor.frozen),
+                        self.mesh) if self.lora else Role(load_policy(cfg, c.model_path, self.mesh, c.rules, role="ref"),
+                                                          self.mesh)
+        self.critic = None
+        self.kl_ctrl = {"value": jnp.zeros((), jnp.float32)}  # the checkpoint's "extra" records one; DPO has none
+        dc = cfg.algorithm.dpo
+        self.spec = DPOSpec(float(dc.beta), float(dc.label_smoothing), dc.loss_type)
+        self.pad_id = pad_token_id_of(self.tok)
+        self.loader = PromptLoader(self.train_data.prompts, cfg.data.train_batch_size, pad_token_id=self.pad_id,
+                                   max_prompt_length=cfg.data.max_prompt_length, shuffle=cfg.data.shuffle,
+                                   seed=cfg.data.seed, num_epochs=None)
+        self.widths = {"train": self._widths(self.train_data)}
+        if self.val_data is not None:
+            self.widths["val"] = self._widths(self.val_data)
+        self.profiler = StepProfiler(cfg.trainer.profile_steps, cfg.trainer.profile_dir)
+        self.checkpointer = Checkpointer(os.path.join(self.out_dir, "checkpoints"),
+                                         max_to_keep=cfg.trainer.max_actor_ckpt_to_keep)
+        self.logger = MetricLogger(self.log_dir, cfg.trainer.logger, total_steps=self.total_steps, enabled=self.is_main,
+                                   run=(cfg.trainer.project_name, cfg.trainer.experiment_name, cfg.to_dict()))
+        self.step = 0
+        self._update_program = None
+
+    # ------------------------------------------------------------------ checkpoint contents
+    # The RL loop's checkpoints also hold sampled batches not yet trained on; a DPO run has none.
+    _pending: list = []
+
+    def _pending_for_checkpoint(self) -> tuple[dict, list, Any]:
+        return {}, [], self.loader.get_state()
+
+    def _restore_pending(self, arrays: dict, described: list) -> None:
+        assert not described, "a DPO checkpoint holds no sampled batches"
+
+    # ------------------------------------------------------------------ batches
+    def _widths(self, data: PreferenceDataset) -> tuple[int, int]:
+        """(prompt, response) columns of every batch of ``data``: fixed for the run, so each pass compiles once."""
+        longest_prompt, longest_response = data.longest()
+        buckets = resolve_buckets(self.cfg.data.max_prompt_length, self.cfg.data.prompt_length_buckets)
+        return bucket_length(longest_prompt, buckets), trimmed_width(longest_response, self.cfg.data.max_response_length)
+
+    def _host_pairs(self, data: PreferenceDataset, rows: np.ndarray, which: str) -> dict[str, np.ndarray]:
+        """The process-local batch of pairs ``rows`` of ``data`` (see dpo_steps.py for the layout)."""
+        P, R = self.widths[which]
+        prompt, prompt_mask = pad_left([data.prompts.input_ids[i] for i in rows], P, self.pad_id)
+        out = {}
+        for s in SIDES:
+            responses, response_mask = pad_right([getattr(data, s)[i] for i in rows], R, self.pad_id)
+            out.update({f"{s}_input_ids": np.concatenate([prompt, responses], 1),
+                        f"{s}_attention_mask": np.concatenate([prompt_mask, response_mask], 1),
+                        f"{s}_responses": responses, f"{s}_response_mask": response_mask})
+        return out
+
+    def _sequence_log_probs(self, role: Role, batch: dict, name: str, n_micro: int) -> jax.Array:
+        """Summed response log-probs (B,) of one side of the pairs under ``role``."""
+        one = side(batch, name)
+        logp = role.log_probs(one, n_micro=n_micro, temperature=1.0)
+        return jnp.sum(logp * one["response_mask"].astype(logp.dtype), axis=-1)
+
+    def _batch_specs(self) -> dict[str, tuple[tuple[int, ...], Any]]:
+        pairs = self.cfg.derived.actor_mini_batch_size
+        P, R = self.widths["train"]
+        specs = {"ref_chosen": ((pairs,), jnp.float32), "ref_rejected": ((pairs,), jnp.float32)}
+        for s in SIDES:
+            specs.update({f"{s}_input_ids": ((pairs, P + R), jnp.int32), f"{s}_attention_mask": ((pairs, P + R), jnp.int32),
+                          f"{s}_responses": ((pairs, R), jnp.int32), f"{s}_response_mask": ((pairs, R), jnp.int32)})
+        return specs
+
+    # ------------------------------------------------------------------ memory plan
+    def plan_memory(self) -> None:
+        """Compile the update before the first step and stop, naming the keys, when XLA's estimate does not fit."""
+        if self._update_program is not None:
+            return
+        n_micro = self.cfg.derived.actor_grad_accum_steps
+        program = self.actor.update_program("dpo_update", dpo_update, self.spec, self._batch_specs(), n_micro=n_micro)
+        need, free = compiled_bytes(program), free_device_memory()
+        if need is not None and free is not None and need > HEADROOM * free:
+            raise MemoryError(
+                f"the DPO update needs about {gib(need)} per device (XLA's estimate for micro-batches of "
+                f"{self.cfg.derived.actor_mini_batch_size_per_shard // n_micro} pairs per shard), more than the "
+                f"{gib(HEADROOM * free)} usable of {gib(free)} free: lower {_A}actor.ppo_micro_batch_size_per_gpu, "
+                f"data.max_prompt_length / max_response_length, {memory_hint(self.cfg, 'actor')}")
+        self.logger.text(f"memory plan: dpo_update: {n_micro} micro-batch(es) per mini-batch, "
+                         + (f"~{gib(need)} per device" if need is not None else "no estimate on this backend"))
+        self._update_program = program
+
+    # ------------------------------------------------------------------ one step
+    def train_step(self, pb) -> dict[str, Any]:
+        cfg, d = self.cfg, self.cfg.derived
+        timer = M.Timer()
+        with timer("step"):
+            host = self._host_pairs(self.train_data, pb.index, "train")
+            batch = {k: to_global(self.mesh, v) for k, v in host.items()}
+            with timer("ref"):
+                for s in SIDES:
+                    batch[f"ref_{s}"] = self._sequence_log_probs(self.ref, batch, s, d.ref_micro_batches)
+                jax.block_until_ready(batch["ref_rejected"])
+            self.plan_memory()
+            num = d.actor_num_mini_batches
+            perm = (np.random.default_rng([int(cfg.trainer.seed), self.step, 0, 0]).permutation(d.rollout_batch_size)
+                    if cfg.actor_rollout_ref.actor.shuffle else None)
+            collected: dict[str, list] = {}
+            with timer("update_actor"):
+                for mb in mini_batches(self.mesh, batch, num, perm):
+                    for k, v in self.actor.apply_program(self._update_program, mb).items():
+                        collected.setdefault(k, []).append(v)
+                out = {k: float(np.mean([float(x) for x in v])) for k, v in collected.items()}
+        tokens = int(sum(host[f"{s}_attention_mask"].sum() for s in SIDES))
+        out.update(M.timing_metrics(timer.seconds, response_tokens=tokens, total_tokens=tokens))
+        out.update({"perf/total_num_tokens": float(tokens), "actor/lr": float(self.actor.lr_fn(self.step)),
+                    "training/global_step": self.step + 1, "training/epoch": pb.epoch})
+        return out
+
+    # ------------------------------------------------------------------ validation
+    def validate(self) -> dict[str, float]:
+        """Loss and TRL's metrics over the validation pairs (``val/...``), each pair counted once."""
+        if self.val_data is None:
+            return {}
+        cfg = self.cfg
+        loader = PromptLoader(self.val_data.prompts, cfg.data.val_batch_size or len(self.val_data),
+                              pad_token_id=self.pad_id, max_prompt_length=cfg.data.max_prompt_length, shuffle=False,
+                              num_epochs=1, drop_remainder=False)
+        rows_per_shard = max(cfg.derived.dp_size // jax.process_count(), 1)
+        totals: dict[str, float] = {}
+        count = 0.0
+        for pb in loader:
+            if self.stop.agreed():  # partial metrics would mislead
+                return {}
+            real = len(pb.index)
+            rows = np.concatenate([pb.index, np.repeat(pb.index[:1], -real % rows_per_shard)])  # whole shards
+            batch = {k: to_global(self.mesh, v) for k, v in self._host_pairs(self.val_data, rows, "val").items()}
+            logps = {f"{who}_{s}": self._sequence_log_probs(role, batch, s, 1)
+                     for who, role in (("policy", self.actor), ("ref", self.ref)) for s in SIDES}
+            weights = to_global(self.mesh, (np.arange(len(rows)) < real).astype(np.float32))
+            _, metrics = dpo_loss(logps["policy_chosen"], logps["policy_rejected"], logps["ref_chosen"],
+                                  logps["ref_rejected"], beta=self.spec.beta, label_smoothing=self.spec.label_smoothing,
+                                  loss_type=self.spec.loss_type, weights=weights)
+            n = float(jnp.sum(weights))  # the batch's counted pairs (global arrays: every process's rows)
+            count += n
+            for k, v in metrics.items():
+                totals[k] = totals.get(k, 0.0) + float(v) * n
+        return {f"val/{'dpo_loss' if k == 'loss' else k}": v / max(count, 1.0) for k, v in totals.items()}
+
+    # ------------------------------------------------------------------ the loop
+    def fit(self) -> dict[str, Any]:
+        with self.stop.installed(), quiet_storage_noise():
+            return self._fit()
+
+    def _fit(self) -> dict[str, Any]:
+        t = self.cfg.trainer
+        run_lock.acquire(self.out_dir)
+        self._locks += 1
+        self.maybe_resume()
+        self.logger.open(self.step)
+        saved_step = self.step
+        last: dict[str, Any] = {}
+        if t.val_only or (t.val_before_train and self.step == 0):
+            start = time.perf_counter()
+            val = self.validate()
+            if val:
+                val["timing_s/testing"] = time.perf_counter() - start
+                self.logger.log(self.step, val)
+            if t.val_only:
+                self.close()
+                return val
+        self.plan_memory()
+        stopping = self.stop.agreed()
+        saves = t.save_freq is None or t.save_freq > 0
+        while self.step < self.total_steps and not stopping:
+            pb = next(self.loader)
+            with self.profiler.step(self.step + 1):
+                metrics = self.train_step(pb)
+            self.step += 1
+            self.checkpointer.check()  # an asynchronous save that failed (a full disk) stops the run now
+            is_last = self.step == self.total_steps
+            stopping = self.stop.agreed()
+            if _due(t.test_freq, self.step, is_last) and not stopping:
+                start = time.perf_counter()
+                metrics.update(self.validate())
+                metrics["timing_s/testing"] = time.perf_counter() - start
+                stopping = self.stop.agreed()
+            if _due(t.save_freq, self.step, is_last) or (stopping and saves):
+                start = time.perf_counter()
+                self.save_checkpoint()
+                saved_step = self.step
+                hf_always = t.save_hf_checkpoint == "always" or "hf_model" in self.cfg.actor_rollout_ref.actor.checkpoint.save_contents
+                if hf_always or (t.save_hf_checkpoint == "last" and is_last):
+                    metrics["hf_export_dir"] = self.export_hf()
+                metrics["timing_s/save_checkpoint"] = time.perf_counter() - start
+            self.logger.log(self.step, metrics)
+            last = metrics
+        if stopping:
+            if saved_step != self.step and saves:
+                self.save_checkpoint()
+            where = (f"checkpoint of step {self.step} in {self.checkpointer.directory}" if self.step and saves
+                     else "trainer.save_freq <= 0, nothing saved" if self.step else "no step had finished, nothing to save")
+            if self.is_main:
+                print(f"stopped by {self.stop.name} at step {self.step}/{self.total_steps}: {where}; "
+                      "the same command resumes", file=sys.stderr, flush=True)
+        self.close()
+        return last
+
+    def close(self) -> None:
+        self.checkpointer.close()
+        self.logger.close()
+        for _ in range(self._locks):
+            run_lock.release(self.out_dir)
+        self._locks = 0

@@ -1,0 +1,69 @@
+"""Pure, jittable DPO step: sequence log-probs of chosen and rejected responses, the pair loss, one update.
+
+A DPO mini-batch is a dict of (B, ...) arrays over B preference pairs, sharded over the batch axes:
+
+- ``chosen_input_ids`` / ``chosen_attention_mask`` (B, P + R): the left-padded prompt followed by the
+  right-padded chosen response; ``chosen_responses`` / ``chosen_response_mask`` (B, R); the same for
+  ``rejected_*`` (same prompt, other response);
+- ``ref_chosen`` / ``ref_rejected`` (B,): the reference's sequence log-probs, computed before the update.
+
+This is the RL batch layout (steps.py) twice, so the reference pass is the ordinary log-prob pass. Micro-batches
+hold whole pairs (the loss couples a pair's two responses); each micro-batch's loss is its pairs' sum over the
+mini-batch's pair count, so accumulation gives the mini-batch's gradient exactly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from rlhf_jax.algos.dpo import dpo_loss
+from rlhf_jax.train.steps import apply_update, response_log_probs, split_micro
+
+SIDES = ("chosen", "rejected")
+METRIC_NAMES = {"loss": "actor/dpo_loss"}  # the rest keep TRL's names (rewards/..., logps/...)
+
+
+@dataclasses.dataclass(frozen=True)
+class DPOSpec:
+    """Static settings of the DPO loss (hashable: part of the jit cache key)."""
+
+    beta: float = 0.1
+    label_smoothing: float = 0.0
+    loss_type: str = "sigmoid"
+
+
+def side(batch: dict, name: str) -> dict:
+    """The RL-layout batch (input_ids, attention_mask, responses, response_mask) of one side of the pairs."""
+    return {k: batch[f"{name}_{k}"] for k in ("input_ids", "attention_mask", "responses", "response_mask")}
+
+
+def sequence_log_probs(model, input_ids, attention_mask, responses, response_mask):
+    """Summed log-probs of each row's response tokens (b,), float32 (the quantity DPO compares)."""
+    logp, _ = response_log_probs(model, input_ids, attention_mask, responses, 1.0, False)
+    return jnp.sum(logp * response_mask.astype(logp.dtype), axis=-1)
+
+
+def dpo_update(graphdef, tx, spec: DPOSpec, params, frozen, opt_state, mb: dict, *, n_micro: int):
+    """One optimizer step on one mini-batch of pairs, accumulating gradients over ``n_micro`` micro-batches."""
+    pairs = mb["ref_chosen"].shape[0]
+    micro = split_micro(mb, n_micro)
+
+    def micro_step(grad_acc, m):
+        def loss_fn(p):
+            model = nnx.merge(graphdef, p, frozen)
+            chosen, rejected = (sequence_log_probs(model, **side(m, s)) for s in SIDES)
+            return dpo_loss(chosen, rejected, m["ref_chosen"], m["ref_rejected"], beta=spec.beta,
+                            label_smoothing=spec.label_smoothing, loss_type=spec.loss_type,
+                            denominator=jnp.float32(pairs))
+
+        (_, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+        return jax.tree.map(jnp.add, grad_acc, grads), aux
+
+    grads, aux = jax.lax.scan(micro_step, jax.tree.map(jnp.zeros_like, params), micro)
+    params, opt_state, grad_norm = apply_update(tx, params, opt_state, grads)
+    metrics = {METRIC_NAMES.get(k, k): jnp.sum(v) for k, v in aux.items()}  # each is a share of the mean already
+    return params, opt_state, {**metrics, "actor/grad_norm": grad_norm}
