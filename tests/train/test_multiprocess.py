@@ -1,5 +1,5 @@
-"""Two JAX processes (2 fake CPU devices each) over gloo on 127.0.0.1 train exactly like one process with 4 devices,
-and the two-process run's checkpoint resumes in one process."""
+"""Two JAX processes (4 fake CPU devices each) over gloo on 127.0.0.1 train exactly like one process with 8 devices,
+and the two-process run's checkpoint resumes in one process of 8 devices."""
 
 import os
 import shutil
@@ -23,15 +23,16 @@ def _free_port() -> int:
 
 def test_two_processes_match_one_process(tmp_path):
     overrides = {"trainer.total_training_steps": 2, "trainer.test_freq": 2, "mesh.data": -1, "mesh.fsdp": 1,
-                 "mesh.tensor": 1, "trainer.logger": ("console", "jsonl"), "trainer.save_freq": 2}
+                 "mesh.tensor": 1, "trainer.logger": ("console", "jsonl"), "trainer.save_freq": 2,
+                 "data.train_batch_size": 8, "actor_rollout_ref.actor.ppo_mini_batch_size": 4}
     single = str(tmp_path / "single")  # one step further: the reference for the resumed run below
-    proc = run_main(cli_args(single, **{**overrides, "trainer.total_training_steps": 3}), devices=4)
+    proc = run_main(cli_args(single, **{**overrides, "trainer.total_training_steps": 3}), devices=8)
     assert proc.returncode == 0, proc.stderr[-3000:]
 
     multi = str(tmp_path / "multi")
     env = dict(os.environ, RLHF_JAX_PORT=str(_free_port()),
                PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
-    launched = subprocess.run(["bash", os.path.join(REPO, "launch", "local_multiprocess.sh"), "2", "2",
+    launched = subprocess.run(["bash", os.path.join(REPO, "launch", "local_multiprocess.sh"), "2", "4",
                                *cli_args(multi, **overrides)], cwd=REPO, env=env, capture_output=True, text=True,
                               timeout=600, stdin=subprocess.DEVNULL)
     assert launched.returncode == 0, launched.stderr[-3000:]
@@ -43,10 +44,10 @@ def test_two_processes_match_one_process(tmp_path):
         for key in (k for k in KEYS if k in a):
             assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), (a["step"], key)
 
-    # The two-process checkpoint of step 2 restores in one process (4 devices) and step 3 is the one-process run's.
+    # The two-process checkpoint of step 2 restores in one process (8 devices) and step 3 is the one-process run's.
     resumed = str(tmp_path / "resumed")
     shutil.copytree(multi, resumed)
-    proc = run_main(cli_args(resumed, **{**overrides, "trainer.total_training_steps": 3}), devices=4)
+    proc = run_main(cli_args(resumed, **{**overrides, "trainer.total_training_steps": 3}), devices=8)
     assert proc.returncode == 0, proc.stderr[-3000:]
     after = read_metrics(resumed)
     assert [r["step"] for r in after] == [1, 2, 3]  # the copied log, then the resumed step
