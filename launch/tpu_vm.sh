@@ -8,7 +8,7 @@
 # Modes: a run of several processes (this script) uses the colocated layout: every device samples and trains, in
 # turn. Separate rollout devices (mesh.rollout_devices=K) and overlapped sampling (experience.overlap=True) run in
 # one process over its local devices, e.g. one host of 8 accelerators started with plain `python -m rlhf_jax.main
-# ... --config.mesh.rollout_devices=4 --config.experience.overlap=True`. experience.buffer_size works in every mode.
+# ... --config.mesh.rollout_devices=4 --config.experience.overlap=True`.
 set -euo pipefail
 export RLHF_JAX_DISTRIBUTED=${RLHF_JAX_DISTRIBUTED:-auto}
 exec python -m rlhf_jax.main "$@"
