@@ -287,6 +287,12 @@ def test_atorch_file_maps_its_keys():
     o = plain.actor_rollout_ref.actor.optim
     assert (o.optimizer, o.lr, o.weight_decay, tuple(o.betas)) == ("Adam", 1e-3, 0.0, (0.9, 0.999))
     assert plain.data.train_batch_size == 4  # no experience_buffer_size: one generation batch per step
+    # actor_critic: one model for both roles = a value head on the actor's trunk, trained by its optimizer
+    shared = load_yaml("model:\n  actor_critic:\n    model_path: /m\n    optimizer:\n      name: SGD\n"
+                       "      kwargs:\n        lr: 0.01\n")
+    assert shared.actor_rollout_ref.model.path == "/m" and shared.critic.shared_trunk and shared.critic.enable
+    assert (shared.actor_rollout_ref.actor.optim.optimizer, shared.actor_rollout_ref.actor.optim.lr) == ("SGD", 0.01)
+    assert finalize(shared, num_devices=8, check_paths=False, train_dataset_size=64).critic.model.path == "/m"
 
 
 def test_atorch_convert_round_trips_warns_once_and_refuses_what_it_cannot_honour(tmp_path, caplog):
@@ -303,8 +309,9 @@ def test_atorch_convert_round_trips_warns_once_and_refuses_what_it_cannot_honour
     assert "model.actor.train_strategy" in warnings[0]
     base = "model:\n  actor:\n    model_path: /m\n"
     for text, key in [
-        ("  actor_critic:\n    model_path: /m\n", r"model\.actor_critic: one model sharing its weights between "
-                                                 r"actor and critic is not implemented"),
+        ("  actor_critic:\n    model_path: /m\n", r"model\.actor_critic=.*: list either model\.actor_critic or"),
+        ("  actor_critic_ref:\n    model_path: /m\n", r"model\.actor_critic_ref: one model sharing its weights "
+                                                     r"between actor, critic and ref_model is not implemented"),
         ("  reward_critic:\n    model_path: /m\n", r"model\.reward_critic: .*reward_model and critic"),
         ("train:\n  mode: parallel\n", r"train\.mode='parallel': use sequential or concurrent"),
         ("train:\n  strategy_file: s.py\n", r"train\.strategy_file='s\.py' is not supported"),

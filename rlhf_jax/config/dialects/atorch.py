@@ -5,8 +5,9 @@ reward when a ``ref_model`` is listed, GAE. ``model`` lists the models (actor, c
 reward_model), each a Hugging Face directory or Hub id with its optimizer (a PyTorch / transformers class
 name and its keyword arguments; the class's own defaults apply to the arguments the file leaves out).
 ``train`` sizes the loop: ``experience_buffer_size`` experiences (= prompts) are generated, ``eg_batch_size``
-at a time, then trained on for ``rl_epochs`` in mini-batches of ``rl_batch_size``. Weight-sharing entries
-(one model serving several roles) and models or strategies from Python files are refused by name.
+at a time, then trained on for ``rl_epochs`` in mini-batches of ``rl_batch_size``. ``actor_critic`` (one model
+for both roles) is a value head on the actor's trunk (``critic.shared_trunk``); the other weight-sharing entries
+and models or strategies from Python files are refused by name.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from rlhf_jax.train.optim import optimizer_settings
 MARKERS = ("tokenizer", "train")
 MODELS = ("actor", "critic", "ref_model", "reward_model")
 SHARED = ("actor_critic", "actor_critic_ref", "reward_critic", "actor_critic_ref_reward")
+_REFUSED_SHARING = SHARED[1:]
 
 _A = "actor_rollout_ref."
 _NATIVE = "torch_native"
@@ -68,10 +70,12 @@ def _model_path(role: str):
 
 
 def _optimizer(role: str, prefix: str):
-    def convert(value: Any, _: dict) -> dict:
+    def convert(value: Any, full: dict) -> dict:
         """name (a torch.optim / transformers class) -> optim.optimizer; kwargs lr, betas, eps, weight_decay ->
         optim.*, the others -> optim.override_optimizer_config; the class's own defaults for what kwargs omit"""
         where = f"model.{role}.optimizer"
+        if role in ("actor", "critic") and get(full, "model.actor_critic") is not None:
+            return {}  # ATorch's default optimizer for a role that model.actor_critic serves: it has its own
         value = value if isinstance(value, dict) else {}
         name = str(value.get("name") or "")
         key = name.rsplit(".", 1)[-1].lower()  # torch.optim.AdamW, transformers.optimization.Adafactor, adam
@@ -107,6 +111,28 @@ def _shared(name: str):
                          "model.critic with the same model_path")
     convert.__doc__ = "refused: weight sharing between roles is not implemented"
     return convert
+
+
+def _actor_critic(value: Any, full: dict) -> dict:
+    """one model as actor and critic: the policy with a value head on its trunk (critic.shared_trunk), trained by
+    the actor's optimizer"""
+    value = value if isinstance(value, dict) else {}
+    if get(full, "model.actor.model_path") is not None or get(full, "model.critic.model_path") is not None:
+        raise ValueError("list either model.actor_critic or model.actor / model.critic, not both")
+    if value.get("model_path") is None:
+        raise ValueError("give model.actor_critic.model_path")
+    if value.get("model_cls") is not None:
+        raise ValueError(f"model.actor_critic.model_cls={value['model_cls']!r}: a model class from a Python file "
+                         "cannot be loaded; give a Hugging Face checkpoint directory")
+    if value.get("model_params"):
+        raise ValueError("model.actor_critic.model_params: model loading arguments: set actor_rollout_ref.model.*")
+    for strategy in ("train_strategy", "inference_strategy"):
+        if value.get(strategy) not in (None, _NATIVE):
+            raise ValueError(f"model.actor_critic.{strategy}={value[strategy]!r}: {_STRATEGY}")
+    out = {**_model_path("actor")(value["model_path"], full), "critic.enable": True, "critic.shared_trunk": True}
+    out.update(_optimizer("actor_critic", _A + "actor.")(value.get("optimizer") or DEFAULTS["model.actor.optimizer"],
+                                                         full))
+    return out
 
 
 def _truncation(value: Any, _: dict) -> str:
@@ -162,7 +188,8 @@ RULES: tuple[Rule, ...] = (
          accept=lambda v: not v),
     Rule("model.*.train_strategy", reason=_STRATEGY, accept=lambda v: v in (None, _NATIVE)),
     Rule("model.*.inference_strategy", reason=_STRATEGY, accept=lambda v: v in (None, _NATIVE)),
-    *(Rule(f"model.{name}", convert=_shared(name)) for name in SHARED),
+    Rule("model.actor_critic", convert=_actor_critic),
+    *(Rule(f"model.{name}", convert=_shared(name)) for name in _REFUSED_SHARING),
     Rule("tokenizer.tokenizer_path", "data.tokenizer"),
     Rule("tokenizer.params.truncation_side", "data.truncation", _truncation),
     Rule("tokenizer.params.padding_side", reason="the sampler left-pads prompts to static shapes itself; the "
