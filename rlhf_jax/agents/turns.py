@@ -1,0 +1,155 @@
+"""The multi-turn tool-calling rollout: decode a turn, run the tool calls, append the responses, go on from the cache.
+
+Turn-synchronous over the batch: every live trajectory decodes its turn in one device loop
+(``ConversationSampler.decode``: until EOS, a tool-call end marker or its token limit); then the host parses each
+turn's text, runs every trajectory's tool calls at once (the device waits for the slowest call, never for the
+sum), renders the responses with the chat template (``render.tool_suffix_ids``) and appends them to the device
+caches, which prefill only those new tokens. A trajectory ends when a turn has no tool call, at
+``max_assistant_turns`` / ``max_user_turns``, or when its response budget (assistant and tool tokens together,
+``response_length``) cannot hold the tool response and one more token.
+
+Tokens are kept exactly as sampled; tool tokens carry loss mask 0 and log-prob 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Sequence
+
+import jax
+
+from rlhf_jax.agents.executor import ToolResult, ToolStats, run_tool_calls, tool_message
+from rlhf_jax.agents.render import tool_suffix_ids
+from rlhf_jax.agents.tool_calls import ParsedCalls, parse_tool_calls
+from rlhf_jax.agents.tools import Tool
+
+
+@dataclasses.dataclass(frozen=True)
+class TurnSettings:
+    """How a multi-turn rollout runs (verl's ``rollout.multi_turn`` keys; see the config schema)."""
+
+    response_length: int  # tokens after the prompt, assistant and tool tokens together
+    max_assistant_turns: int = 5
+    max_user_turns: int = 5  # tool-response turns
+    max_tokens_per_turn: int | None = None  # None: whatever is left of response_length
+    format: str = "hermes"
+    tool_timeout_s: float = 30.0
+    tools: tuple[Tool, ...] = ()
+
+    def __post_init__(self):
+        if self.max_assistant_turns < 1:
+            raise ValueError(f"max_assistant_turns must be >= 1, got {self.max_assistant_turns}")
+
+    @property
+    def turn_len(self) -> int:
+        return self.response_length if self.max_tokens_per_turn is None else min(self.max_tokens_per_turn,
+                                                                                   self.response_length)
+
+
+@dataclasses.dataclass
+class Trajectory:
+    prompt_ids: list[int]
+    response_ids: list[int] = dataclasses.field(default_factory=list)
+    loss_mask: list[int] = dataclasses.field(default_factory=list)  # 1: sampled (trained), 0: tool response
+    logprobs: list[float] = dataclasses.field(default_factory=list)
+    turns: int = 0  # assistant turns
+    tool_turns: int = 0
+    stats: ToolStats = dataclasses.field(default_factory=ToolStats)
+    finished: bool = False  # the last turn ended with a stop token (not at a length limit)
+    done: bool = False
+
+    def extend(self, ids: Sequence[int], sampled: bool, logprobs: Sequence[float] | None = None) -> None:
+        self.response_ids += [int(t) for t in ids]
+        self.loss_mask += [int(sampled)] * len(ids)
+        self.logprobs += [float(x) for x in logprobs] if logprobs is not None else [0.0] * len(ids)
+
+
+@dataclasses.dataclass
+class TurnTimings:
+    decode_s: float = 0.0
+    append_s: float = 0.0
+    tool_wait_s: float = 0.0  # wall time the device waited for tools (turn-synchronous: it is idle then)
+
+
+def _run_row_calls(parsed: ParsedCalls, settings: TurnSettings) -> tuple[list[ToolResult], list[dict]]:
+    tools = {t.name: t for t in settings.tools}
+    results = run_tool_calls(parsed.calls, settings.tool_timeout_s, tools=tools) if parsed.calls else []
+    messages = [tool_message(r) for r in results]
+    messages += [{"role": "tool", "name": "error", "content": f"Error: {e}"} for e in parsed.errors]
+    return results, messages
+
+
+def run_turns(sampler, state: Any, tokenizer: Any, prompts: Sequence[Sequence[int]], settings: TurnSettings,
+              key: jax.Array, eos_token_ids: Sequence[int], row_ids: Sequence[int] | None = None,
+              ) -> tuple[list[Trajectory], TurnTimings]:
+    """Multi-turn rollouts of ``prompts`` (token ids, the generation prompt included) on a ``ConversationSampler``.
+
+    ``row_ids`` key each trajectory's random stream (default: its index); the batch is padded with empty rows to
+    the sampler's data-parallel shard count.
+    """
+    trajs = [Trajectory(prompt_ids=[int(t) for t in p]) for p in prompts]
+    real = len(trajs)
+    shards = sampler._shards(state).count
+    rows = -(-real // shards) * shards
+    ids = list(row_ids) if row_ids is not None else list(range(real))
+    ids += [0] * (rows - real)
+    eos = {int(e) for e in eos_token_ids}
+    timings = TurnTimings()
+    pad = [[] for _ in range(rows - real)]
+
+    t0 = time.perf_counter()
+    conv = sampler.start(state, rows)
+    conv = sampler.append(state, conv, [t.prompt_ids for t in trajs] + pad)
+    timings.append_s += time.perf_counter() - t0
+    with ThreadPoolExecutor(max_workers=max(1, real)) as pool:
+        for turn in range(settings.max_assistant_turns):
+            if all(t.done for t in trajs):
+                break
+            limit = [0 if t.done else min(settings.turn_len, settings.response_length - len(t.response_ids))
+                     for t in trajs] + [0] * len(pad)
+            start = [len(t.response_ids) for t in trajs] + [0] * len(pad)
+            t0 = time.perf_counter()
+            conv, out = sampler.decode(state, conv, limit, start, ids, key)
+            timings.decode_s += time.perf_counter() - t0
+
+            parsed: dict[int, ParsedCalls] = {}
+            for i, traj in enumerate(trajs):
+                if traj.done:
+                    continue
+                tokens = out.tokens[i, :out.count[i]].tolist()
+                traj.extend(tokens, True, out.logprobs[i, :out.count[i]].tolist())
+                traj.turns += 1
+                traj.finished = bool(out.stopped[i]) and bool(tokens) and tokens[-1] in eos
+                calls = parse_tool_calls(tokenizer.decode(tokens, skip_special_tokens=False), settings.format)
+                last_turn = turn + 1 >= settings.max_assistant_turns or traj.tool_turns >= settings.max_user_turns
+                if (not calls.calls and not calls.errors) or last_turn or len(traj.response_ids) >= settings.response_length:
+                    traj.done = True
+                else:
+                    parsed[i] = calls
+            if not parsed:
+                continue
+
+            t0 = time.perf_counter()
+            futures = {i: pool.submit(_run_row_calls, p, settings) for i, p in parsed.items()}
+            answers = {i: f.result() for i, f in futures.items()}
+            timings.tool_wait_s += time.perf_counter() - t0
+
+            new_rows: list[list[int]] = [[] for _ in range(rows)]
+            for i, (results, messages) in answers.items():
+                traj = trajs[i]
+                traj.stats.add(results, len(parsed[i].errors))
+                suffix = tool_suffix_ids(tokenizer, messages, traj.response_ids[-1] in eos)
+                if len(traj.response_ids) + len(suffix) >= settings.response_length:
+                    traj.done = True  # no room for the response and another assistant token
+                    continue
+                traj.extend(suffix, False)
+                traj.tool_turns += 1
+                new_rows[i] = suffix
+            t0 = time.perf_counter()
+            conv = sampler.append(state, conv, new_rows)
+            timings.append_s += time.perf_counter() - t0
+    for t in trajs:
+        t.done = True
+    return trajs, timings

@@ -1,0 +1,128 @@
+"""Host side of ``conversation``: jitted append / decode programs for a batch of conversations, and counters.
+
+``ConversationSampler`` holds the compiled programs of one model architecture on one mesh with fixed settings
+(capacity, staging width, sampling parameters, stop sequences, turn length). Appended tokens are cut into chunks
+of at most ``stage`` tokens, each padded to a power of two, so a run compiles a handful of append programs.
+``prefilled_tokens`` counts the real tokens appended (prompts and later turns' new tokens): a conversation that
+continues from its cache adds only what is new.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Sequence
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding
+
+from rlhf_jax.parallel.mesh import DEFAULT_RULES, Rules, replicated
+from rlhf_jax.rollout import conversation
+from rlhf_jax.rollout.buckets import next_power_of_two
+from rlhf_jax.rollout.conversation import Conversations, TurnOutput
+from rlhf_jax.rollout.params import SamplingParams
+from rlhf_jax.rollout.sampler import mesh_of
+from rlhf_jax.rollout.shards import BatchShards
+
+
+class ConversationSampler:
+    """Compiled conversation programs for one model (its graphdef) and one set of settings."""
+
+    def __init__(self, graphdef: nnx.GraphDef, config, *, capacity: int, params: SamplingParams, turn_len: int,
+                 stop_sequences: Sequence[Sequence[int]] = (), stage: int = 64, mesh: Mesh | None = None,
+                 rules: Rules = DEFAULT_RULES):
+        self.graphdef = graphdef
+        self.capacity = int(capacity)
+        self.stage = next_power_of_two(max(1, int(stage)))
+        self.params = params.static_key()
+        self.turn_len = int(turn_len)
+        self.stop_sequences = tuple(tuple(int(t) for t in s) for s in stop_sequences if len(s))
+        self.mesh = mesh
+        self.rules = tuple(rules)
+        if self.capacity > config.max_position_embeddings:
+            raise ValueError(f"a conversation of {self.capacity} tokens exceeds the model's context of "
+                             f"{config.max_position_embeddings} tokens; lower data.max_prompt_length or "
+                             f"rollout.response_length")
+        conversation.check_model(config, self.capacity + self.stage)
+        self.num_kv_heads = config.num_key_value_heads
+        self.prefilled_tokens = 0  # real tokens appended (prompts, tool responses)
+        self.appended_columns = 0  # rows x staging width of every append call (what the device computed)
+        self.decoded_tokens = 0  # tokens drawn by decode turns
+        self.trace_count = 0
+        self._shards_of: dict[Mesh, BatchShards] = {}  # one object per mesh: it is a static argument of the jits
+
+    @classmethod
+    def for_model(cls, model: nnx.Module, **kwargs) -> "ConversationSampler":
+        graphdef, _ = nnx.split(model)
+        return cls(graphdef, model.config, **kwargs)
+
+    def _shards(self, state: Any) -> BatchShards:
+        mesh = self.mesh if self.mesh is not None else mesh_of(state)
+        if mesh not in self._shards_of:
+            self._shards_of[mesh] = BatchShards(mesh, self.rules, self.num_kv_heads)
+        return self._shards_of[mesh]
+
+    def _rows(self, shards: BatchShards, x, ndim: int):
+        return jax.device_put(x, NamedSharding(shards.mesh, shards.rows(ndim)))
+
+    # ------------------------------------------------------------------ traced programs (cached by jax.jit)
+    @functools.partial(jax.jit, static_argnums=(0, 2, 3))
+    def _empty(self, state, rows: int, shards: BatchShards):
+        self.trace_count += 1
+        return conversation.empty(nnx.merge(self.graphdef, state), rows, self.capacity, self.stage, shards)
+
+    @functools.partial(jax.jit, static_argnums=(0, 5), donate_argnums=(2,))
+    def _append(self, state, conv, ids, count, shards: BatchShards):
+        self.trace_count += 1
+        return conversation.append(nnx.merge(self.graphdef, state), conv, ids, count, shards)
+
+    @functools.partial(jax.jit, static_argnums=(0, 7), donate_argnums=(2,))
+    def _decode(self, state, conv, limit, start, row_ids, key, shards: BatchShards):
+        self.trace_count += 1
+        return conversation.decode_turn(nnx.merge(self.graphdef, state), conv, limit, start, row_ids, key,
+                                        self.params, self.stop_sequences, self.turn_len, shards)
+
+    # ------------------------------------------------------------------ host API
+    def start(self, state: Any, rows: int) -> Conversations:
+        """``rows`` empty conversations (rows must split over the data-parallel shards)."""
+        shards = self._shards(state)
+        shards.per_shard(rows, "conversations")
+        return self._empty(state, rows, shards)
+
+    def append(self, state: Any, conv: Conversations, new_ids: Sequence[Sequence[int]]) -> Conversations:
+        """Append each row's new tokens (an empty list leaves a row as it is), ``stage`` tokens per call at most."""
+        shards = self._shards(state)
+        rows = [list(map(int, r)) for r in new_ids]
+        if len(rows) != conv.length.shape[0]:
+            raise ValueError(f"{len(rows)} rows of new tokens for {conv.length.shape[0]} conversations")
+        offset = 0
+        longest = max((len(r) for r in rows), default=0)
+        while offset < longest:
+            pieces = [r[offset:offset + self.stage] for r in rows]
+            width = next_power_of_two(max(len(p) for p in pieces))
+            ids = np.zeros((len(rows), width), np.int32)
+            for b, p in enumerate(pieces):
+                ids[b, :len(p)] = p
+            count = np.asarray([len(p) for p in pieces], np.int32)
+            conv = self._append(state, conv, self._rows(shards, ids, 2), self._rows(shards, count, 1), shards)
+            self.prefilled_tokens += int(count.sum())
+            self.appended_columns += ids.size
+            offset += self.stage
+        return conv
+
+    def decode(self, state: Any, conv: Conversations, limit: Sequence[int], start: Sequence[int],
+               row_ids: Sequence[int], key: jax.Array) -> tuple[Conversations, TurnOutput]:
+        """One turn: up to ``limit[b]`` (<= turn_len) tokens per row; the outputs as host NumPy arrays."""
+        shards = self._shards(state)
+        as_rows = lambda x: self._rows(shards, np.asarray(x, np.int32), 1)  # noqa: E731
+        key = jax.device_put(key, replicated(shards.mesh))
+        conv, out = self._decode(state, conv, as_rows(np.minimum(limit, self.turn_len)), as_rows(start),
+                                 as_rows(row_ids), key, shards)
+        out = jax.tree.map(np.asarray, jax.device_get(out))
+        self.decoded_tokens += int(out.count.sum())
+        return conv, out
+
+    def lengths(self, conv: Conversations) -> np.ndarray:
+        return np.asarray(jax.device_get(conv.length))
+
