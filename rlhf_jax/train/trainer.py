@@ -348,6 +348,7 @@ class Trainer(CheckpointMixin, ExperienceMixin):
         with timer("step"):
             host = {k: gather_all(getattr(out, k)) for k in ("prompts", "prompt_mask", "responses", "response_mask")}
             token_scores = place_on_last_token(experience.scores, out.response_mask)
+            host["response_valid"] = gather_all(out.valid_mask())  # the sequence's tokens (tool responses too)
             batch, rollout_logprobs = self._training_batch(out, host)
             need_old = d.recompute_old_log_prob or cfg.algorithm.use_kl_in_reward or self.correction.enabled
             if need_old:
@@ -463,13 +464,16 @@ class Trainer(CheckpointMixin, ExperienceMixin):
         if any(p.packed for p in self.plans.values()):
             width_p, width_r = out.prompts.shape[1], out.responses.shape[1]
         else:
-            width_p, width_r = trim_columns(host["prompt_mask"], host["response_mask"])
+            width_p, width_r = trim_columns(host["prompt_mask"], host["response_valid"])
         P = out.prompts.shape[1]
         responses, rmask = out.responses[:, :width_r], out.response_mask[:, :width_r]
+        # The attention mask covers every token of the sequence; response_mask only the trained ones (multi-turn
+        # rollouts leave holes at tool responses), which every loss, entropy, KL and token mean uses.
         batch = {"input_ids": jnp.concatenate([out.prompts[:, P - width_p:], responses], axis=1),
-                 "attention_mask": jnp.concatenate([out.prompt_mask[:, P - width_p:], rmask], axis=1),
+                 "attention_mask": jnp.concatenate([out.prompt_mask[:, P - width_p:], out.valid_mask()[:, :width_r]],
+                                                   axis=1),
                  "responses": responses, "response_mask": rmask}
-        real = int(host["prompt_mask"].sum() + host["response_mask"].sum())
+        real = int(host["prompt_mask"].sum() + host["response_valid"].sum())
         self._layout_metrics.update({"perf/real_tokens": float(real),
                                      "perf/padded_tokens_unpacked": float(host["responses"].shape[0] * (width_p + width_r))})
         return batch, out.logprobs[:, :width_r]
@@ -479,7 +483,7 @@ class Trainer(CheckpointMixin, ExperienceMixin):
         if rows is not None:
             host = {k: v[rows] for k, v in host.items()}
         dp = self.cfg.derived.dp_size
-        packed = pack_batch(host["prompts"], host["prompt_mask"], host["responses"], host["response_mask"],
+        packed = pack_batch(host["prompts"], host["prompt_mask"], host["responses"], host["response_valid"],
                             dp=dp, row_len=plan.row_len, max_rows_per_micro=plan.rows_per_micro,
                             pad_token_id=int(self.c.sampling.pad_token_id))
         for key, count in (("packed_tokens", packed.padded_tokens), ("placed_tokens", packed.placed_tokens)):
