@@ -37,10 +37,16 @@ class TurnSettings:
     format: str = "hermes"
     tool_timeout_s: float = 30.0
     tools: tuple[Tool, ...] = ()
+    max_parallel_calls: int = 1  # calls run per turn (verl's default); the rest of a turn's calls are dropped
+    max_tool_response_length: int | None = 256  # characters of a tool's output the model sees; None = all
+    tool_response_truncate_side: str = "middle"  # left: keep the start, right: keep the end, middle: both ends
 
     def __post_init__(self):
         if self.max_assistant_turns < 1:
             raise ValueError(f"max_assistant_turns must be >= 1, got {self.max_assistant_turns}")
+        if self.tool_response_truncate_side not in ("left", "right", "middle"):
+            raise ValueError(f"tool_response_truncate_side must be left, right or middle, got "
+                             f"{self.tool_response_truncate_side!r}")
 
     @property
     def turn_len(self) -> int:
@@ -73,9 +79,23 @@ class TurnTimings:
     tool_wait_s: float = 0.0  # wall time the device waited for tools (turn-synchronous: it is idle then)
 
 
+def truncate(text: str, limit: int | None, side: str) -> str:
+    """At most ``limit`` characters of a tool's output (plus a marker), cut as ``side`` says."""
+    if limit is None or len(text) <= limit:
+        return text
+    if side == "left":
+        return text[:limit] + "...(truncated)"
+    if side == "right":
+        return "(truncated)..." + text[-limit:]
+    return text[:limit // 2] + "...(truncated)..." + text[len(text) - (limit - limit // 2):]
+
+
 def _run_row_calls(parsed: ParsedCalls, settings: TurnSettings) -> tuple[list[ToolResult], list[dict]]:
     tools = {t.name: t for t in settings.tools}
-    results = run_tool_calls(parsed.calls, settings.tool_timeout_s, tools=tools) if parsed.calls else []
+    calls = parsed.calls[:settings.max_parallel_calls]
+    results = run_tool_calls(calls, settings.tool_timeout_s, tools=tools) if calls else []
+    results = [dataclasses.replace(r, content=truncate(r.content, settings.max_tool_response_length,
+                                                       settings.tool_response_truncate_side)) for r in results]
     messages = [tool_message(r) for r in results]
     messages += [{"role": "tool", "name": "error", "content": f"Error: {e}"} for e in parsed.errors]
     return results, messages

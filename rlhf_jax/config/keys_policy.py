@@ -172,4 +172,27 @@ ROLLOUT = (
     Key(A + "rollout.val_kwargs.do_sample", False, "Sample during validation; False = greedy."),
 )
 
-KEYS: tuple[Key, ...] = MODEL + ACTOR + REF + ROLLOUT
+_MT = A + "rollout.multi_turn."
+MULTI_TURN = (
+    Key(_MT + "enable", False, "Multi-turn tool-calling rollouts: decode a turn, run its tool calls, append the "
+        "tool responses (chat template) and continue from the KV cache; tool tokens are not trained."),
+    Key(_MT + "max_assistant_turns", None, "Assistant turns per trajectory (>= 1); None = until "
+        "rollout.response_length is used up.", type=int),
+    Key(_MT + "max_user_turns", None, "Tool-response turns per trajectory; None = no limit but the length.",
+        type=int),
+    Key(_MT + "max_tokens_per_turn", None, "Tokens one assistant turn may draw; None = what is left of "
+        "rollout.response_length (which counts assistant and tool tokens together).", type=int),
+    Key(_MT + "tools", (), "Names of registered tools the model may call (built-ins: calculator, python).",
+        type=tuple),
+    Key(_MT + "tool_config_path", None, "verl-style tool YAML (tools: - tool_schema: {function: {name: ...}}); "
+        "each name must be a registered tool.", type=str),
+    Key(_MT + "format", "hermes", "Tool-call parser by name (hermes: <tool_call>{json}</tool_call>)."),
+    Key(_MT + "max_parallel_calls", 1, "Tool calls run per turn; a turn's further calls are dropped."),
+    Key(_MT + "max_tool_response_length", 256, "Characters of a tool's output shown to the model; None = all.",
+        type=int),
+    Key(_MT + "tool_response_truncate_side", "middle", "Which part of a long tool output is kept.",
+        choices=("left", "right", "middle")),
+    Key(_MT + "tool_timeout_s", 30.0, "Seconds a tool call may run before it returns a timeout error."),
+)
+
+KEYS: tuple[Key, ...] = MODEL + ACTOR + REF + ROLLOUT + MULTI_TURN

@@ -428,6 +428,28 @@ def _experience(cfg: ConfigDict) -> None:
                          "experience.buffer_size=1 and experience.overlap=False")
 
 
+def _check_multi_turn(cfg: ConfigDict, num_processes: int, check_paths: bool) -> None:
+    """Multi-turn settings (tools by name, turn limits) and what multi-turn rollouts do not combine with yet."""
+    mt = cfg.actor_rollout_ref.rollout.multi_turn
+    if not mt.enable:
+        return
+    key = "actor_rollout_ref.rollout.multi_turn.enable=True"
+    if cfg.algorithm.filter_groups.enable:
+        raise ValueError(f"{key} with algorithm.filter_groups.enable is not supported: switch one off")
+    if cfg.mesh.rollout_devices:
+        raise ValueError(f"{key} with mesh.rollout_devices is not supported: multi-turn rollouts run on the "
+                         "training mesh (set mesh.rollout_devices=0)")
+    if num_processes > 1:
+        raise ValueError(f"{key} runs in one process; this run has {num_processes}")
+    if cfg.algorithm.adv_estimator == "remax":
+        raise ValueError(f"{key} with algorithm.adv_estimator=remax is not supported (its greedy baseline is a "
+                         "single-turn rollout)")
+    from rlhf_jax.agents.settings import turn_settings
+
+    if check_paths or not mt.tool_config_path:
+        turn_settings(mt, cfg.actor_rollout_ref.rollout.response_length)
+
+
 def finalize(
     cfg: ConfigDict,
     *,
@@ -469,6 +491,7 @@ def finalize(
     if out.algorithm.filter_groups.enable and num_processes > 1:
         raise ValueError("algorithm.filter_groups runs in one process (it regroups the batch on the host); "
                          f"this run has {num_processes}")
+    _check_multi_turn(out, num_processes, check_paths)
     derived = derive_batches(out, mesh=mesh, num_devices=train_devices, num_processes=num_processes,
                              train_dataset_size=train_dataset_size)
     _check_model_limits(out, derived)

@@ -191,7 +191,14 @@ IGNORED: tuple[Ignored, ...] = (
     Ignored("actor_rollout_ref.rollout.engine_kwargs", "vLLM / SGLang engine arguments"),
     Ignored("actor_rollout_ref.rollout.calculate_log_probs", "old log-probs are recomputed by the actor"),
     Ignored("actor_rollout_ref.rollout.update_weights_bucket_megabytes", _ENGINE),
-    Ignored("actor_rollout_ref.rollout.multi_turn", "multi-turn rollouts are not implemented", _off),
+    Ignored("actor_rollout_ref.rollout.multi_turn.interaction_config_path", "interactions (simulated users) are "
+            "not implemented: tools only", _off),
+    Ignored("actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts", "repeated multi-turn rollouts are not "
+            "implemented: set rollout.n", _off),
+    Ignored("actor_rollout_ref.rollout.multi_turn.use_inference_chat_template", "turns are kept as sampled, token "
+            "for token; the chat template renders only the tool responses"),
+    Ignored("actor_rollout_ref.rollout.multi_turn.tokenization_sanity_check_mode", "nothing is re-tokenized: "
+            "turns are kept as sampled"),
     Ignored("actor_rollout_ref.rollout.agent", "agent loops are not implemented: single-turn sampling",
             lambda v: not isinstance(v, dict) or (v.get("default_agent_loop") in (None, "single_turn_agent")
                                                   and not v.get("agent_loop_config_path")
@@ -264,7 +271,8 @@ IGNORED: tuple[Ignored, ...] = (
     Ignored("actor_rollout_ref.rollout.quantization", "quantized sampling is not implemented", _off),
     Ignored("actor_rollout_ref.rollout.quantization_config_file", "quantized sampling is not implemented", _off),
     Ignored("data.reward_fn_key", "the scorer is chosen by the data_source column", _is("data_source")),
-    Ignored("data.tool_config_path", "tool calling is not implemented", _off),
+    Ignored("data.tool_config_path", "verl's copy of actor_rollout_ref.rollout.multi_turn.tool_config_path "
+            "(which is read)"),
     Ignored("data.image_patch_size", "multi-modal data is not supported"),
     Ignored("data.validation_shuffle", "validation metrics do not depend on the order"),
     Ignored("reward_manager.source", "reward managers are chosen by name (reward_model.reward_manager)",

@@ -199,8 +199,10 @@ def _cfg_get(section: Any, key: str, default: Any = None) -> Any:
     return default if value is None else value
 
 
-def dataset_from_config(data_cfg: Any, tokenizer: Any, which: str = "train") -> PromptDataset:
-    """Build the train or val PromptDataset from a `cfg.data` section (verl key names)."""
+def dataset_from_config(data_cfg: Any, tokenizer: Any, which: str = "train",
+                        tools: list[dict] | None = None) -> PromptDataset:
+    """Build the train or val PromptDataset from a `cfg.data` section (verl key names); ``tools`` (function
+    schemas) reach the chat template, which lists them in the prompt (multi-turn tool calling)."""
     if which not in ("train", "val"):
         raise ValueError(f"which must be 'train' or 'val', got {which!r}")
     files = _cfg_get(data_cfg, f"{which}_files")
@@ -218,7 +220,8 @@ def dataset_from_config(data_cfg: Any, tokenizer: Any, which: str = "train") -> 
         truncation=_cfg_get(data_cfg, "truncation", "error"),
         filter_overlong_prompts=bool(_cfg_get(data_cfg, "filter_overlong_prompts", False)),
         max_samples=int(_cfg_get(data_cfg, f"{which}_max_samples", -1)),
-        chat_template_kwargs=dict(_cfg_get(data_cfg, "apply_chat_template_kwargs", None) or {}),
+        chat_template_kwargs={**dict(_cfg_get(data_cfg, "apply_chat_template_kwargs", None) or {}),
+                              **({"tools": tools} if tools else {})},
         media_keys=tuple(k for k in (data_cfg.get("image_key", "images"), data_cfg.get("video_key", "videos")) if k),
         sample_seed=int(_cfg_get(data_cfg, "seed", 0)) if which == "train" and _cfg_get(data_cfg, "shuffle", True)
         else None,

@@ -54,6 +54,8 @@ def to_checkpoint(queue: list[Experience]) -> tuple[dict[str, jax.Array], list[d
     arrays, described = {}, []
     for i, exp in enumerate(queue):
         fields = {name: getattr(exp.out, name) for name in ROLLOUT_ARRAYS}
+        if exp.out.response_valid is not None:  # multi-turn: the tool responses' tokens (not trained)
+            fields["response_valid"] = exp.out.response_valid
         fields["scores"] = exp.scores
         if exp.baselines is not None:
             fields["baselines"] = exp.baselines
@@ -77,7 +79,8 @@ def from_checkpoint(arrays: dict[str, jax.Array], described: list[dict], prompt_
     """The pending batches again, with the prompt batches (and loader states) drawn anew by the caller."""
     queue = []
     for i, (d, pb, state) in enumerate(zip(described, prompt_batches, data_states)):
-        out = RolloutBatch(**{name: arrays[f"{i}.{name}"] for name in ROLLOUT_ARRAYS})
+        out = RolloutBatch(**{name: arrays[f"{i}.{name}"] for name in ROLLOUT_ARRAYS},
+                           response_valid=arrays.get(f"{i}.response_valid"))
         queue.append(Experience(pb=pb, out=out, scores=arrays[f"{i}.scores"], baselines=arrays.get(f"{i}.baselines"),
                                 version=int(d["version"]), data_state=state, metrics=dict(d["metrics"])))
     return queue

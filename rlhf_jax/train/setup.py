@@ -59,6 +59,17 @@ def load_tokenizer(path: str, chat_template: str | None = None):
     return tok
 
 
+def tool_schemas(cfg: ConfigDict) -> list[dict] | None:
+    """The function schemas of the multi-turn tools (listed in every prompt by the chat template), or None."""
+    mt = cfg.actor_rollout_ref.rollout.multi_turn
+    if not mt.enable:
+        return None
+    from rlhf_jax.agents.settings import turn_settings
+
+    length = cfg.actor_rollout_ref.rollout.response_length or cfg.data.max_response_length  # before finalize
+    return [t.schema() for t in turn_settings(mt, int(length)).tools]
+
+
 def prepare(cfg: ConfigDict) -> Components:
     """Resolve paths, read and tokenize the data, finalize the config, build the mesh and sampling settings."""
     from rlhf_jax.data import dataset_from_config
@@ -70,8 +81,9 @@ def prepare(cfg: ConfigDict) -> Components:
     finalize(cfg, num_devices=jax.device_count(), num_processes=jax.process_count())
     tokenizer_path = resolve_model_path(cfg.data.tokenizer) if cfg.data.tokenizer else model_path
     tokenizer = load_tokenizer(tokenizer_path, cfg.data.chat_template)
-    train_dataset = dataset_from_config(cfg.data, tokenizer, "train")
-    val_dataset = dataset_from_config(cfg.data, tokenizer, "val") if cfg.data.val_files else None
+    tools = tool_schemas(cfg)
+    train_dataset = dataset_from_config(cfg.data, tokenizer, "train", tools)
+    val_dataset = dataset_from_config(cfg.data, tokenizer, "val", tools) if cfg.data.val_files else None
     cfg = finalize(cfg, num_devices=jax.device_count(), num_processes=jax.process_count(),
                    train_dataset_size=len(train_dataset))
     _note_fallback_scorer(cfg, train_dataset, val_dataset)

@@ -154,6 +154,7 @@ class Trainer(CheckpointMixin, ExperienceMixin):
                                mesh=self.rollout_mesh or self.mesh, rules=c.rules,
                                max_positions=self.actor.config.max_position_embeddings)
         self._merge_fn = None
+        self.multi_turn = self._multi_turn_rollout()
         self.reward_manager = RewardManager.from_config(cfg.reward_model, cfg.custom_reward_function,
                                                         max_response_length=cfg.actor_rollout_ref.rollout.response_length)
         self.reward_model = None
@@ -239,6 +240,26 @@ class Trainer(CheckpointMixin, ExperienceMixin):
             out = jax.tree.map(lambda x: jax.device_put(x, rows[x.ndim]), out)
         return out, keep
 
+    def _multi_turn_rollout(self):
+        """Multi-turn tool-calling rollouts (train/multi_turn.py) when rollout.multi_turn.enable, else None."""
+        if not self.cfg.actor_rollout_ref.rollout.multi_turn.enable:
+            return None
+        from rlhf_jax.train.multi_turn import MultiTurnRollout
+
+        return MultiTurnRollout(self.cfg, self.sampler.graphdef, self.actor.config, self.tok, self.mesh, self.c.rules,
+                                self.cfg.data.max_prompt_length)
+
+    def _sample(self, pb: PromptBatch, sampling, key, out_metrics: dict, bucket: bool = True, weights: Any = None):
+        """Single-turn sampling (``_generate``) or the multi-turn rollout; (batch, kept rows, the mask of the
+        response tokens the reward reads: every token of the sequence, tool responses included)."""
+        if self.multi_turn is None:
+            out, keep = self._generate(pb, sampling, key, bucket, weights)
+            return out, keep, out.response_mask
+        weights = self._rollout_weights() if weights is None else weights
+        out, metrics = self.multi_turn.rollout(weights, pb, sampling, key)
+        out_metrics.update(metrics)
+        return out, len(pb) * sampling.n, out.valid_mask()
+
     def _score(self, pb: PromptBatch, responses: np.ndarray, rmask: np.ndarray,
                n: int) -> tuple[np.ndarray, dict, list[str], dict[str, np.ndarray]]:
         texts = decode_responses(self.tok, responses, rmask)
@@ -254,12 +275,13 @@ class Trainer(CheckpointMixin, ExperienceMixin):
         """Sample the prompts and score the responses for training step ``step`` (0-based): (the sampler's batch,
         process-local scores (N,)). ``abandonable``: a stop request abandons the step after the sampling."""
         with timer("gen"):  # waits for the sampler: dispatch is asynchronous, the reward would be billed for it
-            out, _ = self._generate(pb, self.c.sampling, key, bucket=False, weights=weights)  # every row is trained on
+            # every row is trained on
+            out, _, text_mask = self._sample(pb, self.c.sampling, key, out_metrics, bucket=False, weights=weights)
             out = jax.block_until_ready(out)
         if abandonable:
             self._abandon_if_stopping()
         with timer("reward"):
-            scores, reward_metrics, texts, found = self._score(pb, to_local(out.responses), to_local(out.response_mask),
+            scores, reward_metrics, texts, found = self._score(pb, to_local(out.responses), to_local(text_mask),
                                                                self.c.sampling.n)
         out_metrics.update(reward_metrics)
         if self.cfg.trainer.rollout_data_dir:
@@ -570,8 +592,8 @@ class Trainer(CheckpointMixin, ExperienceMixin):
         for pb in loader:
             if self.stop.agreed():  # a stop request abandons validation: partial scores would mislead
                 return {}
-            out, keep = self._generate(pb, sampling, self._rollout_key(sampling.seed, 0))
-            responses, rmask = to_local(out.responses)[:keep], to_local(out.response_mask)[:keep]
+            out, keep, text_mask = self._sample(pb, sampling, self._rollout_key(sampling.seed, 0), {})
+            responses, rmask = to_local(out.responses)[:keep], to_local(text_mask)[:keep]
             scores, _, texts, _ = self._score(pb, responses, rmask, sampling.n)
             dump["inputs"] += [t for t in pb.prompt_text for _ in range(sampling.n)]
             dump["gts"] += [g for g in pb.ground_truth for _ in range(sampling.n)]
