@@ -1,0 +1,85 @@
+"""GRPO with multi-turn tool-calling rollouts: a trainer run whose batches have tool responses (loss-mask holes),
+the CLI with the calculator tool, and bad settings stopped by name before anything compiles."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from rlhf_jax.agents import Tool, register_tool
+from rlhf_jax.agents.tool_calls import ParsedCalls, ToolCall, register_parser
+from rlhf_jax.config import finalize
+from rlhf_jax.train.trainer import Trainer
+from tests.train.helpers import cli_args, make_config, read_metrics, run_main
+
+MT = "actor_rollout_ref.rollout.multi_turn."
+ONE_DEVICE = {"mesh.data": 1, "mesh.fsdp": 1, "mesh.tensor": 1}
+TURNS = {MT + "enable": True, MT + "tools": ("calculator",), MT + "max_assistant_turns": 3,
+         MT + "max_tokens_per_turn": 6, "data.max_response_length": 80, "data.prompt_template": "native",
+         "data.max_prompt_length": 32}
+
+
+@register_parser("test_first_two_turns")
+def _calls_in_short_texts(text: str) -> ParsedCalls:
+    """A call to ``test_digits`` after every turn: the random tiny model never writes one itself."""
+    return ParsedCalls((ToolCall("test_digits", {"text": text}),), ())
+
+
+register_tool(Tool("test_digits", "count characters", {"type": "object"}, lambda text: str(len(text))))
+
+
+def test_grpo_trains_on_multi_turn_rollouts_with_tool_tokens_masked(tmp_path):
+    cfg = make_config(str(tmp_path), "grpo", **{**TURNS, MT + "tools": ("test_digits",),
+                                                MT + "format": "test_first_two_turns"})
+    trainer = Trainer(cfg)
+    trainer.fit()
+    rows = read_metrics(str(tmp_path))
+    last = rows[-1]
+    assert last["multi_turn/num_turns/max"] == 3 and last["multi_turn/tool_calls/mean"] >= 1
+    assert 0 < last["multi_turn/masked_token_fraction"] < 1
+    assert last["multi_turn/tool_errors/max"] == 0 and last["multi_turn/tool_timeouts/max"] == 0
+    assert last["multi_turn/device_idle_s"] >= 0 and 0 <= last["multi_turn/device_idle_fraction"] <= 1
+    for k in ("actor/pg_loss", "actor/entropy", "actor/kl_loss", "actor/grad_norm"):
+        assert math.isfinite(last[k]), k
+    # the trained tokens are the assistant turns only: at most 3 turns x 6 tokens
+    assert last["response_length/max"] <= 18
+    sampler = next(iter(trainer.multi_turn._samplers.values()))
+    assert sampler.decoded_tokens > 0 and sampler.prefilled_tokens > 0
+
+
+def test_cli_grpo_with_the_calculator_tool(tmp_path):
+    out = str(tmp_path / "run")
+    proc = run_main(cli_args(out, **{**TURNS, **ONE_DEVICE}), devices=1)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = read_metrics(out)
+    assert [r["step"] for r in rows][-1] == 2
+    for name in ("num_turns/mean", "num_turns/max", "tool_calls/mean", "tool_calls/max", "tool_errors/mean",
+                 "tool_errors/max", "tool_timeouts/mean", "tool_timeouts/max", "tool_latency_s",
+                 "masked_token_fraction", "device_idle_s", "device_idle_fraction"):
+        assert f"multi_turn/{name}" in rows[-1], name
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({MT + "tools": ("calculator", "no_such_tool")}, "multi_turn.tools names tool 'no_such_tool', which is not "
+                                                     "registered"),
+    ({MT + "max_assistant_turns": 0}, "multi_turn.max_assistant_turns=0 must be >= 1"),
+    ({MT + "tools": ()}, "multi_turn.enable=True needs tools"),
+    ({MT + "format": "xml"}, "multi_turn.format='xml' is not a registered tool-call parser"),
+    ({"algorithm.filter_groups.enable": True}, "multi_turn.enable=True with algorithm.filter_groups"),
+])
+def test_bad_multi_turn_settings_stop_finalize_by_name(tmp_path, overrides, message):
+    cfg = make_config(str(tmp_path), "grpo", **{**TURNS, **overrides})
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        finalize(cfg, num_devices=8)
+
+
+def test_tool_config_file_naming_a_missing_tool_is_one_line_from_the_cli(tmp_path):
+    path = tmp_path / "tools.yaml"
+    path.write_text("tools:\n  - class_name: x.Calc\n    config: {type: native}\n    tool_schema:\n      type: function\n"
+                    "      function: {name: abacus, description: d, parameters: {type: object}}\n")
+    proc = run_main(cli_args(str(tmp_path / "run"), **{**TURNS, **ONE_DEVICE, MT + "tools": (),
+                                                       MT + "tool_config_path": str(path)}), devices=1)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]
+    assert len(lines) == 1 and "multi_turn.tool_config_path" in lines[0] and "'abacus'" in lines[0], proc.stderr
