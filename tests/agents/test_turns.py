@@ -199,3 +199,31 @@ def test_tool_suffix_is_the_new_part_of_the_rendered_conversation(checkpoints):
 def test_max_assistant_turns_below_one_is_refused():
     with pytest.raises(ValueError, match="max_assistant_turns must be >= 1"):
         TurnSettings(response_length=8, max_assistant_turns=0)
+
+
+def test_sharded_conversations_equal_one_device(checkpoints):
+    """On a (data=2, fsdp=2, tensor=2) mesh (rows over 4 shards, the shard-local cache copy) the turns are the
+    single-device turns, token for token."""
+    from transformers import AutoTokenizer
+
+    from rlhf_jax.models import from_pretrained
+    from rlhf_jax.parallel import make_mesh
+
+    path = checkpoints["qwen2"]
+    tok = AutoTokenizer.from_pretrained(path)
+    eos = (tok.eos_token_id,)
+    settings = TurnSettings(response_length=120, max_assistant_turns=3, max_tokens_per_turn=6,
+                            format="test_every_turn", tools=TOOLS)
+    params = SamplingParams(max_new_tokens=6, temperature=0.0, eos_token_ids=eos, pad_token_id=tok.pad_token_id)
+    prompts = _prompts(tok, 6, seed=9)
+    results = []
+    for mesh in (None, make_mesh(2, 2, 2)):
+        model = from_pretrained(path, mesh=mesh)
+        sampler = ConversationSampler.for_model(model, capacity=max(map(len, prompts)) + 120, params=params,
+                                                turn_len=6, stage=16, mesh=mesh)
+        trajs, _ = run_turns(sampler, _state(model), tok, prompts, settings, rollout_key(2), eos)
+        results.append(trajs)
+    for one, sharded in zip(*results):
+        assert one.response_ids == sharded.response_ids and one.loss_mask == sharded.loss_mask
+        np.testing.assert_allclose(one.logprobs, sharded.logprobs, atol=2e-5)
+    assert sum(t.tool_turns for t in results[0]) >= 3
