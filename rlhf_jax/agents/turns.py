@@ -16,13 +16,13 @@ from __future__ import annotations
 import dataclasses
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 
 from rlhf_jax.agents.executor import ToolResult, ToolStats, run_tool_calls, tool_message
 from rlhf_jax.agents.render import tool_suffix_ids
-from rlhf_jax.agents.tool_calls import ParsedCalls, parse_tool_calls
+from rlhf_jax.agents.tool_calls import parse_tool_calls
 from rlhf_jax.agents.tools import Tool
 
 
@@ -63,6 +63,7 @@ class Trajectory:
     turns: int = 0  # assistant turns
     tool_turns: int = 0
     stats: ToolStats = dataclasses.field(default_factory=ToolStats)
+    turn_rewards: list[float] = dataclasses.field(default_factory=list)  # an environment's reward per turn
     finished: bool = False  # the last turn ended with a stop token (not at a length limit)
     done: bool = False
 
@@ -90,24 +91,49 @@ def truncate(text: str, limit: int | None, side: str) -> str:
     return text[:limit // 2] + "...(truncated)..." + text[len(text) - (limit - limit // 2):]
 
 
-def _run_row_calls(parsed: ParsedCalls, settings: TurnSettings) -> tuple[list[ToolResult], list[dict]]:
+@dataclasses.dataclass
+class Reply:
+    """What follows an assistant turn: messages rendered after it (tool results, an environment's observation)."""
+
+    messages: list[dict]
+    done: bool = False  # the trajectory ends after this turn (the messages are not appended)
+    reward: float = 0.0  # an environment's reward for the turn
+    results: list[ToolResult] = dataclasses.field(default_factory=list)
+    parse_errors: int = 0
+
+
+ReplyFn = Callable[[str, bool], "Reply | None"]  # (the turn's text, it is the last allowed turn) -> reply or None
+
+
+def tool_reply(settings: TurnSettings) -> ReplyFn:
+    """Tool calling: the turn's calls run (at most ``max_parallel_calls``); no call ends the trajectory, and so does
+    the last allowed turn (its calls would have no reader)."""
     tools = {t.name: t for t in settings.tools}
-    calls = parsed.calls[:settings.max_parallel_calls]
-    results = run_tool_calls(calls, settings.tool_timeout_s, tools=tools) if calls else []
-    results = [dataclasses.replace(r, content=truncate(r.content, settings.max_tool_response_length,
-                                                       settings.tool_response_truncate_side)) for r in results]
-    messages = [tool_message(r) for r in results]
-    messages += [{"role": "tool", "name": "error", "content": f"Error: {e}"} for e in parsed.errors]
-    return results, messages
+
+    def reply(text: str, last_turn: bool) -> Reply | None:
+        parsed = parse_tool_calls(text, settings.format)
+        if (not parsed.calls and not parsed.errors) or last_turn:
+            return None
+        calls = parsed.calls[:settings.max_parallel_calls]
+        results = run_tool_calls(calls, settings.tool_timeout_s, tools=tools) if calls else []
+        results = [dataclasses.replace(r, content=truncate(r.content, settings.max_tool_response_length,
+                                                           settings.tool_response_truncate_side)) for r in results]
+        messages = [tool_message(r) for r in results]
+        messages += [{"role": "tool", "name": "error", "content": f"Error: {e}"} for e in parsed.errors]
+        return Reply(messages, results=results, parse_errors=len(parsed.errors))
+
+    return reply
 
 
 def run_turns(sampler, state: Any, tokenizer: Any, prompts: Sequence[Sequence[int]], settings: TurnSettings,
               key: jax.Array, eos_token_ids: Sequence[int], row_ids: Sequence[int] | None = None,
-              ) -> tuple[list[Trajectory], TurnTimings]:
+              replies: Sequence[ReplyFn] | None = None) -> tuple[list[Trajectory], TurnTimings]:
     """Multi-turn rollouts of ``prompts`` (token ids, the generation prompt included) on a ``ConversationSampler``.
 
-    ``row_ids`` key each trajectory's random stream (default: its index); the batch is padded with empty rows to
-    the sampler's data-parallel shard count.
+    ``replies`` answer each row's turns (default: ``tool_reply(settings)`` for every row; environments:
+    ``agents.environment.environment_reply``); they run at the same time for all rows. ``row_ids`` key each
+    trajectory's random stream (default: its index); the batch is padded with empty rows to the sampler's
+    data-parallel shard count.
     """
     trajs = [Trajectory(prompt_ids=[int(t) for t in p]) for p in prompts]
     real = len(trajs)
@@ -118,6 +144,7 @@ def run_turns(sampler, state: Any, tokenizer: Any, prompts: Sequence[Sequence[in
     eos = {int(e) for e in eos_token_ids}
     timings = TurnTimings()
     pad = [[] for _ in range(rows - real)]
+    replies = list(replies) if replies is not None else [tool_reply(settings)] * real
 
     t0 = time.perf_counter()
     conv = sampler.start(state, rows)
@@ -134,7 +161,7 @@ def run_turns(sampler, state: Any, tokenizer: Any, prompts: Sequence[Sequence[in
             conv, out = sampler.decode(state, conv, limit, start, ids, key)
             timings.decode_s += time.perf_counter() - t0
 
-            parsed: dict[int, ParsedCalls] = {}
+            texts: dict[int, tuple[str, bool]] = {}
             for i, traj in enumerate(trajs):
                 if traj.done:
                     continue
@@ -142,31 +169,33 @@ def run_turns(sampler, state: Any, tokenizer: Any, prompts: Sequence[Sequence[in
                 traj.extend(tokens, True, out.logprobs[i, :out.count[i]].tolist())
                 traj.turns += 1
                 traj.finished = bool(out.stopped[i]) and bool(tokens) and tokens[-1] in eos
-                calls = parse_tool_calls(tokenizer.decode(tokens, skip_special_tokens=False), settings.format)
-                last_turn = turn + 1 >= settings.max_assistant_turns or traj.tool_turns >= settings.max_user_turns
-                if (not calls.calls and not calls.errors) or last_turn or len(traj.response_ids) >= settings.response_length:
-                    traj.done = True
-                else:
-                    parsed[i] = calls
-            if not parsed:
-                continue
+                last_turn = (turn + 1 >= settings.max_assistant_turns or traj.tool_turns >= settings.max_user_turns
+                             or len(traj.response_ids) >= settings.response_length)
+                texts[i] = (tokenizer.decode(tokens, skip_special_tokens=False), last_turn)
 
             t0 = time.perf_counter()
-            futures = {i: pool.submit(_run_row_calls, p, settings) for i, p in parsed.items()}
+            futures = {i: pool.submit(replies[i], text, last) for i, (text, last) in texts.items()}
             answers = {i: f.result() for i, f in futures.items()}
             timings.tool_wait_s += time.perf_counter() - t0
 
             new_rows: list[list[int]] = [[] for _ in range(rows)]
-            for i, (results, messages) in answers.items():
+            for i, reply in answers.items():
                 traj = trajs[i]
-                traj.stats.add(results, len(parsed[i].errors))
-                suffix = tool_suffix_ids(tokenizer, messages, traj.response_ids[-1] in eos)
+                if reply is not None:
+                    traj.stats.add(reply.results, reply.parse_errors)
+                    traj.turn_rewards.append(float(reply.reward))
+                if reply is None or reply.done or texts[i][1]:
+                    traj.done = True
+                    continue
+                suffix = tool_suffix_ids(tokenizer, reply.messages, traj.response_ids[-1] in eos)
                 if len(traj.response_ids) + len(suffix) >= settings.response_length:
                     traj.done = True  # no room for the response and another assistant token
                     continue
                 traj.extend(suffix, False)
                 traj.tool_turns += 1
                 new_rows[i] = suffix
+            if not any(new_rows):
+                continue
             t0 = time.perf_counter()
             conv = sampler.append(state, conv, new_rows)
             timings.append_s += time.perf_counter() - t0

@@ -1,0 +1,126 @@
+"""Environments: ``reset(task) -> observation`` and ``step(action) -> (observation, reward, done, info)``, registered
+by name or loaded from a user's file, and the reply function that puts one into the multi-turn loop.
+
+An environment's observations reach the model as ``user`` messages rendered by the chat template (not trained,
+like tool responses); its rewards are recorded per turn on the trajectory. Built-in: ``guess_number``, a game
+whose reward needs several moves (the model hears "higher" / "lower" after each guess).
+
+Load one with ``load_environment("guess_number")`` or ``load_environment("/path/to/envs.py:MyEnv")`` (a class
+with a no-argument constructor); a missing file or class is a one-line ``ValueError`` naming ``key``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import os
+import re
+import sys
+from typing import Callable
+
+from rlhf_jax.agents.turns import Reply, ReplyFn
+
+
+@dataclasses.dataclass(frozen=True)
+class StepResult:
+    observation: str
+    reward: float
+    done: bool
+    info: dict = dataclasses.field(default_factory=dict)
+
+
+class Environment:
+    """Base class of environments; one instance plays one trajectory."""
+
+    def reset(self, task: dict) -> str:
+        raise NotImplementedError
+
+    def step(self, action: str) -> StepResult:
+        raise NotImplementedError
+
+
+_ENVIRONMENTS: dict[str, type] = {}
+
+
+def register_environment(name: str) -> Callable[[type], type]:
+    def deco(cls: type) -> type:
+        _ENVIRONMENTS[name] = cls
+        return cls
+    return deco
+
+
+def environment_names() -> tuple[str, ...]:
+    return tuple(sorted(_ENVIRONMENTS))
+
+
+def load_environment(spec: str, key: str = "environment") -> type:
+    """The environment class a registered name or ``path.py:ClassName`` names."""
+    if ":" not in spec:
+        if spec not in _ENVIRONMENTS:
+            raise ValueError(f"{key}={spec!r} is not a registered environment (registered: "
+                             f"{', '.join(environment_names())}); or give path/to/file.py:ClassName")
+        return _ENVIRONMENTS[spec]
+    path, name = spec.rsplit(":", 1)
+    path = os.path.abspath(os.path.expanduser(path))
+    if not os.path.isfile(path):
+        raise ValueError(f"{key}: file not found: {path}")
+    module_name = f"rlhf_jax_env_{abs(hash(path))}"
+    module = sys.modules.get(module_name)
+    if module is None:
+        loader_spec = importlib.util.spec_from_file_location(module_name, path)
+        module = importlib.util.module_from_spec(loader_spec)
+        try:
+            loader_spec.loader.exec_module(module)
+        except Exception as e:  # noqa: BLE001 - the user's file: one line, not a traceback
+            raise ValueError(f"{key}: importing {path} failed: {type(e).__name__}: {e}") from None
+        sys.modules[module_name] = module
+    cls = getattr(module, name, None)
+    if not isinstance(cls, type):
+        raise ValueError(f"{key}: {path} defines no class named {name!r}")
+    return cls
+
+
+def environment_reply(env: Environment) -> ReplyFn:
+    """Each turn's text is the environment's action; its observation follows as a user message."""
+    def reply(text: str, last_turn: bool) -> Reply:
+        result = env.step(text)
+        return Reply([{"role": "user", "content": result.observation}], done=bool(result.done),
+                     reward=float(result.reward))
+    return reply
+
+
+_INTEGER = re.compile(r"-?\d+")
+
+
+@register_environment("guess_number")
+class GuessNumber(Environment):
+    """Find ``secret`` in [low, high]; each move is the last integer of the model's turn. Reward 1 for the right
+    number (the game ends), 0 otherwise; ``max_moves`` guesses at most."""
+
+    def reset(self, task: dict) -> str:
+        self.secret, self.low, self.high = int(task["secret"]), int(task.get("low", 1)), int(task.get("high", 100))
+        self.max_moves, self.moves = int(task.get("max_moves", 8)), 0
+        return (f"I am thinking of an integer between {self.low} and {self.high}. Guess it: answer with one number; "
+                "I will say higher or lower.")
+
+    def step(self, action: str) -> StepResult:
+        self.moves += 1
+        found = _INTEGER.findall(action)
+        out_of_moves = self.moves >= self.max_moves
+        if not found:
+            return StepResult("Answer with one integer.", 0.0, out_of_moves, {"valid": False})
+        guess = int(found[-1])
+        if guess == self.secret:
+            return StepResult("Correct!", 1.0, True, {"moves": self.moves})
+        hint = "Higher." if guess < self.secret else "Lower."
+        return StepResult(hint, 0.0, out_of_moves, {"moves": self.moves})
+
+
+def make_environments(cls: type, tasks: list[dict]) -> tuple[list[Environment], list[str]]:
+    """One environment per task, reset; their first observations."""
+    envs = [cls() for _ in tasks]
+    return envs, [env.reset(task) for env, task in zip(envs, tasks)]
+
+
+__all__ = ["Environment", "GuessNumber", "StepResult", "environment_names", "environment_reply", "load_environment",
+           "make_environments", "register_environment"]
