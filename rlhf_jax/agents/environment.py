@@ -98,7 +98,8 @@ class GuessNumber(Environment):
     number (the game ends), 0 otherwise; ``max_moves`` guesses at most."""
 
     def reset(self, task: dict) -> str:
-        self.secret, self.low, self.high = int(task["secret"]), int(task.get("low", 1)), int(task.get("high", 100))
+        secret = task["secret"] if "secret" in task else task["ground_truth"]  # a data row's ground truth
+        self.secret, self.low, self.high = int(secret), int(task.get("low", 1)), int(task.get("high", 100))
         self.max_moves, self.moves = int(task.get("max_moves", 8)), 0
         return (f"I am thinking of an integer between {self.low} and {self.high}. Guess it: answer with one number; "
                 "I will say higher or lower.")

@@ -18,6 +18,7 @@ import dataclasses
 import os
 from typing import Any
 
+from rlhf_jax.agents.environment import load_environment
 from rlhf_jax.agents.tool_calls import _PARSERS
 from rlhf_jax.agents.tools import Tool, get_tool, tool_names
 from rlhf_jax.agents.turns import TurnSettings
@@ -77,9 +78,11 @@ def turn_settings(mt: Any, response_length: int) -> TurnSettings:
     tools = [_tool(name, f"{KEY}.tools") for name in (get("tools") or ())]
     if get("tool_config_path"):
         tools += tools_from_file(str(get("tool_config_path")))
-    if not tools:
+    if get("environment"):
+        load_environment(str(get("environment")), f"{KEY}.environment")
+    elif not tools:
         raise ValueError(f"{KEY}.enable=True needs tools: set {KEY}.tools (e.g. ['calculator']) or "
-                         f"{KEY}.tool_config_path")
+                         f"{KEY}.tool_config_path, or an environment ({KEY}.environment)")
     names = [t.name for t in tools]
     if len(set(names)) != len(names):
         raise ValueError(f"{KEY}: tool {next(n for n in names if names.count(n) > 1)!r} is listed twice")

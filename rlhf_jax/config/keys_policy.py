@@ -193,6 +193,8 @@ MULTI_TURN = (
     Key(_MT + "tool_response_truncate_side", "middle", "Which part of a long tool output is kept.",
         choices=("left", "right", "middle")),
     Key(_MT + "tool_timeout_s", 30.0, "Seconds a tool call may run before it returns a timeout error."),
+    Key(_MT + "environment", None, "An environment (registered name, e.g. guess_number, or path.py:Class) that "
+        "answers each turn; reset(task) gives the prompt, its summed rewards are the score.", type=str),
 )
 
 KEYS: tuple[Key, ...] = MODEL + ACTOR + REF + ROLLOUT + MULTI_TURN

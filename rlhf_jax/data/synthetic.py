@@ -197,8 +197,20 @@ def make_arithmetic_preferences(n: int, seed: int = 0, *, max_offset: int = 3, s
     return rows
 
 
+def make_guess_number(n: int, seed: int = 0, *, max_value: int = 100, max_steps: int = 8,
+                      split: str = "train") -> list[dict[str, Any]]:
+    """`n` tasks of the ``guess_number`` environment (agents/environment.py): a secret in [1, max_value] as the
+    ground truth, ``max_steps`` guesses; the prompt is the environment's (this row's text only describes it)."""
+    if max_value < 1 or max_steps < 1:
+        raise ValueError(f"guess_number: need max_value >= 1 and max_steps >= 1, got {max_value}, {max_steps}")
+    rng = random.Random(seed)
+    return [_row("guess_number", "game", f"Guess an integer between 1 and {max_value}.", rng.randint(1, max_value),
+                 {"split": split, "index": i, "low": 1, "high": max_value, "max_moves": max_steps})
+            for i in range(n)]
+
+
 GENERATORS = {"arithmetic": make_arithmetic, "countdown": make_countdown, "word_problems": make_word_problems,
-              "arithmetic_preferences": make_arithmetic_preferences}
+              "arithmetic_preferences": make_arithmetic_preferences, "guess_number": make_guess_number}
 
 
 def generate(task: str, out_dir: str, *, train_size: int, test_size: int, seed: int, **knobs: Any) -> list[str]:

@@ -14,9 +14,11 @@ from typing import Any
 import numpy as np
 from jax.sharding import Mesh
 
-from rlhf_jax.agents.settings import turn_settings
+from rlhf_jax.agents.environment import environment_reply, load_environment, make_environments
+from rlhf_jax.agents.settings import KEY, turn_settings
 from rlhf_jax.agents.turns import Trajectory, TurnTimings, run_turns
 from rlhf_jax.data import PromptBatch
+from rlhf_jax.data.prompts import render_prompt
 from rlhf_jax.rollout.conversation_sampler import ConversationSampler
 from rlhf_jax.rollout.decode import RolloutBatch
 from rlhf_jax.rollout.params import SamplingParams
@@ -43,9 +45,13 @@ class MultiTurnRollout:
         self.settings = turn_settings(mt, int(cfg.actor_rollout_ref.rollout.response_length))
         self.graphdef, self.model_config, self.tok = graphdef, model_config, tokenizer
         self.mesh, self.rules = mesh, rules
-        self.capacity = int(prompt_length) + self.settings.response_length
+        self.prompt_length = int(prompt_length)
+        self.capacity = self.prompt_length + self.settings.response_length
         self.stops = stop_sequences(tokenizer, self.settings.format)
         self._samplers: dict[SamplingParams, ConversationSampler] = {}
+        self.env_cls = load_environment(mt.environment, f"{KEY}.environment") if mt.environment else None
+        self.data_cfg = cfg.data
+        self._scores: np.ndarray | None = None  # the last rollout's environment scores, until taken
 
     def tool_schemas(self) -> list[dict]:
         return [t.schema() for t in self.settings.tools]
@@ -64,22 +70,52 @@ class MultiTurnRollout:
         n = sampling.n
         mask = pb.attention_mask.astype(bool)
         prompts = [pb.input_ids[b][mask[b]].tolist() for b in range(len(pb)) for _ in range(n)]
+        replies = None
+        if self.env_cls is not None:  # the environments' first observations are the prompts
+            tasks = [{"ground_truth": gt, **dict(extra or {})} for gt, extra in zip(pb.ground_truth, pb.extra_info)
+                     for _ in range(n)]
+            envs, observations = make_environments(self.env_cls, tasks)
+            prompts = [self._render(o) for o in observations]
+            replies = [environment_reply(e) for e in envs]
         start = time.perf_counter()
         trajs, timings = run_turns(self.sampler(sampling), params, self.tok, prompts, self.settings, key,
-                                   sampling.eos_token_ids)
+                                   sampling.eos_token_ids, replies=replies)
         seconds = time.perf_counter() - start
-        arrays = self._arrays(pb, trajs, sampling)
+        arrays = self._arrays(prompts, trajs, sampling)
         batch = RolloutBatch(**{k: to_global(self.mesh, v) for k, v in arrays.items()})
-        return batch, metrics(trajs, timings, seconds)
+        out = metrics(trajs, timings, seconds)
+        if self.env_cls is not None:
+            self._scores = np.asarray([sum(t.turn_rewards) for t in trajs], np.float32)
+            out["multi_turn/env_reward/mean"] = float(self._scores.mean())
+        return batch, out
 
-    def _arrays(self, pb: PromptBatch, trajs: list[Trajectory], sampling: SamplingParams) -> dict[str, np.ndarray]:
+    def take_scores(self) -> np.ndarray | None:
+        """The last rollout's environment scores (N,), once (None without an environment)."""
+        scores, self._scores = self._scores, None
+        return scores
+
+    def _render(self, observation: str) -> list[int]:
+        """An environment's first observation as the prompt: a user message through the chat template."""
+        kwargs = {**dict(self.data_cfg.apply_chat_template_kwargs or {}),
+                  **({"tools": self.tool_schemas()} if self.settings.tools else {})}
+        text, special = render_prompt(observation, self.tok, "native", self.data_cfg.system_prompt or None, kwargs)
+        ids = list(self.tok.encode(text, add_special_tokens=special))
+        if len(ids) > self.prompt_length:
+            raise ValueError(f"{KEY}.environment: the first observation is {len(ids)} tokens, longer than "
+                             f"data.max_prompt_length={self.prompt_length}; raise data.max_prompt_length")
+        return ids
+
+    def _arrays(self, prompts: list[list[int]], trajs: list[Trajectory],
+                sampling: SamplingParams) -> dict[str, np.ndarray]:
         N, R = len(trajs), self.settings.response_length
-        out = {"prompts": np.repeat(pb.input_ids.astype(np.int32), sampling.n, 0),
-               "prompt_mask": np.repeat(pb.attention_mask.astype(np.int32), sampling.n, 0),
+        P = max(len(p) for p in prompts)
+        out = {"prompts": np.full((N, P), sampling.pad_token_id, np.int32), "prompt_mask": np.zeros((N, P), np.int32),
                "responses": np.full((N, R), sampling.pad_token_id, np.int32),
                "response_mask": np.zeros((N, R), np.int32), "logprobs": np.zeros((N, R), np.float32),
                "finished": np.zeros((N,), bool), "response_valid": np.zeros((N, R), np.int32)}
-        for i, t in enumerate(trajs):
+        for i, (p, t) in enumerate(zip(prompts, trajs)):
+            out["prompts"][i, P - len(p):] = p
+            out["prompt_mask"][i, P - len(p):] = 1
             r = len(t.response_ids)
             out["responses"][i, :r] = t.response_ids
             out["response_mask"][i, :r] = t.loss_mask

@@ -264,6 +264,9 @@ class Trainer(CheckpointMixin, ExperienceMixin):
                n: int) -> tuple[np.ndarray, dict, list[str], dict[str, np.ndarray]]:
         texts = decode_responses(self.tok, responses, rmask)
         rep = lambda xs: [x for x in xs for _ in range(n)]  # noqa: E731  prompt-major, as the sampler orders rows
+        env_scores = self.multi_turn.take_scores() if self.multi_turn is not None else None
+        if env_scores is not None:  # an environment's rewards (multi_turn.environment) are the scores
+            return env_scores, {}, texts, {}
         if self.reward_model is not None:  # as in verl: the reward model's score replaces rule-based scoring
             return self.reward_model.score_texts(rep(pb.raw_prompt), texts), {}, texts, {}
         result = self.reward_manager.score(rep(pb.data_source), texts, rep(pb.ground_truth), rep(pb.extra_info),

@@ -60,7 +60,23 @@ def test_cli_grpo_with_the_calculator_tool(tmp_path):
         assert f"multi_turn/{name}" in rows[-1], name
 
 
+def test_grpo_with_an_environment_scores_by_its_rewards(tmp_path):
+    """The guessing game: its first observation is the prompt, its per-turn rewards summed are the score."""
+    cfg = make_config(str(tmp_path), "grpo", **{
+        **TURNS, MT + "tools": (), MT + "environment": "guess_number", "data.max_prompt_length": 160,
+        "data.train_files": ("builtin:guess_number?max_value=3&max_steps=3&train_size=16",),
+        "data.val_files": ("builtin:guess_number?max_value=3&max_steps=3&test_size=4",)})
+    trainer = Trainer(cfg)
+    trainer.fit()
+    for row in read_metrics(str(tmp_path))[1:]:
+        assert row["critic/score/mean"] == pytest.approx(row["multi_turn/env_reward/mean"])
+        assert row["multi_turn/num_turns/mean"] >= 1 and row["multi_turn/tool_calls/max"] == 0
+        assert math.isfinite(row["actor/pg_loss"])
+
+
 @pytest.mark.parametrize("overrides, message", [
+    ({MT + "environment": "/no/such/envs.py:Maze"}, "multi_turn.environment: file not found"),
+    ({MT + "environment": "maze"}, "multi_turn.environment='maze' is not a registered environment"),
     ({MT + "tools": ("calculator", "no_such_tool")}, "multi_turn.tools names tool 'no_such_tool', which is not "
                                                      "registered"),
     ({MT + "max_assistant_turns": 0}, "multi_turn.max_assistant_turns=0 must be >= 1"),
