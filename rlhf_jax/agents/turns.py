@@ -137,7 +137,7 @@ def run_turns(sampler, state: Any, tokenizer: Any, prompts: Sequence[Sequence[in
     """
     trajs = [Trajectory(prompt_ids=[int(t) for t in p]) for p in prompts]
     real = len(trajs)
-    shards = sampler._shards(state).count
+    shards = sampler.shard_count(state)
     rows = -(-real // shards) * shards
     ids = list(row_ids) if row_ids is not None else list(range(real))
     ids += [0] * (rows - real)

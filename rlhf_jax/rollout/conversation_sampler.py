@@ -63,6 +63,10 @@ class ConversationSampler:
             self._shards_of[mesh] = BatchShards(mesh, self.rules, self.num_kv_heads)
         return self._shards_of[mesh]
 
+    def shard_count(self, state: Any) -> int:
+        """Data-parallel shards the rows split over (a batch is padded to a multiple of it)."""
+        return self._shards(state).count
+
     def _rows(self, shards: BatchShards, x, ndim: int):
         return jax.device_put(x, NamedSharding(shards.mesh, shards.rows(ndim)))
 
