@@ -73,7 +73,8 @@ class ChatClient:
         limit = min(max_tokens or self.max_tokens, self.sampler.turn_len, self.sampler.capacity - len(prompt))
         if limit < 1:
             raise ValueError(f"the conversation ({len(prompt)} tokens) fills the sampler's capacity "
-                             f"({self.sampler.capacity}); start a new client or raise the capacity")
+                             f"({self.sampler.capacity}; in training data.max_prompt_length + rollout.response_length): "
+                             "raise it or shorten the episode")
         conv = self.sampler.append(self.state, self.sampler.start(self.state, rows), [prompt] + [[]] * (rows - 1))
         start = sum(len(c.response_ids) for c in self.calls)  # fresh draws for every call of the episode
         _, out = self.sampler.decode(self.state, conv, [limit] + [0] * (rows - 1), [start] + [0] * (rows - 1),

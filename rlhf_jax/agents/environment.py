@@ -12,12 +12,10 @@ with a no-argument constructor); a missing file or class is a one-line ``ValueEr
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
-import os
 import re
-import sys
 from typing import Callable
 
+from rlhf_jax.agents.loading import load_from_file
 from rlhf_jax.agents.turns import Reply, ReplyFn
 
 
@@ -60,23 +58,9 @@ def load_environment(spec: str, key: str = "environment") -> type:
             raise ValueError(f"{key}={spec!r} is not a registered environment (registered: "
                              f"{', '.join(environment_names())}); or give path/to/file.py:ClassName")
         return _ENVIRONMENTS[spec]
-    path, name = spec.rsplit(":", 1)
-    path = os.path.abspath(os.path.expanduser(path))
-    if not os.path.isfile(path):
-        raise ValueError(f"{key}: file not found: {path}")
-    module_name = f"rlhf_jax_env_{abs(hash(path))}"
-    module = sys.modules.get(module_name)
-    if module is None:
-        loader_spec = importlib.util.spec_from_file_location(module_name, path)
-        module = importlib.util.module_from_spec(loader_spec)
-        try:
-            loader_spec.loader.exec_module(module)
-        except Exception as e:  # noqa: BLE001 - the user's file: one line, not a traceback
-            raise ValueError(f"{key}: importing {path} failed: {type(e).__name__}: {e}") from None
-        sys.modules[module_name] = module
-    cls = getattr(module, name, None)
+    cls = load_from_file(spec, key)
     if not isinstance(cls, type):
-        raise ValueError(f"{key}: {path} defines no class named {name!r}")
+        raise ValueError(f"{key}: {spec.rsplit(':', 1)[0]} defines no class named {spec.rsplit(':', 1)[1]!r}")
     return cls
 
 

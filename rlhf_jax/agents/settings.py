@@ -20,6 +20,7 @@ from typing import Any
 
 from rlhf_jax.agents.environment import load_environment
 from rlhf_jax.agents.tool_calls import _PARSERS
+from rlhf_jax.agents.workflows import load_workflow
 from rlhf_jax.agents.tools import Tool, get_tool, tool_names
 from rlhf_jax.agents.turns import TurnSettings
 
@@ -78,11 +79,15 @@ def turn_settings(mt: Any, response_length: int) -> TurnSettings:
     tools = [_tool(name, f"{KEY}.tools") for name in (get("tools") or ())]
     if get("tool_config_path"):
         tools += tools_from_file(str(get("tool_config_path")))
+    if get("environment") and get("workflow"):
+        raise ValueError(f"{KEY}.environment and {KEY}.workflow are both set: a trajectory is driven by one of them")
     if get("environment"):
         load_environment(str(get("environment")), f"{KEY}.environment")
+    elif get("workflow"):
+        load_workflow(str(get("workflow")), f"{KEY}.workflow")
     elif not tools:
         raise ValueError(f"{KEY}.enable=True needs tools: set {KEY}.tools (e.g. ['calculator']) or "
-                         f"{KEY}.tool_config_path, or an environment ({KEY}.environment)")
+                         f"{KEY}.tool_config_path, or an environment ({KEY}.environment) or a workflow ({KEY}.workflow)")
     names = [t.name for t in tools]
     if len(set(names)) != len(names):
         raise ValueError(f"{KEY}: tool {next(n for n in names if names.count(n) > 1)!r} is listed twice")

@@ -195,6 +195,8 @@ MULTI_TURN = (
     Key(_MT + "tool_timeout_s", 30.0, "Seconds a tool call may run before it returns a timeout error."),
     Key(_MT + "environment", None, "An environment (registered name, e.g. guess_number, or path.py:Class) that "
         "answers each turn; reset(task) gives the prompt, its summed rewards are the score.", type=str),
+    Key(_MT + "workflow", None, "A workflow fn(client, task) -> reward (registered name or path.py:function) that "
+        "drives the policy through an OpenAI-style client; its episode is trained with that reward.", type=str),
 )
 
 KEYS: tuple[Key, ...] = MODEL + ACTOR + REF + ROLLOUT + MULTI_TURN

@@ -75,7 +75,7 @@ READERS: dict[str, tuple[str, ...]] = {
     "rlhf_jax.agents.settings": tuple(_A + "rollout.multi_turn." + k for k in (
         "max_assistant_turns", "max_user_turns", "max_tokens_per_turn", "tools", "tool_config_path", "format",
         "max_parallel_calls", "max_tool_response_length", "tool_response_truncate_side", "tool_timeout_s",
-        "environment")),
+        "environment", "workflow")),
     "rlhf_jax.train.trackers": ("trainer.project_name", "trainer.experiment_name"),
     "rlhf_jax.rollout.params": tuple(_A + "rollout." + k for k in (  # SamplingParams.from_config
         "n", "temperature", "top_k", "top_p", "do_sample", "response_length", "ignore_eos", "min_new_tokens", "seed",

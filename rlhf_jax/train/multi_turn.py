@@ -4,19 +4,26 @@
 ``response_mask`` marks the sampled tokens (trained), ``response_valid`` every response token (the attention
 mask's response part). Runs the turn loop of ``agents.turns`` on a ``ConversationSampler`` over the actor's
 weights (one program, no copy), on the training mesh, in one process. Metrics go under ``multi_turn/``.
+
+Three drivers: tool calls (the data's prompts; the reward manager scores), an environment (its first observation
+is the prompt; its summed rewards are the scores) and a workflow (a user's agent on an OpenAI-style client per
+task; its episode, one token sequence, is trained with the reward it returns).
 """
 
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 from jax.sharding import Mesh
 
+from rlhf_jax.agents.client import ChatClient
 from rlhf_jax.agents.environment import environment_reply, load_environment, make_environments
 from rlhf_jax.agents.settings import KEY, turn_settings
 from rlhf_jax.agents.turns import Trajectory, TurnTimings, run_turns
+from rlhf_jax.agents.workflows import load_workflow
 from rlhf_jax.data import PromptBatch
 from rlhf_jax.data.prompts import render_prompt
 from rlhf_jax.rollout.conversation_sampler import ConversationSampler
@@ -50,6 +57,7 @@ class MultiTurnRollout:
         self.stops = stop_sequences(tokenizer, self.settings.format)
         self._samplers: dict[SamplingParams, ConversationSampler] = {}
         self.env_cls = load_environment(mt.environment, f"{KEY}.environment") if mt.environment else None
+        self.workflow = load_workflow(mt.workflow, f"{KEY}.workflow") if mt.workflow else None
         self.data_cfg = cfg.data
         self._scores: np.ndarray | None = None  # the last rollout's environment scores, until taken
 
@@ -78,16 +86,54 @@ class MultiTurnRollout:
             prompts = [self._render(o) for o in observations]
             replies = [environment_reply(e) for e in envs]
         start = time.perf_counter()
-        trajs, timings = run_turns(self.sampler(sampling), params, self.tok, prompts, self.settings, key,
-                                   sampling.eos_token_ids, replies=replies)
+        if self.workflow is not None:
+            trajs, rewards = self._run_workflow(params, pb, sampling, key)
+            prompts, timings = [t.prompt_ids for t in trajs], TurnTimings()
+        else:
+            trajs, timings = run_turns(self.sampler(sampling), params, self.tok, prompts, self.settings, key,
+                                       sampling.eos_token_ids, replies=replies)
+            rewards = [sum(t.turn_rewards) for t in trajs] if self.env_cls is not None else None
         seconds = time.perf_counter() - start
         arrays = self._arrays(prompts, trajs, sampling)
         batch = RolloutBatch(**{k: to_global(self.mesh, v) for k, v in arrays.items()})
         out = metrics(trajs, timings, seconds)
-        if self.env_cls is not None:
-            self._scores = np.asarray([sum(t.turn_rewards) for t in trajs], np.float32)
+        if rewards is not None:  # an environment's or a workflow's rewards are the scores
+            self._scores = np.asarray(rewards, np.float32)
             out["multi_turn/env_reward/mean"] = float(self._scores.mean())
         return batch, out
+
+    def _run_workflow(self, params: Any, pb: PromptBatch, sampling: SamplingParams,
+                      key) -> tuple[list[Trajectory], list[float]]:
+        """Every task's workflow on its own client, at the same time; each episode as one trajectory."""
+        n, R = sampling.n, self.settings.response_length
+        tasks = [{"prompt": raw, "ground_truth": gt, **dict(extra or {})}
+                 for raw, gt, extra in zip(pb.raw_prompt, pb.ground_truth, pb.extra_info) for _ in range(n)]
+        sampler = self.sampler(sampling)
+        clients = [ChatClient(sampler, params, self.tok, key, eos_token_ids=sampling.eos_token_ids,
+                              max_tokens=self.settings.turn_len, parser=self.settings.format, row_id=i)
+                   for i in range(len(tasks))]
+
+        def run(i: int) -> float:
+            try:
+                return float(self.workflow(clients[i], tasks[i]))
+            except ValueError:
+                raise
+            except Exception as e:  # noqa: BLE001 - the user's code: one line naming the key
+                raise ValueError(f"{KEY}.workflow raised {type(e).__name__}: {e}") from None
+
+        with ThreadPoolExecutor(max_workers=min(len(tasks), 16)) as pool:
+            rewards = list(pool.map(run, range(len(tasks))))
+        trajs = []
+        for client in clients:
+            prompt, ids, mask, logps = client.trajectory()
+            if len(prompt) > self.prompt_length:
+                raise ValueError(f"{KEY}.workflow: an episode's first prompt is {len(prompt)} tokens, longer than "
+                                 f"data.max_prompt_length={self.prompt_length}")
+            t = Trajectory(prompt_ids=prompt, response_ids=ids[:R], loss_mask=mask[:R], logprobs=logps[:R],
+                           turns=len(client.calls), done=True)
+            t.finished = len(ids) <= R and client.calls[-1].finish_reason == "stop"
+            trajs.append(t)
+        return trajs, rewards
 
     def take_scores(self) -> np.ndarray | None:
         """The last rollout's environment scores (N,), once (None without an environment)."""

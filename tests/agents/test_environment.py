@@ -49,7 +49,7 @@ def test_environments_load_by_name_or_from_a_file(tmp_path):
     path.write_text(USER_FILE)
     cls = load_environment(f"{path}:Countdown", key="multi_turn.environment")
     assert cls.__name__ == "Countdown" and cls().reset({"start": 3}) == "Count with me from 3."
-    for spec, message in ((f"{path}:Missing", f"multi_turn.environment: {path} defines no class named 'Missing'"),
+    for spec, message in ((f"{path}:Missing", f"multi_turn.environment: {path} defines no 'Missing'"),
                           (f"{tmp_path}/nope.py:X", "multi_turn.environment: file not found"),
                           ("maze", "multi_turn.environment='maze' is not a registered environment")):
         with pytest.raises(ValueError) as err:

@@ -74,7 +74,52 @@ def test_grpo_with_an_environment_scores_by_its_rewards(tmp_path):
         assert math.isfinite(row["actor/pg_loss"])
 
 
+AGENT = '''
+import json
+
+from rlhf_jax.agents.tools import calculate
+
+
+def solve(client, task):
+    """Ask, run the calculator when called, otherwise ask to check; reward: the answer appears."""
+    messages = [{"role": "user", "content": str(task["prompt"])}]
+    tools = [{"type": "function", "function": {"name": "calculator", "parameters": {"type": "object"}}}]
+    for _ in range(3):
+        reply = client.chat.completions.create(model="policy", messages=messages, tools=tools)
+        message = reply.choices[0].message
+        messages.append({"role": "assistant", "content": message.content})
+        for call in message.tool_calls or []:
+            try:
+                result = calculate(**json.loads(call.function.arguments))
+            except Exception as e:
+                result = f"Error: {e}"
+            messages.append({"role": "tool", "content": result, "tool_call_id": call.id})
+        if not message.tool_calls:
+            messages.append({"role": "user", "content": "Again."})
+    return float(str(task["ground_truth"]) in messages[-2]["content"])
+'''
+
+
+def test_grpo_trains_a_workflow_agent_written_against_the_openai_client(tmp_path):
+    path = tmp_path / "agent.py"
+    path.write_text(AGENT)
+    cfg = make_config(str(tmp_path / "run"), "grpo", **{**TURNS, MT + "tools": (), MT + "workflow": f"{path}:solve",
+                                                         "data.max_response_length": 200, "data.max_prompt_length": 64})
+    trainer = Trainer(cfg)
+    trainer.fit()
+    rows = read_metrics(str(tmp_path / "run"))
+    for row in rows[1:]:
+        assert row["critic/score/mean"] == pytest.approx(row["multi_turn/env_reward/mean"])
+        assert row["multi_turn/num_turns/mean"] == 3  # three client calls per episode
+        assert 0 < row["multi_turn/masked_token_fraction"] < 1  # the agent's own messages are not trained
+        assert math.isfinite(row["actor/pg_loss"]) and math.isfinite(row["actor/grad_norm"])
+    sampler = next(iter(trainer.multi_turn._samplers.values()))
+    assert sampler.decoded_tokens > 0
+
+
 @pytest.mark.parametrize("overrides, message", [
+    ({MT + "workflow": "/no/such/agent.py:solve"}, "multi_turn.workflow: file not found"),
+    ({MT + "workflow": "solve"}, "multi_turn.workflow='solve' is not a registered workflow"),
     ({MT + "environment": "/no/such/envs.py:Maze"}, "multi_turn.environment: file not found"),
     ({MT + "environment": "maze"}, "multi_turn.environment='maze' is not a registered environment"),
     ({MT + "tools": ("calculator", "no_such_tool")}, "multi_turn.tools names tool 'no_such_tool', which is not "
