@@ -1,14 +1,23 @@
-"""Tools for agentic rollouts: tool-call parsing, a tool registry with built-ins, and a concurrent executor.
+"""Agentic rollouts: tools, tool-call parsing, the multi-turn loop, environments, workflows and a chat client.
 
-These are the host-side parts of a multi-turn rollout: the model's text is parsed into tool calls
-(``parse_tool_calls``), the calls run concurrently with timeouts (``run_tool_calls``), and every fault
-(malformed call, unknown tool, a tool that raises or hangs) comes back as an error message for the model
-instead of stopping the run.
+Host-side pieces around the sampler: the model's text is parsed into tool calls (``parse_tool_calls``), the calls
+run concurrently with timeouts (``run_tool_calls``; every fault comes back to the model as an error message), and
+``run_turns`` drives a batch of conversations on a ``rollout.ConversationSampler`` (decode a turn, answer it with
+tool results or an ``Environment``'s observation, continue from the device KV cache). ``ChatClient`` offers
+``client.chat.completions.create`` over the same sampler for agents written against the OpenAI API
+(``workflows``), recording the exact token ids and log-probs.
 """
 
 from rlhf_jax.agents.executor import ToolResult, ToolStats, run_tool_calls, tool_message
 from rlhf_jax.agents.tool_calls import ParsedCalls, ToolCall, parse_tool_calls, register_parser
 from rlhf_jax.agents.tools import Tool, get_tool, register_tool, tool_names
+from rlhf_jax.agents.turns import Reply, Trajectory, TurnSettings, run_turns, tool_reply
+from rlhf_jax.agents.environment import (Environment, StepResult, environment_reply, load_environment,  # noqa: I001
+                                         register_environment)
+from rlhf_jax.agents.client import ChatClient
+from rlhf_jax.agents.workflows import load_workflow, register_workflow
 
-__all__ = ["ParsedCalls", "Tool", "ToolCall", "ToolResult", "ToolStats", "get_tool", "parse_tool_calls",
-           "register_parser", "register_tool", "run_tool_calls", "tool_message", "tool_names"]
+__all__ = ["ChatClient", "Environment", "ParsedCalls", "Reply", "StepResult", "Tool", "ToolCall", "ToolResult",
+           "ToolStats", "Trajectory", "TurnSettings", "environment_reply", "get_tool", "load_environment",
+           "load_workflow", "parse_tool_calls", "register_environment", "register_parser", "register_tool",
+           "register_workflow", "run_tool_calls", "run_turns", "tool_message", "tool_names", "tool_reply"]

@@ -12,7 +12,7 @@ from rlhf_jax.agents.tools import get_tool
 from rlhf_jax.rollout import SamplingParams, generate, rollout_key
 from rlhf_jax.rollout.conversation_sampler import ConversationSampler
 
-from .test_turns import _state, checkpoints  # noqa: F401 - the fixture
+from .test_turns import _state
 
 
 def agent(client, question: str, rounds: int = 3) -> list[dict]:
@@ -32,7 +32,7 @@ def agent(client, question: str, rounds: int = 3) -> list[dict]:
     return messages
 
 
-def test_agent_calls_are_recorded_exactly_and_form_one_sequence(checkpoints):  # noqa: F811
+def test_agent_calls_are_recorded_exactly_and_form_one_sequence(checkpoints):
     from transformers import AutoTokenizer
 
     from rlhf_jax.models import from_pretrained

@@ -11,7 +11,7 @@ from rlhf_jax.agents.turns import TurnSettings, run_turns
 from rlhf_jax.rollout import SamplingParams, generate, rollout_key
 from rlhf_jax.rollout.conversation_sampler import ConversationSampler
 
-from .test_turns import _prompts, _runs, _state, checkpoints  # noqa: F401 - the fixture
+from .test_turns import _runs, _state
 
 USER_FILE = '''
 from rlhf_jax.agents.environment import Environment, StepResult
@@ -57,7 +57,7 @@ def test_environments_load_by_name_or_from_a_file(tmp_path):
         assert message in str(err.value) and "\n" not in str(err.value)
 
 
-def test_an_environment_drives_the_turns(checkpoints, tmp_path):  # noqa: F811
+def test_an_environment_drives_the_turns(checkpoints, tmp_path):
     from transformers import AutoTokenizer
 
     from rlhf_jax.models import from_pretrained

@@ -14,8 +14,6 @@ from rlhf_jax.agents.turns import TurnSettings, run_turns
 from rlhf_jax.rollout import SamplingParams, generate, rollout_key
 from rlhf_jax.rollout.conversation_sampler import ConversationSampler
 
-from ..train.helpers import tiny_hf_checkpoint
-
 STUB = "echo_stats"
 
 
@@ -32,16 +30,6 @@ def _stub(text: str) -> str:  # deterministic, length varies with the input
 
 
 TOOLS = (Tool(STUB, "length and checksum", {"type": "object"}, _stub),)
-
-
-@pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory):
-    out = {}
-    for kind, (cfg, cls) in {"llama": ("LlamaConfig", "LlamaForCausalLM"),
-                             "qwen2": ("Qwen2Config", "Qwen2ForCausalLM")}.items():
-        # a wide init gives peaked next-token distributions: greedy paths have clear winners
-        out[kind] = tiny_hf_checkpoint(cfg, cls, str(tmp_path_factory.mktemp(kind)), initializer_range=0.25)
-    return out
 
 
 def _prompts(tokenizer, count: int, seed: int) -> list[list[int]]:
