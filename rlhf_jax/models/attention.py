@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 
 from rlhf_jax.models import attention_kernels
+from rlhf_jax.models.dots import einsum_f32
 from rlhf_jax.models.blockwise import DEFAULT_BLOCK, blockwise_attention, soft_cap, visible
 
 log = logging.getLogger(__name__)
@@ -119,7 +120,7 @@ def dense_attention(q_BTHD, k_BSKD, v_BSKD, q_slots_BT, key_valid_BS, q_seg_BT, 
     B, T, H, D = q_BTHD.shape
     S, K = k_BSKD.shape[1], k_BSKD.shape[2]
     q = q_BTHD.reshape(B, T, K, H // K, D)
-    scores = soft_cap(jnp.einsum("btkgd,bskd->bkgts", q, k_BSKD, preferred_element_type=jnp.float32) * scale, softcap)
+    scores = soft_cap(einsum_f32("btkgd,bskd->bkgts", q, k_BSKD) * scale, softcap)
     mask = visible(q_slots_BT, q_seg_BT, jnp.arange(S), key_valid_BS, kv_seg_BS, window)[:, None, None]
     # Multiplying by the mask turns the uniform softmax of a row that sees nothing into zeros.
     probs = jax.nn.softmax(jnp.where(mask, scores, jnp.finfo(jnp.float32).min), axis=-1) * mask

@@ -23,6 +23,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from rlhf_jax.models.dots import einsum_f32
+
 # Segment id bits that number the responses sharing one packed prompt (see rlhf_jax.batch.packing).
 BRANCH_BITS = 12
 
@@ -55,7 +57,7 @@ def soft_cap(x: jax.Array, cap: float | None) -> jax.Array:
 
 
 def _scores(q_blk, k_blk, softcap):
-    return soft_cap(jnp.einsum("bkgqd,bksd->bkgqs", q_blk, k_blk, preferred_element_type=jnp.float32), softcap)
+    return soft_cap(einsum_f32("bkgqd,bksd->bkgqs", q_blk, k_blk), softcap)
 
 
 def _forward_q_block(qi, q, k, v, q_slots, q_seg, key_valid, kv_seg, window, block_k, softcap):
@@ -80,7 +82,7 @@ def _forward_q_block(qi, q, k, v, q_slots, q_seg, key_valid, kv_seg, window, blo
             p = jnp.exp(s - m_safe[..., None])
             alpha = jnp.exp(m - m_safe)
             l = alpha * l + p.sum(-1)
-            pv = jnp.einsum("bkgqs,bksd->bkgqd", p.astype(v.dtype), v[ki], preferred_element_type=jnp.float32)
+            pv = einsum_f32("bkgqs,bksd->bkgqd", p.astype(v.dtype), v[ki])
             return m_new, l, alpha[..., None] * acc + pv
 
         return jax.lax.cond(mask.any(), update, lambda c: c, carry)
@@ -130,12 +132,12 @@ def _bwd(window, block_k, softcap, residuals, d_out):
                 s = _scores(q_blk, k_blk, softcap)
                 p = jnp.where(mask, jnp.exp(s - lse[qi][..., None]), 0.0)
                 dv = dv + jnp.einsum("bkgqs,bkgqd->bksd", p, g_blk)
-                dp = jnp.einsum("bkgqd,bksd->bkgqs", g_blk, v_blk, preferred_element_type=jnp.float32)
+                dp = einsum_f32("bkgqd,bksd->bkgqs", g_blk, v_blk)
                 ds = p * (dp - delta[qi][..., None])
                 if softcap is not None:  # d(cap tanh(x / cap)) / dx = 1 - tanh^2 = 1 - (s / cap)^2
                     ds = ds * (1.0 - jnp.square(s / softcap))
-                dk = dk + jnp.einsum("bkgqs,bkgqd->bksd", ds, q_blk, preferred_element_type=jnp.float32)
-                dq_blk = jnp.einsum("bkgqs,bksd->bkgqd", ds, k_blk, preferred_element_type=jnp.float32)
+                dk = dk + einsum_f32("bkgqs,bkgqd->bksd", ds, q_blk)
+                dq_blk = einsum_f32("bkgqs,bksd->bkgqd", ds, k_blk)
                 return dq.at[qi].add(dq_blk), dk, dv
 
             return jax.lax.cond(mask.any(), update, lambda c: c, carry)
