@@ -3,7 +3,7 @@
 verl's ``main_generation`` in keys and layout (``generation.yaml``, whose defaults these are):
 ``data.path`` (parquet/json/jsonl/csv or builtin:<name>), ``data.prompt_key``, ``data.n_samples``
 (responses per prompt), ``data.batch_size``, ``data.output_path``, ``model.path``, ``rollout.temperature``
-/ ``top_k`` / ``top_p`` / ``do_sample`` / ``prompt_length`` / ``response_length``; any rlhf_jax key too
+/ ``top_k`` / ``top_p`` / ``do_sample`` / ``prompt_length`` / ``response_length`` / ``dtype``; any rlhf_jax key too
 (``data.prompt_template=raw``, ``trainer.seed=7``). The output parquet has one row per prompt with
 ``data_source``, ``prompt``, ``reward_model.ground_truth``, ``extra_info`` and ``responses`` (a list of
 ``n_samples`` strings): what ``python -m rlhf_jax.evaluate`` reads.
@@ -31,6 +31,7 @@ MAPPING = {
     "rollout.do_sample": _V + "do_sample",
     "rollout.prompt_length": "data.max_prompt_length",
     "rollout.response_length": "data.max_response_length",
+    "rollout.dtype": "actor_rollout_ref.rollout.dtype",
 }
 # generation.yaml's defaults
 DEFAULTS = {"data.n_samples": 5, "data.batch_size": 128, "rollout.temperature": 1.0, "rollout.top_k": 50,
@@ -38,7 +39,7 @@ DEFAULTS = {"data.n_samples": 5, "data.batch_size": 128, "rollout.temperature": 
             "rollout.response_length": 512}
 OWN = {"data.output_path": None, "rollout.n": 1, "rollout.ignore_eos": False}
 IGNORED = ("trainer.*", "ray_kwargs.*", "actor.*", "model.external_lib", "data.trust_remote_code", "rollout._target_",
-           "rollout.name", "rollout.mode", "rollout.dtype", "rollout.gpu_memory_utilization", "rollout.enforce_eager",
+           "rollout.name", "rollout.mode", "rollout.gpu_memory_utilization", "rollout.enforce_eager",
            "rollout.free_cache_engine", "rollout.load_format", "rollout.tensor_model_parallel_size",
            "rollout.data_parallel_size", "rollout.max_num_batched_tokens", "rollout.max_model_len",
            "rollout.max_num_seqs", "rollout.log_prob_micro_batch_size*", "rollout.disable_log_stats",
@@ -74,7 +75,7 @@ def generate(cfg, output_path: str) -> list[dict]:
     from rlhf_jax.train.batching import to_local
     from rlhf_jax.train.engine import Role
     from rlhf_jax.train.generation import generate_batch, key_function
-    from rlhf_jax.train.setup import load_policy, load_tokenizer, mesh_and_rules, sampling_params
+    from rlhf_jax.train.setup import load_policy, load_tokenizer, mesh_and_rules, sampler_graphdef, sampling_params
 
     if jax.process_count() > 1:
         raise ValueError("generate runs in one process (it writes one file)")
@@ -86,7 +87,7 @@ def generate(cfg, output_path: str) -> list[dict]:
     mesh, rules = mesh_and_rules(cfg)
     sampling = sampling_params(cfg, model_path, tok, validation=True)
     policy = Role(load_policy(cfg, model_path, mesh, rules), mesh)
-    sampler = Sampler(policy.graphdef, mesh=mesh, rules=rules, max_positions=policy.config.max_position_embeddings)
+    sampler = Sampler(sampler_graphdef(cfg, policy.config, policy.task, policy.graphdef), mesh=mesh, rules=rules, max_positions=policy.config.max_position_embeddings)
     key = key_function(mesh)(sampling.seed, 0)  # the key of the trainer's validation
     rows = []
     for pb in loader_from_config(cfg.data, tok, "val", dataset=dataset):

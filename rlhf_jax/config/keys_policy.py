@@ -154,6 +154,8 @@ ROLLOUT = (
     Key(A + "rollout.min_new_tokens", 0,
         "No EOS before this many response tokens (HF's min_new_tokens), in training and validation; 0 = off."),
     Key(A + "rollout.seed", None, "Base PRNG seed of sampling; None = trainer.seed.", type=int),
+    Key(A + "rollout.dtype", None, "Compute dtype of sampling (the KV cache's too); parameters keep their dtype and "
+        "are cast at use. None = model.compute_dtype.", type=str, choices=DTYPES),
     Key(A + "rollout.max_num_seqs", None,
         "Decode slots (sequences decoded at once; a finished one is refilled from the pending samples); "
         "rounded down to a multiple of the data-parallel size. None = every sample of the batch, at most 256.",

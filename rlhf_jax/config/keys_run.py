@@ -203,6 +203,10 @@ TRAINER = (
     Key(_T + "profile_steps", None, "Steps (1-based, as logged) recorded with jax.profiler, one trace directory each "
         "under profile_dir (TensorBoard's profile tab, Perfetto); None = none.", type=tuple),
     Key(_T + "profile_dir", "${trainer.default_local_dir}/profile", "Where the profile_steps traces are written."),
+    Key(_T + "nnodes", None, "Hosts of the run (one JAX process each); must equal the number of processes. None = "
+        "that number.", type=int),
+    Key(_T + "n_gpus_per_node", None, "Devices used on each host, the first ones: nnodes x n_gpus_per_node devices "
+        "hold the mesh (mesh.rollout_devices included). None = all.", type=int),
     Key(_T + "seed", 42, "Seed of new parameters (value head), sampling and every other random choice."),
 )
 

@@ -26,13 +26,13 @@ READERS: dict[str, tuple[str, ...]] = {
         _A + "model.enable_gradient_checkpointing", _A + "model.remat_policy", _A + "model.attn_implementation",
         "critic.model.enable_gradient_checkpointing", "critic.model.remat_policy", "mesh.logical_axis_rules",
         _A + "model.lora_rank", _A + "model.lora_alpha", _A + "model.target_modules", _A + "model.lora_adapter_path",
-        "mesh.rollout_devices",
+        "mesh.rollout_devices", "trainer.n_gpus_per_node", _A + "rollout.dtype",
     ),
     "rlhf_jax.config.validate": (
         # read to fill or check other keys: the sampler's length, the clip bounds, the checkpoint count, the mesh
         "data.max_response_length", _A + "actor.clip_ratio", "trainer.remove_previous_ckpt_in_save",
         "trainer.max_critic_ckpt_to_keep", "mesh.data", "mesh.fsdp", "mesh.tensor", "mesh.expert",
-        "experience.max_staleness",
+        "experience.max_staleness", "trainer.nnodes", "trainer.n_gpus_per_node",
     ),
     "rlhf_jax.config.derive": (
         _A + "actor.ppo_mini_batch_size", _A + "actor.ppo_micro_batch_size_per_gpu", _A + "actor.ppo_epochs",

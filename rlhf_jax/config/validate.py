@@ -66,6 +66,8 @@ def _fill_defaults(cfg: ConfigDict) -> None:
         rollout.response_length = cfg.data.max_response_length
     if rollout.seed is None:
         rollout.seed = cfg.trainer.seed
+    if rollout.dtype is None:
+        rollout.dtype = arr.model.compute_dtype
     if actor.clip_ratio_low is None:
         actor.clip_ratio_low = actor.clip_ratio
     if actor.clip_ratio_high is None:
@@ -364,6 +366,24 @@ def _check_model_limits(cfg: ConfigDict, derived: ConfigDict) -> None:
             f"max_position_embeddings ({max_pos}); shorten them so they sum to at most {max_pos}")
 
 
+def used_devices(cfg: ConfigDict, num_devices: int, num_processes: int) -> int:
+    """Devices the run uses (verl's ``trainer.nnodes`` x ``n_gpus_per_node``; None = every one found).
+
+    A node is a JAX process here (one per host); ``n_gpus_per_node`` takes the first devices of each.
+    """
+    t = cfg.trainer
+    if t.nnodes is not None and t.nnodes != num_processes:
+        raise ValueError(f"trainer.nnodes={t.nnodes}, but this run has {num_processes} JAX process(es) (one per "
+                         f"node): start {t.nnodes} processes (launch/) or set trainer.nnodes={num_processes}")
+    per_process = num_devices // num_processes
+    if t.n_gpus_per_node is None:
+        return num_devices
+    if not 0 < t.n_gpus_per_node <= per_process:
+        raise ValueError(f"trainer.n_gpus_per_node={t.n_gpus_per_node}, but {per_process} device(s) were found per "
+                         f"process: set it to at most {per_process} (or leave it unset to use them all)")
+    return t.n_gpus_per_node * num_processes
+
+
 def _train_devices(cfg: ConfigDict, num_devices: int, num_processes: int) -> int:
     """Devices of the training mesh: all of them, or those left after ``mesh.rollout_devices``."""
     k = cfg.mesh.rollout_devices
@@ -482,7 +502,7 @@ def finalize(
     _check_token_budgets(out)
     _check_axis_rules(out.mesh.logical_axis_rules)
     _check_trackers_installed(out.trainer.logger)
-    train_devices = _train_devices(out, num_devices, num_processes)
+    train_devices = _train_devices(out, used_devices(out, num_devices, num_processes), num_processes)
     _experience(out)
     _shared_trunk(out)
     mesh = resolve_mesh(out.mesh.data, out.mesh.fsdp, out.mesh.tensor, train_devices, out.mesh.expert)

@@ -3,7 +3,7 @@
 :data:`ALIASES` are verl's other names for a schema key (``optim.clip_grad`` for
 ``grad_clip``, the DAPO ``reward_kwargs.overlong_buffer_cfg``): their value is
 honoured. :data:`IGNORED` keys fall in three groups: the PyTorch/Ray/vLLM
-machinery (FSDP wrapping, torch.compile, engine memory fractions, node counts),
+machinery (FSDP wrapping, torch.compile, engine memory fractions, Ray settings),
 deprecated verl aliases of keys we do have, and optional features we do not
 implement; the last group is accepted only while the feature is switched off
 (``accept``), otherwise it is an error, because silently training something else
@@ -107,6 +107,8 @@ def find_alias(path: str) -> Alias | None:
 _MESH = "sharding comes from the mesh section"
 _OFFLOAD = ("host offload is not implemented: parameters and optimizer state stay in device memory, sharded over "
             "mesh.fsdp (use more fsdp devices, bfloat16 or remat)")
+_RM_POOL = ("no separate reward-model pool: the reward model runs on the training mesh (set "
+            "reward_model.enable_resource_pool=false; its devices are those of trainer.n_gpus_per_node)")
 _ENGINE = "the sampler is the built-in JAX decode loop that reads the actor's parameters directly"
 
 IGNORED: tuple[Ignored, ...] = (
@@ -175,8 +177,6 @@ IGNORED: tuple[Ignored, ...] = (
     Ignored("actor_rollout_ref.rollout.name", _ENGINE),
     Ignored("actor_rollout_ref.rollout.mode", "the sampler runs inside the training program (sync and async give the "
             "same samples)", _is("sync", "async")),
-    Ignored("actor_rollout_ref.rollout.dtype", "the sampler reads the actor's arrays and computes in "
-            "actor_rollout_ref.model.compute_dtype"),
     Ignored("actor_rollout_ref.rollout.gpu_memory_utilization", "the KV cache is sized from the batch and lengths"),
     Ignored("actor_rollout_ref.rollout.enforce_eager", "no CUDA graphs: the decode loop is jit-compiled"),
     Ignored("actor_rollout_ref.rollout.free_cache_engine", "the KV cache is freed after each rollout"),
@@ -222,8 +222,6 @@ IGNORED: tuple[Ignored, ...] = (
     Ignored("reward_model.reward_kwargs.overlong_buffer_cfg.log", "overlong-penalty metrics are always logged"),
     Ignored("algorithm.use_pf_ppo", "prioritized-replay PPO is not implemented", _off),
     Ignored("algorithm.pf_ppo", "prioritized-replay PPO is not implemented"),
-    Ignored("trainer.nnodes", "devices come from JAX (jax.devices()) and the mesh section"),
-    Ignored("trainer.n_gpus_per_node", "devices come from JAX (jax.devices()) and the mesh section"),
     Ignored("trainer.device", "JAX picks the platform (JAX_PLATFORMS)"),
     Ignored("trainer.default_hdfs_dir", "verl's checkpoint managers do not copy there either: checkpoints stay in "
             "trainer.default_local_dir"),
@@ -278,9 +276,12 @@ IGNORED: tuple[Ignored, ...] = (
     Ignored("reward_manager.source", "reward managers are chosen by name (reward_model.reward_manager)",
             _is("register")),
     Ignored("reward_manager.module", "custom reward-manager modules: use custom_reward_function", _unset("path")),
-    Ignored("reward_model.enable_resource_pool", "no Ray resource pools: one JAX program"),
-    Ignored("reward_model.n_gpus_per_node", "devices come from JAX and the mesh section"),
-    Ignored("reward_model.nnodes", "devices come from JAX and the mesh section"),
+    Ignored("reward_model.enable_resource_pool", _RM_POOL, _off),
+    # verl sizes the reward model's own pool with these only under enable_resource_pool, refused above.
+    Ignored("reward_model.n_gpus_per_node", "size of a separate reward-model pool (reward_model.enable_resource_pool "
+            "is refused): the reward model shares the trainer.n_gpus_per_node devices"),
+    Ignored("reward_model.nnodes", "size of a separate reward-model pool (reward_model.enable_resource_pool is "
+            "refused): the reward model shares the trainer.nnodes hosts"),
     Ignored("reward_model.model.use_remove_padding", "reward-model batches are padded"),
     Ignored("reward_model.use_dynamic_bsz", "reward-model batches are reward_model.micro_batch_size_per_gpu rows"),
     Ignored("reward_model.forward_max_token_len_per_gpu", "reward-model batches are micro_batch_size_per_gpu rows"),

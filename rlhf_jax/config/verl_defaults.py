@@ -34,6 +34,8 @@ DIFFERENCES: dict[str, tuple[Any, str]] = {
     "actor_rollout_ref.rollout.max_num_seqs": (256, "None = as many decode slots as the batch has rows (no vLLM "
                                                     "scheduler to bound)"),
     "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": (None, _PER_SHARD),
+    "actor_rollout_ref.rollout.dtype": ("bfloat16", "None = model.compute_dtype: float32 like the default actor, so "
+                                                "the sampler's log-probs match the trainer's"),
     "critic.model.path": ("~/models/deepseek-llm-7b-chat", "None = actor_rollout_ref.model.path (verl's file "
                                                            "refers to it too)"),
     "critic.model.enable_gradient_checkpointing": (True, "as the actor's: off for the small default models"),
@@ -47,6 +49,8 @@ DIFFERENCES: dict[str, tuple[Any, str]] = {
     "trainer.project_name": ("verl_examples", "names the run directory"),
     "trainer.experiment_name": ("gsm8k", "names the run directory"),
     "trainer.logger": (("console", "wandb"), "wandb is an optional package; tensorboard and jsonl need nothing"),
+    "trainer.nnodes": (1, "None = the processes that were started"),
+    "trainer.n_gpus_per_node": (8, "None = every device found, so the default runs on any machine"),
     "trainer.save_freq": (-1, "None = at the last step only, so a finished run can be exported and resumed"),
     "trainer.test_freq": (-1, "None = at the last step only"),
 }

@@ -67,9 +67,11 @@ def timing_metrics(seconds: dict[str, float], *, response_tokens: int, total_tok
     return out
 
 
-def perf_metrics(*, total_tokens: int, step_seconds: float, update_seconds: float, num_params: int, ppo_epochs: int = 1) -> dict[str, float]:
-    """Throughput per device, MFU of the actor update (where the device's peak is known), peak memory."""
-    n_dev = jax.device_count()
+def perf_metrics(*, total_tokens: int, step_seconds: float, update_seconds: float, num_params: int, ppo_epochs: int = 1,
+                 num_devices: int | None = None) -> dict[str, float]:
+    """Throughput per device, MFU of the actor update (where the device's peak is known), peak memory.
+    ``num_devices``: the devices the run uses (trainer.n_gpus_per_node); None = every device."""
+    n_dev = num_devices or jax.device_count()
     out = {
         "perf/total_num_tokens": float(total_tokens),
         "perf/time_per_step": step_seconds,

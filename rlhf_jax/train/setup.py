@@ -94,15 +94,24 @@ def prepare(cfg: ConfigDict) -> Components:
                       rollout_mesh(cfg))
 
 
+def run_devices(cfg: ConfigDict) -> list:
+    """The devices the run uses: the first ``trainer.n_gpus_per_node`` of each process (all when None)."""
+    n = cfg.trainer.n_gpus_per_node
+    devices = jax.devices()
+    if n is None:
+        return devices
+    return [d for p in range(jax.process_count()) for d in [d for d in devices if d.process_index == p][:n]]
+
+
 def rollout_mesh(cfg: ConfigDict):
-    """With ``mesh.rollout_devices`` = k > 0: a data-parallel mesh over the last k devices (else None)."""
+    """With ``mesh.rollout_devices`` = k > 0: a data-parallel mesh over the last k devices of the run (else None)."""
     k = cfg.mesh.rollout_devices
-    return make_mesh(data=k, fsdp=1, tensor=1, expert=1, devices=jax.devices()[-k:]) if k else None
+    return make_mesh(data=k, fsdp=1, tensor=1, expert=1, devices=run_devices(cfg)[-k:]) if k else None
 
 
 def mesh_and_rules(cfg: ConfigDict) -> tuple[Any, tuple]:
     """The (training) device mesh of a finalized config and its logical-axis rules as tuples."""
-    devices = jax.devices()
+    devices = run_devices(cfg)
     mesh = make_mesh(*cfg.derived.mesh_shape, devices=devices[:len(devices) - cfg.mesh.rollout_devices])
     rules = tuple((name, tuple(axes) if isinstance(axes, (list, tuple)) else axes)
                   for name, axes in cfg.mesh.logical_axis_rules)
@@ -153,6 +162,19 @@ def load_policy(cfg: ConfigDict, model_path: str, mesh, rules, *, role: str = "a
         path or model_path, mesh=mesh, rules=rules, dtype=DTYPES[model_cfg.compute_dtype],
         param_dtype=DTYPES[model_cfg.dtype], remat=remat, attn_impl=model_cfg.attn_implementation, task=task,
     )
+
+
+def sampler_graphdef(cfg: ConfigDict, model_config, task: str, graphdef=None):
+    """The graph the sampler runs over the actor's parameters: the actor's own (``graphdef``) computing in
+    ``rollout.dtype`` (verl's rollout dtype); parameters keep their dtype and are cast at use, so sampling in
+    bfloat16 needs no second copy of the weights. ``graphdef=None`` (LoRA: the sampler runs the plain model on
+    merged weights) always builds the plain model's graph."""
+    from rlhf_jax.models import lora
+
+    dtype = DTYPES[cfg.actor_rollout_ref.rollout.dtype]
+    if graphdef is not None and model_config.dtype == dtype:
+        return graphdef
+    return lora.plain_graphdef(model_config.replace(dtype=dtype), task)
 
 
 LORA_KEY = "actor_rollout_ref.model."

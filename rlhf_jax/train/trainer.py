@@ -58,7 +58,7 @@ from rlhf_jax.train import run_lock
 from rlhf_jax.train.profiling import StepProfiler
 from rlhf_jax.train.preemption import STOP, StepAbandoned, StopRequest
 from rlhf_jax.train.passes import PassPlan, compile_pass, describe, fit_pass, free_device_memory, gib, memory_hint, plan_passes
-from rlhf_jax.train.setup import Components, actor_trainable, load_actor, load_policy, prepare
+from rlhf_jax.train.setup import Components, actor_trainable, load_actor, load_policy, prepare, sampler_graphdef
 from rlhf_jax.train.steps import ActorLossSpec, CriticLossSpec, advantage_stage
 
 log = logging.getLogger(__name__)
@@ -150,7 +150,8 @@ class Trainer(CheckpointMixin, ExperienceMixin):
         # plain model on weights with the adapters merged in (``_sampler_params``).
         self.rollout_mesh = c.rollout_mesh
         self._rollout_params_of: tuple[Any, Any] | None = None  # (actor params, their copy on the rollout mesh)
-        self.sampler = Sampler(lora.plain_graphdef(self.actor.config, self.actor.task) if self.lora else self.actor.graphdef,
+        self.sampler = Sampler(sampler_graphdef(cfg, self.actor.config, self.actor.task,
+                                                None if self.lora else self.actor.graphdef),
                                mesh=self.rollout_mesh or self.mesh, rules=c.rules,
                                max_positions=self.actor.config.max_position_embeddings)
         self._merge_fn = None
@@ -434,7 +435,8 @@ class Trainer(CheckpointMixin, ExperienceMixin):
         out_metrics.update(M.timing_metrics(seconds, response_tokens=resp_tokens, total_tokens=total_tokens))
         out_metrics.update(M.perf_metrics(total_tokens=total_tokens, step_seconds=timer.seconds["step"],
                                           update_seconds=timer.seconds.get("update_actor", 0.0), num_params=self.num_params,
-                                          ppo_epochs=cfg.actor_rollout_ref.actor.ppo_epochs))
+                                          ppo_epochs=cfg.actor_rollout_ref.actor.ppo_epochs,
+                                          num_devices=d.num_devices + cfg.mesh.rollout_devices))
         out_metrics["actor/kl_coef"] = float(cfg.actor_rollout_ref.actor.kl_loss_coef)
         out_metrics["actor/lr"] = float(self.actor.lr_fn(self.step))
         if self.critic is not None:

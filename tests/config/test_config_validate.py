@@ -222,3 +222,44 @@ def test_resolve_mesh():
     assert resolve_mesh(2, 1, 1, 8, expert=-1) == (2, 1, 1, 4)
     with pytest.raises(ValueError, match=r"mesh\.fsdp=0"):
         resolve_mesh(1, 0, 1, 1)
+
+
+def test_nnodes_and_gpus_per_node_are_the_devices_used():
+    cfg = grpo_like()  # 16 prompts x 8 samples
+    cfg.trainer.nnodes, cfg.trainer.n_gpus_per_node = 2, 4
+    out = finalize(cfg, num_devices=16, num_processes=2)
+    d = out.derived
+    assert d.num_devices == 8 and d.mesh_shape == (8, 1, 1, 1) and d.dp_size == 8
+    single = grpo_like()
+    single.trainer.n_gpus_per_node, single.mesh.rollout_devices = 6, 2  # of the 6 used (of 8): 4 train
+    assert finalize(single, num_devices=8).derived.num_devices == 4
+    single.mesh.rollout_devices = 6
+    with pytest.raises(ValueError, match=r"mesh\.rollout_devices=6 must be 0 \(shared devices\) or in \[1, 5\]"):
+        finalize(single, num_devices=8)
+    cfg.mesh.data, cfg.mesh.fsdp = 4, 4  # 16 devices exist, 8 are used
+    with pytest.raises(ValueError, match=r"= 16, but there are 8 devices"):
+        finalize(cfg, num_devices=16, num_processes=2)
+    cfg.mesh.data, cfg.mesh.fsdp = -1, 1
+    cfg.trainer.n_gpus_per_node = 16
+    with pytest.raises(ValueError, match=r"trainer\.n_gpus_per_node=16, but 8 device\(s\) were found per process"):
+        finalize(cfg, num_devices=16, num_processes=2)
+    cfg.trainer.n_gpus_per_node = 0
+    with pytest.raises(ValueError, match=r"trainer\.n_gpus_per_node=0"):
+        finalize(cfg, num_devices=16, num_processes=2)
+    cfg.trainer.n_gpus_per_node = None
+    with pytest.raises(ValueError, match=r"trainer\.nnodes=2, but this run has 1 JAX process"):
+        finalize(cfg, num_devices=8, num_processes=1)
+    cfg.trainer.nnodes = None  # absent: every device of every process
+    assert finalize(cfg, num_devices=8, num_processes=1).derived.num_devices == 8
+
+
+def test_rollout_dtype_defaults_to_the_compute_dtype_and_is_checked():
+    cfg = base_config()
+    assert finalize(cfg, num_devices=1).actor_rollout_ref.rollout.dtype == "float32"
+    cfg.actor_rollout_ref.model.compute_dtype = "bfloat16"
+    assert finalize(cfg, num_devices=1).actor_rollout_ref.rollout.dtype == "bfloat16"
+    cfg.actor_rollout_ref.rollout.dtype = "float16"
+    assert finalize(cfg, num_devices=1).actor_rollout_ref.rollout.dtype == "float16"
+    cfg.actor_rollout_ref.rollout.dtype = "fp8"
+    with pytest.raises(ValueError, match=r"actor_rollout_ref\.rollout\.dtype='fp8' is not valid"):
+        finalize(cfg, num_devices=1)

@@ -109,7 +109,7 @@ WARNED = {
     "actor_rollout_ref.actor.fsdp_config.param_offload", "actor_rollout_ref.actor.fsdp_config.wrap_policy",
     "actor_rollout_ref.ref.ulysses_sequence_parallel_size", "actor_rollout_ref.rollout.name",
     "actor_rollout_ref.rollout.gpu_memory_utilization", "actor_rollout_ref.rollout.enforce_eager",
-    "actor_rollout_ref.rollout.engine_kwargs", "trainer.nnodes", "trainer.n_gpus_per_node", "trainer.default_hdfs_dir",
+    "actor_rollout_ref.rollout.engine_kwargs", "trainer.default_hdfs_dir",
 }
 
 
@@ -142,6 +142,7 @@ def test_verl_yaml_loads(tmp_path, caplog):
     assert cfg.actor_rollout_ref.rollout.val_kwargs.temperature == 0.0
     assert cfg.actor_rollout_ref.actor.optim.warmup_style == "cosine"
     assert cfg.trainer.logger == ("console", "tensorboard")
+    assert (cfg.trainer.nnodes, cfg.trainer.n_gpus_per_node) == (1, 8)  # the devices the run uses
     # ${...} references: typed when whole, substituted inside strings.
     assert cfg.actor_rollout_ref.rollout.response_length == 1024
     assert cfg.actor_rollout_ref.actor.checkpoint.load_contents == ("model", "optimizer", "extra")

@@ -94,10 +94,15 @@ reward_model:
     ("data:\n  datagen:\n    path: gen.py\n    name: G\n", r"data\.datagen="),
     ("actor_rollout_ref:\n  model:\n    enable_activation_offload: true\n", r"enable_activation_offload=True"),
     ("actor_rollout_ref:\n  rollout:\n    mode: server\n", r"rollout\.mode='server'"),
+    ("reward_model:\n  enable_resource_pool: true\n  nnodes: 1\n  n_gpus_per_node: 2\n",
+     r"reward_model\.enable_resource_pool=True.*runs on the training mesh"),
+    ("actor_rollout_ref:\n  rollout:\n    dtype: fp8\n", r"actor_rollout_ref\.rollout\.dtype='fp8' is not valid"),
 ])
 def test_features_we_lack_are_refused_when_switched_on(text, key):
+    from rlhf_jax.config import finalize
+
     with pytest.raises(ValueError, match=key + r".*not supported|" + key):
-        load_yaml(text)
+        finalize(load_yaml(text), num_devices=1, check_paths=False)  # the importer, or finalize for choices
     # The same sections switched off (verl's defaults) load.
     load_yaml("data:\n  custom_cls: {path: null, name: null}\n  sampler: {class_path: null, class_name: null}\n"
               "reward_model:\n  sandbox_fusion: {url: null, max_concurrent: 64}\n")

@@ -39,9 +39,10 @@ def test_generate_then_evaluate_matches_validation(tmp_path):
                 f"data.batch_size={s['batch']}", f"data.output_path={out}", f"rollout.temperature={s['temperature']}",
                 f"rollout.top_p={s['top_p']}", f"rollout.top_k={s['top_k']}", "rollout.prompt_length=16",
                 "rollout.response_length=4", "data.prompt_template=raw", f"trainer.seed={s['seed']}",
-                "trainer.n_gpus_per_node=8", "rollout.gpu_memory_utilization=0.5")
+                "trainer.nnodes=1", "trainer.n_gpus_per_node=1", "trainer.device=cuda",
+                "rollout.gpu_memory_utilization=0.5")
     assert gen.returncode == 0, gen.stderr[-3000:]
-    assert "ignoring verl keys with no meaning in rlhf_jax: trainer.n_gpus_per_node, rollout.gpu_memory_utilization" \
+    assert "ignoring verl keys with no meaning in rlhf_jax: trainer.device, rollout.gpu_memory_utilization" \
         in gen.stderr
     frame = pd.read_parquet(out)
     assert len(frame) == 6 and all(len(r) == s["n"] for r in frame["responses"])

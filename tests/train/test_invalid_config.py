@@ -11,6 +11,8 @@ CASES = [
     ({"data.max_prompt_length": 500, "data.max_response_length": 100}, r"max_position_embeddings|max_prompt_length"),
     ({"data.train_files": ("/nonexistent/train.parquet",)}, r"data\.train_files.*nonexistent"),
     ({"actor_rollout_ref.actor.policy_loss.loss_mode": "ppo2"}, r"loss_mode"),
+    ({"trainer.n_gpus_per_node": 16}, r"trainer\.n_gpus_per_node=16, but 8 device\(s\) were found per process"),
+    ({"trainer.nnodes": 2}, r"trainer\.nnodes=2, but this run has 1 JAX process"),
 ]
 
 

@@ -1,16 +1,20 @@
 """Keys whose non-default value must change what a run does: checkpoint contents, removing older checkpoints,
 profiling steps, the critic's own remat, the reward model as the only scorer (its batches split over the mesh),
-and the rollout's response length as the limit of the overlong penalty and the clip metric."""
+the rollout's response length as the limit of the overlong penalty and the clip metric, the devices a run uses
+(trainer.n_gpus_per_node) and the sampler's compute dtype (rollout.dtype)."""
 
 from __future__ import annotations
 
 import glob
 import json
 import os
+import re
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from rlhf_jax.train.checkpoint import Checkpointer
 from rlhf_jax.train.trainer import Trainer
@@ -165,3 +169,38 @@ def test_chat_template_replaces_the_tokenizers(tmp_path):
         assert c.tokenizer.chat_template == template
     with pytest.raises(ValueError, match=r"data\.chat_template='no-such\.jinja'"):
         prepare(make_config(str(tmp_path / "run"), data__chat_template="no-such.jinja"))
+
+
+def _rollout_probs_diff(trainer) -> float:
+    trainer.fit()
+    return read_metrics(trainer.out_dir)[-1]["training/rollout_probs_diff_mean"]
+
+
+def test_gpus_per_node_is_the_devices_the_run_uses(tmp_path):
+    # 4 of the test process's 8 devices: mesh 2 x 2 (data x fsdp); the batch checks count 4 devices
+    cfg = make_config(str(tmp_path / "run"), trainer__nnodes=1, trainer__n_gpus_per_node=4, mesh__data=2, mesh__fsdp=2,
+                      mesh__tensor=1, trainer__total_training_steps=1)
+    trainer = Trainer(cfg)
+    first = set(jax.devices()[:4])
+    assert trainer.mesh.devices.size == 4 and set(trainer.mesh.devices.flat) == first
+    assert trainer.cfg.derived.num_devices == 4 and trainer.cfg.derived.dp_size == 4
+    assert all(leaf.sharding.device_set == first for leaf in jax.tree.leaves(trainer.actor.params))
+    # float32 sampling gives the float32 training passes' log-probs (compare the rollout dtype test below)
+    assert _rollout_probs_diff(trainer) < 1e-6
+    assert all("bf16[" not in program.as_text() for program in trainer.sampler._compiled.values())
+
+
+def test_rollout_dtype_is_the_samplers_compute_dtype(tmp_path):
+    cfg = make_config(str(tmp_path / "run"), actor_rollout_ref__rollout__dtype="bfloat16",
+                      trainer__total_training_steps=1)
+    trainer = Trainer(cfg)
+    # the actor (its training passes) keeps float32 compute; the sampler computes in bfloat16 over the same arrays
+    assert trainer.actor.config.dtype == jnp.float32 and trainer.cfg.actor_rollout_ref.model.compute_dtype == "float32"
+    assert nnx.merge(trainer.sampler.graphdef, trainer.actor.state()).config.dtype == jnp.bfloat16
+    diff = _rollout_probs_diff(trainer)
+    # the compiled decode program holds bfloat16 activations (its KV cache among them; XLA:CPU widens the dots)
+    (program,) = trainer.sampler._compiled.values()
+    assert re.search(r"dynamic-update-slice\S* = bf16\[", program.as_text())
+    # the sampled log-probs are bfloat16 ones: they differ from the float32 recomputation by far more than
+    # float32 rounding
+    assert 1e-4 < diff < 0.1, diff  # float32 sampling: < 1e-6 (the test above)

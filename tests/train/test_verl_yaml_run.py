@@ -14,7 +14,7 @@ from tests.train.helpers import REPO, run_main
 from tests.train.wandb_offline import offline_history
 
 VERL = os.path.join(REPO, "tests", "config", "verl")
-TINY = {  # model paths, data files, batch sizes and lengths for the tiny model, and where the run goes
+TINY = {  # model paths, data files, batch sizes and lengths for the tiny model, its devices, where the run goes
     "actor_rollout_ref.model.path": "builtin:tiny",
     "critic.model.path": "builtin:tiny",
     "data.train_files": "builtin:arithmetic?max_value=4&train_size=16",
@@ -26,6 +26,7 @@ TINY = {  # model paths, data files, batch sizes and lengths for the tiny model,
     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 1,
     "critic.ppo_micro_batch_size_per_gpu": 1,
     "trainer.total_training_steps": 2,
+    "trainer.n_gpus_per_node": 1,  # the files ask for 8 devices (on trainer.nnodes=1); this run has one
 }
 
 
