@@ -34,6 +34,7 @@ def test_roll_file_maps_its_keys():
     t = cfg.trainer
     assert (t.total_training_steps, t.save_freq, t.test_freq, t.seed) == (500, 100, 10, 7)
     assert (t.experiment_name, t.project_name, t.resume_mode) == ("qwen-rlvr-math", "roll_math", "disable")
+    assert t.n_gpus_per_node == 8  # num_gpus_per_node: the devices the run uses
     assert arr.model.enable_gradient_checkpointing  # disable_gradient_checkpointing: false
 
 
@@ -94,6 +95,7 @@ def test_roll_file_trains_two_steps_with_overrides_in_our_keys(tmp_path):
         "data.train_batch_size": 4, "data.val_batch_size": 4, "actor_rollout_ref.rollout.n": 2,
         "actor_rollout_ref.actor.ppo_mini_batch_size": 2, "trainer.total_training_steps": 2,
         "trainer.default_local_dir": out, "trainer.log_dir": out,  # the file's bfloat16 compute stays
+        "trainer.n_gpus_per_node": 1,  # num_gpus_per_node: 8; this run has one device
     }
     args = [f"--config={ROLL}"] + [f"--config.{k}={v}" for k, v in overrides.items()]
     proc = run_main(args, devices=1)
@@ -136,6 +138,7 @@ def test_trinity_file_maps_its_keys(monkeypatch):
     assert (arr.rollout.val_kwargs.n, arr.rollout.val_kwargs.temperature) == (4, 0.6)
     assert (t.default_local_dir, t.save_freq, t.test_freq, t.val_before_train) == (
         "./checkpoints/Trinity-RFT/gsm8k-grpo", 50, 20, False)
+    assert (t.nnodes, t.n_gpus_per_node) == (1, 8)  # cluster.node_num / gpu_per_node
     assert (t.project_name, t.experiment_name, t.max_actor_ckpt_to_keep) == ("Trinity-RFT", "gsm8k-grpo", 5)
 
 
@@ -177,6 +180,7 @@ def test_trinity_file_trains_two_steps_with_overrides_in_our_keys(tmp_path):
         "data.max_response_length": 4, "data.train_batch_size": 4, "data.val_batch_size": 4,
         "actor_rollout_ref.rollout.n": 2, "actor_rollout_ref.actor.ppo_mini_batch_size": 2,
         "trainer.total_training_steps": 2, "trainer.default_local_dir": out,
+        "trainer.n_gpus_per_node": 1,  # cluster.gpu_per_node: 8; this run has one device
     }
     args = [f"--config={TRINITY}"] + [f"--config.{k}={v}" for k, v in overrides.items()]
     proc = run_main(args, devices=1)

@@ -201,7 +201,9 @@ RULES: tuple[Rule, ...] = (
     Rule("model.tinker", reason="Tinker backend", accept=_off),
     Rule("model.external_model", reason="external model APIs", accept=_off),
     # cluster, monitor, log
-    Rule("cluster", reason="devices come from JAX and the mesh section"),
+    Rule("cluster.node_num", "trainer.nnodes", lambda v, _: int(v)),
+    Rule("cluster.gpu_per_node", "trainer.n_gpus_per_node", lambda v, _: int(v)),
+    Rule("cluster.*", reason="Ray cluster settings: one JAX program per host"),
     Rule("monitor.monitor_type", "trainer.logger", _logger),
     Rule("monitor.monitor_args", reason="tracker settings: wandb / mlflow read their environment variables"),
     Rule("monitor.enable_ray_timeline", reason="no Ray", accept=lambda v: not v),
