@@ -92,6 +92,11 @@ ALIASES: tuple[Alias, ...] = (
     Alias("critic.rollout_n", "actor_rollout_ref.rollout.n", assign=False),
     Alias("actor_rollout_ref.actor.use_remove_padding", "actor_rollout_ref.model.use_remove_padding", assign=False),
     Alias("actor_rollout_ref.rollout.prompt_length", "data.max_prompt_length", assign=False),
+    # verl's FSDP engine computes in fsdp_config.dtype (mixed precision over model_dtype parameters); the reference
+    # and the critic compute in the actor's dtype here, so their copies must agree with it.
+    Alias("actor_rollout_ref.actor.fsdp_config.dtype", "actor_rollout_ref.model.compute_dtype"),
+    Alias("actor_rollout_ref.ref.fsdp_config.dtype", "actor_rollout_ref.model.compute_dtype", assign=False),
+    Alias("critic.model.fsdp_config.dtype", "actor_rollout_ref.model.compute_dtype", assign=False),
     # verl's newer profiler section names the steps and the directory.
     Alias("global_profiler.steps", "trainer.profile_steps"),
     Alias("global_profiler.save_path", "trainer.profile_dir"),
@@ -139,7 +144,8 @@ IGNORED: tuple[Ignored, ...] = (
     Ignored("*.fsdp_config.fsdp_size", "FSDP group size: set mesh.fsdp", _is(-1, None)),
     Ignored("*.fsdp_config.model_dtype", "parameter dtype: set actor_rollout_ref.model.dtype",
             _is("fp32", "float32", None)),
-    Ignored("*.fsdp_config.dtype", "FSDP compute dtype: actor_rollout_ref.model.compute_dtype decides"),
+    Ignored("*.fsdp_config.dtype", "FSDP compute dtype of another role: the reward model computes in float32",
+            _is("float32", "fp32", None)),
     Ignored("*.fsdp_config.mixed_precision", "set actor_rollout_ref.model.compute_dtype (matmuls) and "
             "actor_rollout_ref.model.dtype (parameters, optimizer state)", _empty),
     Ignored("*.fsdp_config.param_offload", _OFFLOAD, _off),

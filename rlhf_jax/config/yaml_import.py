@@ -231,7 +231,7 @@ def apply_mapping(mapping: dict, base: ConfigDict | None = None, *, source: str 
         schema.set_path(cfg, path, value)
     for alias, raw in found.aliases:  # copies of a key verl keeps in two places must agree with it
         value = value_of(alias.target, raw)
-        if alias.assign or value is None:
+        if alias.assign or value is None or alias.target in overrides:  # the command line decides for every copy
             continue
         target = alias.target
         if schema.get_path(cfg, target) is None and alias.fallback:

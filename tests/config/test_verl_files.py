@@ -45,6 +45,22 @@ def test_command_line_overrides_reach_the_files_references():
     assert cfg.actor_rollout_ref.rollout.response_length == 8
 
 
+def test_fsdp_engine_dtype_is_the_compute_dtype():
+    # verl's generated file: bfloat16 mixed precision over float32 parameters, for actor, reference and critic
+    cfg = load_yaml(GENERATED)
+    assert (cfg.actor_rollout_ref.model.compute_dtype, cfg.actor_rollout_ref.model.dtype) == ("bfloat16", "float32")
+    text = "actor_rollout_ref:\n  actor:\n    fsdp_config: {dtype: float32}\n  ref:\n    fsdp_config: {dtype: %s}\n"
+    assert load_yaml(text % "float32").actor_rollout_ref.model.compute_dtype == "float32"
+    with pytest.raises(ValueError, match=r"ref\.fsdp_config\.dtype='bfloat16' differs from "
+                                         r"actor_rollout_ref\.model\.compute_dtype='float32'"):
+        load_yaml(text % "bfloat16")
+    # the command line's compute dtype decides for every copy in the file
+    argv = ["prog", f"--config={GENERATED}", "--config.actor_rollout_ref.model.compute_dtype=float32"]
+    assert load_config_from_argv(argv).actor_rollout_ref.model.compute_dtype == "float32"
+    with pytest.raises(ValueError, match=r"reward_model\.model\.fsdp_config\.dtype='bfloat16' is not supported"):
+        load_yaml("reward_model:\n  model:\n    fsdp_config: {dtype: bfloat16}\n")
+
+
 def test_other_names_set_schema_keys():
     cfg = load_yaml("actor_rollout_ref:\n  actor:\n    optim:\n      clip_grad: 0.5\n      lr_scheduler_type: cosine\n"
                     "reward_manager:\n  name: prime\n")
