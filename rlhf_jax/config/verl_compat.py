@@ -296,7 +296,9 @@ IGNORED: tuple[Ignored, ...] = (
     Ignored("reward_model.reward_loop_module_path", "custom reward loops: use custom_reward_function", _off),
     Ignored("reward_model.reward_loop_class_name", "custom reward loops: use custom_reward_function", _off),
     Ignored("reward_model.use_reward_loop", "scoring runs in the trainer (reward_model.reward_manager)"),
-    Ignored("reward_model.rollout", "generative reward models are not implemented: the reward model is a classifier"),
+    Ignored("reward_model.rollout", "generative reward models are not implemented: the reward model is a classifier "
+            "(leave reward_model.rollout.name unset)",
+            lambda v: not isinstance(v, dict) or v.get("name") in (None, "???")),
     Ignored("algorithm.rollout_correction.bypass_mode", "old log-probs are always recomputed by the trainer "
             "(the sampler's are the behaviour policy of algorithm.rollout_correction)", _off),
     Ignored("algorithm.rollout_correction.loss_type", "the policy loss is actor_rollout_ref.actor.policy_loss.loss_mode",

@@ -110,6 +110,7 @@ reward_model:
     ("data:\n  datagen:\n    path: gen.py\n    name: G\n", r"data\.datagen="),
     ("actor_rollout_ref:\n  model:\n    enable_activation_offload: true\n", r"enable_activation_offload=True"),
     ("actor_rollout_ref:\n  rollout:\n    mode: server\n", r"rollout\.mode='server'"),
+    ("reward_model:\n  rollout:\n    name: vllm\n", r"reward_model\.rollout=.*generative reward models"),
     ("reward_model:\n  enable_resource_pool: true\n  nnodes: 1\n  n_gpus_per_node: 2\n",
      r"reward_model\.enable_resource_pool=True.*runs on the training mesh"),
     ("actor_rollout_ref:\n  rollout:\n    dtype: fp8\n", r"actor_rollout_ref\.rollout\.dtype='fp8' is not valid"),
