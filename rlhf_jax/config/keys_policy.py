@@ -14,7 +14,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 REMAT_POLICIES = ("full", "dots_saveable")
 ATTN_IMPLEMENTATIONS = ("auto", "dense", "blockwise", "cudnn", "splash")
 TOKEN_BUDGET_DOC = " (when {flag}; -1 = the largest that fits in memory)"
-WARMUP_STYLES = ("constant", "cosine", "linear")
+WARMUP_STYLES = ("constant", "cosine", "linear", "wsd")
 CKPT_CONTENTS = ("model", "optimizer", "extra", "hf_model")
 OPTIMIZERS = ("adamw", "adam", "sgd", "lion", "adafactor")  # optim.optimizer, compared lower-case (verl writes AdamW)
 A = "actor_rollout_ref."
@@ -31,7 +31,9 @@ def optim_keys(prefix: str, lr: float) -> tuple[Key, ...]:
         Key(p + "lr", lr, "Peak learning rate."),
         Key(p + "lr_warmup_steps", -1, "Linear warmup steps; negative: use lr_warmup_steps_ratio."),
         Key(p + "lr_warmup_steps_ratio", 0.0, "Warmup steps as a fraction of the total training steps."),
-        Key(p + "warmup_style", "constant", "Schedule after warmup.", choices=WARMUP_STYLES),
+        Key(p + "warmup_style", "constant", "Schedule after warmup: constant, cosine or linear decay, or wsd "
+            "(warmup-stable-decay: constant for 90 % of the rest, then cosine; verl's SFT lr_scheduler).",
+            choices=WARMUP_STYLES),
         Key(p + "min_lr_ratio", 0.0, "Final lr as a fraction of lr (cosine and linear decay)."),
         Key(p + "num_cycles", 0.5, "Cosine cycles over the decay phase (0.5 = half a cosine, verl's default)."),
         Key(p + "weight_decay", 0.01, "Weight decay (decoupled for AdamW, Lion and Adafactor; L2 for Adam and SGD)."),

@@ -49,6 +49,17 @@ DATA = (
     Key("data.val_batch_size", None, "Prompts per validation batch; None = the whole validation set.", type=int),
     Key("data.shuffle", True, "Shuffle training prompts (reshuffled every epoch)."),
     Key("data.seed", 1, "Seed of the data shuffle."),
+    # Supervised fine-tuning (algorithm.type=sft), verl's sft_trainer names
+    Key("data.response_key", None, "SFT: response column of single-turn rows; None = first of response, answer, "
+        "completion, output (any case).", type=str),
+    Key("data.multiturn.enable", False, "SFT: rows are chat conversations (data.multiturn.messages_key); the loss "
+        "covers every assistant message."),
+    Key("data.multiturn.messages_key", "messages", "SFT: column of the conversation (a list of role/content "
+        "messages) when data.multiturn.enable."),
+    Key("data.max_length", None, "SFT: tokens per example (prompt + response); longer ones follow data.truncation "
+        "(error, left or right). None = data.max_prompt_length + data.max_response_length.", type=int),
+    Key("data.micro_batch_size_per_gpu", -1, "SFT: sequences per forward/backward (and validation forward) on each "
+        "data-parallel shard; -1 = the whole per-shard batch."),
 )
 
 _C = "critic."
@@ -119,8 +130,8 @@ CUSTOM_REWARD = (
 
 _G = "algorithm."
 ALGORITHM = (
-    Key(_G + "type", "rl", "What the run trains: rl = the RL loop of algorithm.adv_estimator; dpo = DPO on "
-        "prompt/chosen/rejected pairs (algorithm.dpo.*); other trainers of train/tasks.py by name."),
+    Key(_G + "type", "rl", "What the run trains: rl (the RL loop of algorithm.adv_estimator), sft (supervised "
+        "fine-tuning), dpo (prompt/chosen/rejected pairs, algorithm.dpo.*), or a trainer of train/tasks.py."),
     Key(_G + "dpo.beta", 0.1, "DPO: beta, the strength of the pull towards the reference (TRL's beta; IPO's tau)."),
     Key(_G + "dpo.label_smoothing", 0.0, "DPO (sigmoid loss): the assumed fraction of flipped preference labels, "
         "in [0, 0.5) (conservative DPO; 0 = plain DPO)."),
@@ -207,6 +218,8 @@ TRAINER = (
         "that number.", type=int),
     Key(_T + "n_gpus_per_node", None, "Devices used on each host, the first ones: nnodes x n_gpus_per_node devices "
         "hold the mesh (mesh.rollout_devices included). None = all.", type=int),
+    Key(_T + "val_accuracy", None, "SFT: also validate by greedy generation scored like RL validation "
+        "(val-core/<source>/reward); None = when every validation data source has a built-in scorer.", type=bool),
     Key(_T + "seed", 42, "Seed of new parameters (value head), sampling and every other random choice."),
 )
 
@@ -237,4 +250,10 @@ EXPERIENCE = (
         "buffer size and overlap must stay within it. None = no bound; 0 = strictly on-policy.", type=int),
 )
 
-KEYS: tuple[Key, ...] = CRITIC + REWARD + CUSTOM_REWARD + ALGORITHM + TRAINER + MESH + EXPERIENCE
+STAGES = (
+    Key("stages", (), "Ordered stages of one run, each a mapping of overrides of this config (dotted keys or "
+        "nested sections) plus stage_name; each starts from the previous stage's final weights and keeps its "
+        "checkpoints in <trainer.default_local_dir>/stage_<i>_<name>. () = one ordinary run.", type=tuple),
+)
+
+KEYS: tuple[Key, ...] = CRITIC + REWARD + CUSTOM_REWARD + ALGORITHM + TRAINER + MESH + EXPERIENCE + STAGES

@@ -60,6 +60,19 @@ class PromptBatch:
         return int(self.input_ids.shape[0])
 
 
+def read_rows(files: str | Sequence[str], split: str | None, max_samples: int = -1,
+              sample_seed: int | None = None) -> list:
+    """The rows of ``files``; ``max_samples`` > 0 keeps that many: a random subset drawn with ``sample_seed``, or
+    the first rows when it is None (verl's train/val_max_samples)."""
+    rows = read_files(list(files) if not isinstance(files, str) else files, split)
+    if 0 < max_samples < len(rows):
+        if sample_seed is None:
+            return rows[:max_samples]
+        keep = np.random.default_rng(sample_seed).choice(len(rows), max_samples, replace=False)
+        rows = [rows[i] for i in sorted(keep)]
+    return rows
+
+
 def build_dataset(
     files: str | Sequence[str],
     tokenizer: Any,
@@ -83,13 +96,7 @@ def build_dataset(
     ``max_samples`` > 0 keeps that many rows: a random subset drawn with ``sample_seed``, or the first rows
     when it is None (verl's train/val_max_samples).
     """
-    rows = read_files(files, split)
-    if 0 < max_samples < len(rows):
-        if sample_seed is None:
-            rows = rows[:max_samples]
-        else:
-            keep = np.random.default_rng(sample_seed).choice(len(rows), max_samples, replace=False)
-            rows = [rows[i] for i in sorted(keep)]
+    rows = read_rows(files, split, max_samples, sample_seed)
     examples = to_examples(rows, prompt_key, ground_truth_key, default_data_source, media_keys)
     kept, ids, texts = tokenize_examples(
         examples, tokenizer, max_prompt_length=max_prompt_length, template=prompt_template,

@@ -156,6 +156,12 @@ class Role:
         self.params, self.opt_state, metrics = program(self.params, self.frozen, self.opt_state, mb)
         return metrics
 
+    def update_sft(self, mb: dict, *, n_micro: int) -> dict:
+        """One SFT optimizer step (train/sft_steps.py) on a batch with ``loss_mask``."""
+        from rlhf_jax.train import sft_steps
+
+        return self._update("sft_update", sft_steps.sft_update, None, mb, (), n_micro)
+
     def padded_program(self, kind: str, batch_specs: dict, *, n_micro: int, spec: Any = None,
                        temperature: float = 1.0) -> Any:
         """The padded pass ``kind`` (logp, values, update) compiled for abstract shapes (for the memory plan)."""

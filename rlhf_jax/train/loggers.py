@@ -25,6 +25,8 @@ VAL_GENERATIONS = "val_generations.jsonl"
 # The metrics the console line shows, in order (when present).
 CONSOLE_KEYS = (
     ("critic/score/mean", "score"),
+    ("train/loss", "loss"),
+    ("val/loss", "val_loss"),
     ("val-core", "val"),
     ("actor/pg_loss", "pg"),
     ("actor/dpo_loss", "dpo"),

@@ -18,7 +18,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-WARMUP_STYLES = ("constant", "cosine", "linear")
+WARMUP_STYLES = ("constant", "cosine", "linear", "wsd")
+WSD_STABLE_RATIO = 0.9  # verl's get_wsd_schedule_with_warmup default (its SFT trainer passes no other)
 OPTIMIZER_NAMES = {"adamw": "AdamW", "adam": "Adam", "sgd": "SGD", "lion": "Lion", "adafactor": "Adafactor"}
 # transformers' Adafactor arguments with a meaning here, and their defaults (lr comes from optim.lr and its
 # schedule, so relative_step is off: transformers refuses a manual lr with relative_step=True).
@@ -56,7 +57,8 @@ def step_schedule(
     min_lr_ratio: float = 0.0,
     num_cycles: float = 0.5,
 ) -> Callable[[Any], Any]:
-    """lr(step) for a training step: linear warmup from 0, then constant, cosine or linear decay to min_lr_ratio x lr."""
+    """lr(step) for a training step: linear warmup from 0, then constant, cosine or linear decay to min_lr_ratio x lr,
+    or wsd: constant for WSD_STABLE_RATIO of the steps after warmup, then a cosine decay over the rest."""
     if style not in WARMUP_STYLES:
         raise ValueError(f"optim.warmup_style must be one of {WARMUP_STYLES}, got {style!r}")
     total = max(int(total_steps), 1)
@@ -65,9 +67,12 @@ def step_schedule(
         step = jnp.asarray(step, jnp.float32)
         warm = jnp.where(warmup > 0, jnp.minimum(1.0, step / max(warmup, 1)), 1.0)
         progress = jnp.clip((step - warmup) / max(total - warmup, 1), 0.0, 1.0)
+        if style == "wsd":
+            stable = int(max(total - warmup, 0) * WSD_STABLE_RATIO)
+            progress = jnp.clip((step - warmup - stable) / max(total - warmup - stable, 1), 0.0, 1.0)
         if style == "constant":
             decay = 1.0
-        elif style == "cosine":
+        elif style in ("cosine", "wsd"):
             cos = 0.5 * (1.0 + jnp.cos(math.pi * 2.0 * num_cycles * progress))
             decay = min_lr_ratio + (1.0 - min_lr_ratio) * cos
         else:

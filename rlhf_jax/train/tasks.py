@@ -14,6 +14,7 @@ import importlib
 TRAINERS: dict[str, str] = {
     "rl": "rlhf_jax.train.trainer:Trainer",
     "dpo": "rlhf_jax.train.dpo:DPOTrainer",
+    "sft": "rlhf_jax.train.sft:SFTTrainer",
 }
 
 
