@@ -33,11 +33,12 @@ def main(argv: list[str] | None = None) -> int:
     from rlhf_jax.train.checkpoint import CheckpointError, CheckpointWriteError
     from rlhf_jax.train.oom import out_of_memory_message
     from rlhf_jax.train.preemption import STOP
-    from rlhf_jax.train.tasks import trainer_class
+    from rlhf_jax.train.stages import StageSetupError
+    from rlhf_jax.train.tasks import trainer_for
 
     with STOP.installed():  # from here SIGTERM/SIGINT stop the run cleanly (train/preemption.py)
         try:  # everything that checks the config, data and checkpoints runs here, before any compilation
-            trainer = trainer_class(cfg.algorithm.type)(cfg, lock_dir=True)
+            trainer = trainer_for(cfg)(cfg, lock_dir=True)
         except (KeyError, ValueError, FileNotFoundError) as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
@@ -49,9 +50,9 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         try:
             trainer.fit()  # a signal received during the set-up stops it before the first step
-        except (RewardLoadError, RewardFunctionError, CheckpointError) as e:  # a reward worker found the file broken,
-            # a reward call failed under fail_on_error=True, the checkpoint to resume from cannot be read, or a
-            # save failed (a full disk)
+        except (RewardLoadError, RewardFunctionError, CheckpointError, StageSetupError) as e:  # a reward worker
+            # found the file broken, a reward call failed under fail_on_error=True, the checkpoint to resume from
+            # cannot be read, a save failed (a full disk), or a later stage cannot be built
             trainer.close()
             print(f"error: {e}", file=sys.stderr, flush=True)
             if isinstance(e, CheckpointWriteError):

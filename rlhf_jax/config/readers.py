@@ -76,6 +76,9 @@ READERS: dict[str, tuple[str, ...]] = {
         "max_assistant_turns", "max_user_turns", "max_tokens_per_turn", "tools", "tool_config_path", "format",
         "max_parallel_calls", "max_tool_response_length", "tool_response_truncate_side", "tool_timeout_s",
         "environment", "workflow")),
+    "rlhf_jax.data.sft": ("data.response_key", "data.multiturn.*", "data.max_length"),
+    "rlhf_jax.train.sft": ("data.micro_batch_size_per_gpu", "trainer.val_accuracy"),
+    "rlhf_jax.train.stages": ("stages",),
     "rlhf_jax.train.trackers": ("trainer.project_name", "trainer.experiment_name"),
     "rlhf_jax.rollout.params": tuple(_A + "rollout." + k for k in (  # SamplingParams.from_config
         "n", "temperature", "top_k", "top_p", "do_sample", "response_length", "ignore_eos", "min_new_tokens", "seed",

@@ -2,7 +2,8 @@
 
 ``rl`` is the online RL loop (its estimator is ``algorithm.adv_estimator``);
 other training kinds register their trainer class here by dotted path, so
-importing this module stays cheap and a stage list can name any of them.
+importing this module stays cheap and a stage list can name any of them. A config
+with ``stages`` runs them in order (train/stages.py).
 Every trainer offers the same three calls to ``main``: ``plan_memory()``,
 ``fit()`` and ``close()``, and is built as ``cls(cfg, lock_dir=True)``.
 """
@@ -22,6 +23,15 @@ def check_type(name: str, key: str = "algorithm.type") -> None:
     """Raise ValueError naming ``key`` when ``name`` is no registered trainer."""
     if name not in TRAINERS:
         raise ValueError(f"{key}={name!r} is not valid: choose one of {', '.join(sorted(TRAINERS))}")
+
+
+def trainer_for(cfg) -> type:
+    """What ``main`` builds for a config: the stage runner when it lists ``stages``, else ``algorithm.type``'s."""
+    if cfg.stages:
+        from rlhf_jax.train.stages import StageRunner
+
+        return StageRunner
+    return trainer_class(cfg.algorithm.type)
 
 
 def trainer_class(name: str) -> type:
