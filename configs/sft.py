@@ -34,7 +34,6 @@ def get_config() -> ConfigDict:
 
     arr = cfg.actor_rollout_ref
     arr.model.path = "builtin:tiny"
-    arr.actor.ppo_mini_batch_size = 32  # unused by SFT; kept equal to the batch so the RL batch checks pass
     arr.actor.optim.lr = 2e-3  # a tiny random model; verl's 1e-5 is for a 7B one
     arr.actor.optim.lr_warmup_steps_ratio = 0.05
     arr.actor.optim.warmup_style = "cosine"

@@ -53,6 +53,7 @@ def _divides(what: str, total: int, part: int, fix: str) -> int:
     return total // part
 
 
+SUPERVISED = ("sft",)  # algorithm.type values whose trainer takes one optimizer step per batch of examples
 WHOLE = -1  # a *_micro_batch_size_per_gpu of -1: the whole per-shard batch in one pass (no accumulation)
 
 
@@ -90,6 +91,9 @@ def derive_batches(
     arr = cfg.actor_rollout_ref
     actor, rollout, critic = arr.actor, arr.rollout, cfg.critic
     train, n = cfg.data.train_batch_size, rollout.n
+    rl = cfg.algorithm.type not in SUPERVISED
+    if not rl:  # one sequence per example, one optimizer step per batch: the RL splits do not apply
+        n = 1
     dp = mesh[0] * mesh[1] * mesh[3]
     cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor, cfg.mesh.expert = mesh
     d = ConfigDict()
@@ -104,6 +108,27 @@ def derive_batches(
     d.max_seq_len = cfg.data.max_prompt_length + rollout.response_length
     d.need_ref = bool(actor.use_kl_loss or cfg.algorithm.use_kl_in_reward)
 
+    if not rl:
+        _supervised(d, train, dp)
+    else:
+        _rl_splits(d, cfg, train, n, dp)
+    _steps(d, cfg, train, train_dataset_size)
+    return d
+
+
+def _supervised(d: ConfigDict, train: int, dp: int) -> None:
+    """The RL fields of a supervised run (its trainer splits its batch itself): one update of the whole batch."""
+    d.need_ref, d.recompute_old_log_prob = False, False
+    d.actor_mini_batch_size, d.actor_num_mini_batches, d.actor_grad_accum_steps = train, 1, 1
+    d.actor_mini_batch_size_per_shard, d.actor_updates_per_step = train // dp, 1
+    d.log_prob_micro_batches = d.ref_micro_batches = 1
+    d.critic_mini_batch_size = d.critic_num_mini_batches = d.critic_grad_accum_steps = 0
+    d.critic_forward_micro_batches = d.critic_updates_per_step = 0
+
+
+def _rl_splits(d: ConfigDict, cfg: ConfigDict, train: int, n: int, dp: int) -> None:
+    arr = cfg.actor_rollout_ref
+    actor, rollout, critic = arr.actor, arr.rollout, cfg.critic
     a = "actor_rollout_ref.actor"
     mini_seqs, num_mini, accum = _role_split(a, actor.ppo_mini_batch_size, actor.ppo_micro_batch_size_per_gpu,
                                              n, train, dp)
@@ -134,6 +159,9 @@ def derive_batches(
     d.critic_mini_batch_size, d.critic_num_mini_batches, d.critic_grad_accum_steps = c_seqs, c_num, c_accum
     d.critic_forward_micro_batches, d.critic_updates_per_step = c_fwd, c_updates
 
+
+def _steps(d: ConfigDict, cfg: ConfigDict, train: int, train_dataset_size: int | None) -> None:
+    actor, critic = cfg.actor_rollout_ref.actor, cfg.critic
     if train_dataset_size is not None:
         d.steps_per_epoch = train_dataset_size // train
         if d.steps_per_epoch == 0:
@@ -152,4 +180,3 @@ def derive_batches(
     d.critic_lr_warmup_steps = _warmup(critic.optim.lr_warmup_steps, critic.optim.lr_warmup_steps_ratio, total)
     d.model_max_position_embeddings = -1
     d.model_vocab_size = -1
-    return d

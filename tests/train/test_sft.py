@@ -101,7 +101,7 @@ def test_micro_batches_do_not_change_the_gradient(setup):
 SFT_FAST = {
     "algorithm.type": "sft", "data.train_batch_size": 8, "data.val_batch_size": 8,
     "data.train_files": ("builtin:arithmetic?max_value=4&train_size=64",), "data.max_response_length": 3,
-    "actor_rollout_ref.actor.ppo_mini_batch_size": 8, "custom_reward_function.path": None,
+    "custom_reward_function.path": None,
     "actor_rollout_ref.actor.optim.warmup_style": "cosine", "actor_rollout_ref.actor.optim.lr_warmup_steps": 1,
     "trainer.total_training_steps": 6, "trainer.save_freq": 3, "trainer.test_freq": 3,
 }

@@ -11,17 +11,19 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from rlhf_jax.config.dialects import atorch, roll, trainer_config, trinity
+from rlhf_jax.config.dialects import atorch, roll, trainer_config, trinity, verl_sft
 from rlhf_jax.config.dialects.rules import translate
 
 log = logging.getLogger("rlhf_jax.config")
 
-FORMATS = ("verl", "roll", "trinity", "trainer_config", "atorch")
-_MODULES = {"roll": roll, "trinity": trinity, "trainer_config": trainer_config, "atorch": atorch}
+FORMATS = ("verl", "roll", "trinity", "trainer_config", "atorch", "verl_sft")
+_MODULES = {"roll": roll, "trinity": trinity, "trainer_config": trainer_config, "atorch": atorch,
+            "verl_sft": verl_sft}
 
 
 def detect(mapping: dict) -> str:
-    """The format of a parsed config file: roll, trinity, trainer_config, atorch, else verl."""
+    """The format of a parsed config file: roll, trinity, trainer_config, atorch, verl_sft (verl's sft_trainer.yaml),
+    else verl."""
     keys = set(mapping)
     if keys & set(roll.MARKERS):
         return "roll"
@@ -31,6 +33,8 @@ def detect(mapping: dict) -> str:
         return "trainer_config"
     if keys & set(atorch.MARKERS) or atorch.looks_like(mapping):
         return "atorch"
+    if verl_sft.is_sft_file(mapping):
+        return "verl_sft"
     return "verl"
 
 
