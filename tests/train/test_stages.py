@@ -69,7 +69,8 @@ def test_sft_then_grpo_stopped_in_the_second_stage_resumes_there(tmp_path):
     done = json.load(open(os.path.join(sft_dir, DONE)))
     assert done["step"] == 4 and os.path.exists(os.path.join(done["weights"], "model.safetensors"))
     assert not os.path.exists(os.path.join(grpo_dir, DONE))
-    stopped_at = read_metrics(grpo_dir)[-1]["step"]
+    before = read_metrics(grpo_dir)
+    stopped_at = before[-1]["step"]
     assert 3 <= stopped_at < GRPO_STEPS
     sft_log = open(os.path.join(sft_dir, "metrics.jsonl")).read()
     assert [r["step"] for r in read_metrics(sft_dir)] == [1, 2, 3, 4]
@@ -77,10 +78,12 @@ def test_sft_then_grpo_stopped_in_the_second_stage_resumes_there(tmp_path):
 
     rerun = run_main(_args(tmp_path, out))
     assert rerun.returncode == 0 and "Traceback" not in rerun.stderr, rerun.stderr[-3000:]
-    assert "sft_warmup" not in rerun.stdout and "stage 2/2: grpo" in rerun.stdout  # the first stage is not rerun
+    assert "stage 1/2" not in rerun.stdout and "stage 2/2: grpo" in rerun.stdout  # the first stage is not rerun
     assert open(os.path.join(sft_dir, "metrics.jsonl")).read() == sft_log
     rows = read_metrics(grpo_dir)
-    assert [r["step"] for r in rows] == list(range(1, GRPO_STEPS + 1))  # resumed at its step: none lost or repeated
+    assert [r["step"] for r in rows] == list(range(1, GRPO_STEPS + 1))  # none lost or repeated
+    # resumed at its step: the stopped run's records stay as they were (a fresh start would move them aside)
+    assert rows[:stopped_at] == before and not os.path.exists(os.path.join(grpo_dir, "metrics.jsonl.1"))
     assert json.load(open(os.path.join(grpo_dir, DONE)))["step"] == GRPO_STEPS
 
 
