@@ -5,7 +5,7 @@
 Rows are the RL recipes' arithmetic prompts (``7+5=``, raw text, no chat template) with their ground truth
 as the response (``12`` followed by EOS); the loss covers the response tokens only. Validation reports
 ``val/loss`` and the greedy answers' score by the arithmetic scorer (``val-core/arithmetic/reward/mean@1``),
-which climbs from ~0 to ~1 within the run (about a minute on a 2-core CPU).
+which climbs from 0 to ~0.85 in the 100 steps (about a minute on a 2-core CPU).
 
 For your own data: ``--config.data.train_files=qa.json --config.data.prompt_key=question
 --config.data.response_key=answer`` (unset keys are recognised by name: Question/Answer files need none), or
@@ -34,14 +34,14 @@ def get_config() -> ConfigDict:
 
     arr = cfg.actor_rollout_ref
     arr.model.path = "builtin:tiny"
-    arr.actor.optim.lr = 2e-3  # a tiny random model; verl's 1e-5 is for a 7B one
+    arr.actor.optim.lr = 5e-3  # a tiny random model; verl's 1e-5 is for a 7B one
     arr.actor.optim.lr_warmup_steps_ratio = 0.05
     arr.actor.optim.warmup_style = "cosine"
     arr.actor.optim.betas = (0.9, 0.95)  # verl's sft_trainer
     arr.actor.grad_clip = 1.0
 
     cfg.trainer.total_epochs = 1
-    cfg.trainer.total_training_steps = 150
+    cfg.trainer.total_training_steps = 100
     cfg.trainer.test_freq = 50
     cfg.trainer.save_freq = 50
     cfg.trainer.val_before_train = True

@@ -144,10 +144,10 @@ def test_stopped_run_resumes_exactly(tmp_path):
 
 
 def test_cli_run_learns_arithmetic(tmp_path):
-    """configs/sft.py as shipped (4096 examples, 32 a step), shortened to 100 steps."""
+    """configs/sft.py as shipped (4096 examples, 32 a step, 100 steps)."""
     out = str(tmp_path / "run")
     proc = run_main([f"--config={os.path.join(os.path.dirname(__file__), '..', '..', 'configs', 'sft.py')}",
-                     f"--config.trainer.default_local_dir={out}", "--config.trainer.total_training_steps=100",
+                     f"--config.trainer.default_local_dir={out}",
                      "--config.trainer.logger=('jsonl',)", "--config.trainer.save_freq=100"], devices=1)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     rows = read_metrics(out)
@@ -155,8 +155,9 @@ def test_cli_run_learns_arithmetic(tmp_path):
     acc = "val-core/arithmetic/reward/mean@1"
     assert [r["step"] for r in val] == [0, 50, 100]
     assert val[-1]["val/loss"] < val[0]["val/loss"] / 3, val
-    assert val[0][acc] < 0.05 and val[-1][acc] > 0.3, val
-    assert rows[-1]["train/loss"] < rows[0]["train/loss"] / 3
+    assert val[0][acc] < 0.05 and val[-1][acc] > 0.6, val
+    train = [r["train/loss"] for r in rows if "train/loss" in r]
+    assert len(train) == 100 and train[-1] < train[0] / 3
     assert os.path.exists(os.path.join(out, "hf", "global_step_100", "model.safetensors"))
 
 
