@@ -161,3 +161,34 @@ def test_adafactor_state_on_a_sharded_model_gives_the_unsharded_update(tmp_path)
     want, _ = jax.jit(tx.update)(local(grads), jax.jit(tx.init)(local(role.params)), local(role.params))
     for a, b in zip(jax.tree.leaves(updates), jax.tree.leaves(want)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-7)
+
+
+def _verl_lr_lambda(style: str, step: int, warmup: int, total: int, min_lr_ratio: float, num_cycles: float) -> float:
+    """verl's get_cosine_schedule_with_warmup / get_wsd_schedule_with_warmup (stable_ratio 0.9) multipliers."""
+    import math
+
+    if step < warmup:
+        return step / max(1, warmup)
+    if style == "cosine":
+        progress = (step - warmup) / max(1, total - warmup)
+        x = math.cos(math.pi * num_cycles * 2.0 * progress)
+        return max(min_lr_ratio, x * (1 - min_lr_ratio) * 0.5 + (1 + min_lr_ratio) * 0.5)
+    stable = int((total - warmup) * 0.9)
+    if step < warmup + stable:
+        return 1.0
+    if step < total:
+        progress = (step - warmup - stable) / max(1, total - warmup - stable)
+        value = max(0.0, 0.5 * (1.0 + math.cos(math.pi * num_cycles * 2.0 * progress)))
+        return (1.0 - min_lr_ratio) * value + min_lr_ratio
+    return min_lr_ratio
+
+
+@pytest.mark.parametrize("style", ["cosine", "wsd"])
+def test_sft_schedules_match_verl(style):
+    from rlhf_jax.train.optim import step_schedule
+
+    total, warmup, lr = 57, 6, 3e-4
+    schedule = step_schedule(lr, total, warmup=warmup, style=style, min_lr_ratio=0.1, num_cycles=0.5)
+    for step in range(total + 1):
+        expected = lr * _verl_lr_lambda(style, step, warmup, total, 0.1, 0.5)
+        np.testing.assert_allclose(float(schedule(step)), expected, rtol=1e-5, atol=1e-12, err_msg=f"step {step}")
