@@ -251,9 +251,8 @@ EXPERIENCE = (
 )
 
 STAGES = (
-    Key("stages", (), "Ordered stages of one run, each a mapping of overrides of this config (dotted keys or "
-        "nested sections) plus stage_name; each starts from the previous stage's final weights and keeps its "
-        "checkpoints in <trainer.default_local_dir>/stage_<i>_<name>. () = one ordinary run.", type=tuple),
+    Key("stages", (), "Stages run in order: each a mapping of overrides (and stage_name) starting from the previous "
+        "stage's weights, in <default_local_dir>/stage_<i>_<name>; () = one run.", type=tuple),
 )
 
 KEYS: tuple[Key, ...] = CRITIC + REWARD + CUSTOM_REWARD + ALGORITHM + TRAINER + MESH + EXPERIENCE + STAGES
