@@ -162,6 +162,15 @@ class SFTTrainer(CheckpointMixin):
                                    max_positions=self.actor.config.max_position_embeddings)
             self.reward_manager = RewardManager.from_config(cfg.reward_model, cfg.custom_reward_function)
 
+    # The checkpoint mixin also saves the RL loop's sampled-but-untrained batches; an SFT run has none.
+    _pending: list = []
+
+    def _pending_for_checkpoint(self) -> tuple[dict, list, Any]:
+        return {}, [], self.loader.get_state()
+
+    def _restore_pending(self, arrays: dict, described: list) -> None:
+        del arrays, described
+
     def plan_memory(self) -> None:
         """SFT compiles its step on first use; the micro-batch size is data.micro_batch_size_per_gpu (no plan)."""
         per_shard = int(self.cfg.data.train_batch_size) // int(self.cfg.derived.dp_size)
