@@ -21,8 +21,26 @@ def _same_path(a: str, b: str) -> bool:
     return norm(a) == norm(b)
 
 
+# Keys read only by the SFT trainer (algorithm.type=sft): set under another type they would do nothing.
+SFT_ONLY = ("data.response_key", "data.multiturn.enable", "data.multiturn.messages_key", "data.max_length",
+            "data.micro_batch_size_per_gpu", "trainer.val_accuracy")
+
+
+def _check_sft_only(cfg: ConfigDict) -> None:
+    from rlhf_jax.config import schema
+
+    if cfg.algorithm.type == "sft":
+        return
+    for path in SFT_ONLY:
+        value = schema.get_path(cfg, path)
+        if value != schema.get_key(path).default:
+            raise ValueError(f"{path}={value!r} is read by SFT only (algorithm.type=sft), not by algorithm.type="
+                             f"{cfg.algorithm.type}; unset it (in a run with stages, set it in the SFT stage)")
+
+
 def check_consistency(cfg: ConfigDict) -> None:
     """Raise ValueError for the first combination of keys that cannot be honoured."""
+    _check_sft_only(cfg)
     for path, optim in (("actor_rollout_ref.actor.optim", cfg.actor_rollout_ref.actor.optim),
                         ("critic.optim", cfg.critic.optim)):
         if str(optim.optimizer).lower() not in OPTIMIZERS:

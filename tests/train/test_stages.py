@@ -117,3 +117,14 @@ def test_cli_stops_on_a_bad_stage_before_loading_anything(tmp_path):
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert proc.stderr.strip().splitlines()[-1].startswith("error: stages[1].algorithm.type='dpo_typo' is not valid")
     assert not os.path.exists(tmp_path / "run" / "stage_0_sft_warmup")
+
+
+def test_sft_keys_in_an_rl_stage_are_refused():
+    """A key only SFT reads, inherited by the GRPO stage from the shared config, would do nothing there."""
+    cfg = load_recipe("sft_grpo_stages")
+    cfg.data.response_key = "answer"
+    with pytest.raises(ValueError, match=r"stages\[1\] \(grpo\): data\.response_key='answer' is read by SFT only"):
+        stage_configs(cfg)
+    cfg.data.response_key = None
+    cfg.stages = ({**cfg.stages[0], "data.response_key": "answer"}, cfg.stages[1])
+    assert stage_configs(cfg)[0][2].data.response_key == "answer"
