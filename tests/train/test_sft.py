@@ -171,3 +171,21 @@ def test_multiturn_row_without_messages_is_named(tmp_path):
         "data.prompt_template": "native"}))
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert f"{data} row 2: missing conversation column 'messages' (data.multiturn.messages_key)" in proc.stderr
+
+
+def test_lora_sft_trains_only_the_adapters_and_exports(tmp_path):
+    cfg = make_config(str(tmp_path / "lora"), recipe="sft", **{
+        **SFT_FAST, "trainer.total_training_steps": 2, "trainer.test_freq": 0, "trainer.save_freq": 2,
+        "trainer.save_hf_checkpoint": "last", "actor_rollout_ref.model.lora_rank": 4,
+        "actor_rollout_ref.model.lora_alpha": 8.0})
+    trainer = SFTTrainer(cfg)
+    base = [np.asarray(x) for x in jax.tree.leaves(trainer.actor.frozen)]
+    adapters = _params(trainer)
+    assert all(".lora_" in str(p) or "lora" in str(p) for p, _ in jax.tree_util.tree_flatten_with_path(
+        trainer.actor.params)[0])
+    trainer.fit()
+    for a, b in zip(base, jax.tree.leaves(trainer.actor.frozen)):
+        np.testing.assert_array_equal(a, np.asarray(b))
+    assert any(not np.array_equal(a, b) for a, b in zip(adapters, _params(trainer)))
+    export = tmp_path / "lora" / "hf" / "global_step_2"
+    assert (export / "model.safetensors").exists() and (export / "lora_adapter" / "adapter_config.json").exists()
