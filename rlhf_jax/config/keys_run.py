@@ -58,8 +58,8 @@ DATA = (
         "messages) when data.multiturn.enable."),
     Key("data.max_length", None, "SFT: tokens per example (prompt + response); longer ones follow data.truncation "
         "(error, left or right). None = data.max_prompt_length + data.max_response_length.", type=int),
-    Key("data.micro_batch_size_per_gpu", -1, "SFT: sequences per forward/backward (and validation forward) on each "
-        "data-parallel shard; -1 = the whole per-shard batch."),
+    Key("data.micro_batch_size_per_gpu", -1, "SFT: per shard and forward/backward, sequences (padded rows) or packed "
+        "rows of max_length tokens (model.use_remove_padding); -1 = the whole per-shard batch."),
 )
 
 _C = "critic."

@@ -233,17 +233,21 @@ class Role:
         return self._packed_forward("values", micros, grid_shape, dp)
 
     def packed_grads_program(self, spec: Any, micro_shape: tuple[int, int], logit_size: int, grid_specs: dict,
-                             dp: int) -> Any:
+                             dp: int, loss: str | None = None) -> Any:
         """The compiled gradient of one packed micro-batch, accumulated into a donated buffer.
 
-        ``grid_specs`` maps the mini-batch grid's arrays to (shape, dtype).
+        ``grid_specs`` maps the mini-batch grid's arrays to (shape, dtype). ``loss``: "sft" for the SFT loss
+        (train/sft_steps.py); None = the role's RL loss (actor or critic).
         """
         grid_specs = {k: (tuple(shape), jnp.dtype(dtype)) for k, (shape, dtype) in grid_specs.items()}
 
         def make():
+            from rlhf_jax.train import sft_steps
+
             rep = replicated(self.mesh)
-            is_actor = self.metric_prefix == "actor"
-            grads_fn = packed_steps.actor_grads if is_actor else packed_steps.critic_grads
+            is_actor = self.metric_prefix == "actor" and loss is None
+            grads_fn = (sft_steps.packed_sft_grads if loss == "sft" else
+                        packed_steps.actor_grads if is_actor else packed_steps.critic_grads)
             micro = self._packed_micro(micro_shape, logit_size)
             grid = self._abstract(grid_specs)
             extra = ()
@@ -256,8 +260,8 @@ class Role:
                          out_shardings=(self.param_shardings, rep, rep), donate_argnums=(2,))
             return fn, (self.params, self.frozen, self.params, micro, grid, *extra)
 
-        return self._compile(("packed_grads", spec, tuple(micro_shape), logit_size, tuple(sorted(grid_specs.items())), dp),
-                             make)
+        return self._compile(("packed_grads", loss, spec, tuple(micro_shape), logit_size,
+                              tuple(sorted(grid_specs.items())), dp), make)
 
     def _apply_program(self) -> Callable:
         rep = replicated(self.mesh)
@@ -271,7 +275,8 @@ class Role:
             lambda p: jax.tree.map(jnp.zeros_like, p), in_shardings=(self.param_shardings,),
             out_shardings=self.param_shardings))(self.params)
 
-    def update_packed(self, spec: Any, micros: list[dict], grid: dict, *, dp: int, rng: jax.Array | None = None) -> dict:
+    def update_packed(self, spec: Any, micros: list[dict], grid: dict, *, dp: int, rng: jax.Array | None = None,
+                      loss: str | None = None) -> dict:
         """One optimizer step over packed micro-batches; ``grid`` holds the mini-batch's (rows, R) arrays."""
         grid_specs = {k: (v.shape, v.dtype) for k, v in grid.items()}
         keys = jax.random.split(rng, len(micros)) if rng is not None else None
@@ -279,7 +284,7 @@ class Role:
         for i, micro in enumerate(micros):
             extra = (keys[i],) if keys is not None else ()
             program = self.packed_grads_program(spec, micro["input_ids"].shape, micro["logit_positions"].shape[0],
-                                                grid_specs, dp)
+                                                grid_specs, dp, loss)
             grads, aux, count = program(self.params, self.frozen, grads, micro, grid, *extra)
             per_micro.append(aux)
             tokens.append(count)

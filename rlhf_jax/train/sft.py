@@ -8,8 +8,10 @@ gradients accumulated over micro-batches of ``data.micro_batch_size_per_gpu`` se
 Validation (``trainer.test_freq``, ``val_before_train``) reports ``val/loss`` over ``data.val_files`` and, with
 ``trainer.val_accuracy``, the RL trainer's generation metrics (greedy per ``rollout.val_kwargs``, scored by the
 same reward functions). Checkpoints, exact resume (the loader's position is the checkpoint's ``extra``), HF
-export, loggers and SIGTERM handling are the RL trainer's. Rows are padded to power-of-two widths of the
-batch's longest prompt and response (no packing in SFT yet).
+export, loggers and SIGTERM handling are the RL trainer's. Training packs the examples into rows
+(``model.use_remove_padding``, the default; ``data.micro_batch_size_per_gpu`` rows a micro-batch per shard) or
+pads them to power-of-two widths of the batch's longest prompt and response (``use_remove_padding=False``;
+``data.micro_batch_size_per_gpu`` sequences a micro-batch); validation runs on padded rows.
 """
 
 from __future__ import annotations
@@ -34,7 +36,10 @@ from rlhf_jax.models import lora
 from rlhf_jax.rewards import RewardManager, scorer_name
 from rlhf_jax.rollout import Sampler
 from rlhf_jax.train import run_lock
-from rlhf_jax.train.batching import sum_over_processes, to_global
+from rlhf_jax.batch import pack_batch
+from rlhf_jax.batch.packing import row_length
+from rlhf_jax.data.prompts import pad_token_id_of
+from rlhf_jax.train.batching import gather_all, sum_over_processes, to_global
 from rlhf_jax.train.checkpoint import Checkpointer, quiet_storage_noise
 from rlhf_jax.train.engine import Role
 from rlhf_jax.train.generation import key_function
@@ -132,6 +137,9 @@ class SFTTrainer(CheckpointMixin):
         cfg, d = self.cfg, self.cfg.derived
         self.total_steps = int(d.total_training_steps)
         self.n_micro = micro_batches(cfg)
+        # Packed rows (model.use_remove_padding, the default): no FLOPs on padding; exact (same loss and gradient).
+        self.packed = bool(cfg.actor_rollout_ref.model.use_remove_padding)
+        self.row_len = row_length(max_length_of(cfg.data))
         self.is_main = jax.process_index() == 0
         self.out_dir = os.path.abspath(os.path.expanduser(cfg.trainer.default_local_dir))
         self._locks = 0
@@ -174,7 +182,12 @@ class SFTTrainer(CheckpointMixin):
     def plan_memory(self) -> None:
         """SFT compiles its step on first use; the micro-batch size is data.micro_batch_size_per_gpu (no plan)."""
         per_shard = int(self.cfg.data.train_batch_size) // int(self.cfg.derived.dp_size)
-        self.logger.text(f"sft: {self.n_micro} micro-batch(es) of {per_shard // self.n_micro} sequences per shard")
+        micro = int(self.cfg.data.micro_batch_size_per_gpu)
+        if self.packed:
+            self.logger.text(f"sft: packed rows of {self.row_len} tokens, "
+                             + (f"{micro} rows" if micro > 0 else "all rows") + " a micro-batch per shard")
+        else:
+            self.logger.text(f"sft: {self.n_micro} micro-batch(es) of {per_shard // self.n_micro} sequences per shard")
 
     # ------------------------------------------------------------------ batches
     def _device_batch(self, b: SFTBatch) -> dict:
@@ -184,9 +197,35 @@ class SFTTrainer(CheckpointMixin):
                 "attention_mask": put(np.concatenate([b.prompt_mask, b.response_mask], 1)),
                 "responses": put(b.responses), "loss_mask": put(b.loss_mask)}
 
+    def _packed_update(self, b: SFTBatch) -> dict:
+        """One step on packed rows (batch/packing.py): the batch's sequences laid end to end in rows of
+        ``self.row_len`` tokens, ``data.micro_batch_size_per_gpu`` rows a micro-batch per shard (-1: as few
+        micro-batches as the batch allows)."""
+        fields = ("prompts", "prompt_mask", "responses", "response_mask")
+        host = {k: gather_all(to_global(self.mesh, getattr(b, k))) for k in fields}
+        dp = int(self.cfg.derived.dp_size)
+        micro = int(self.cfg.data.micro_batch_size_per_gpu)
+        packed = pack_batch(host["prompts"], host["prompt_mask"], host["responses"], host["response_mask"], dp=dp,
+                            row_len=self.row_len, max_rows_per_micro=micro if micro > 0 else host["prompts"].shape[0],
+                            pad_token_id=pad_token_id_of(self.tok))
+
+        def local(x: np.ndarray) -> np.ndarray:  # this process's shards: a contiguous block of every array
+            n = x.shape[0] // jax.process_count()
+            return x[jax.process_index() * n:(jax.process_index() + 1) * n]
+
+        micros = [{k: to_global(self.mesh, local(v)) for k, v in packed.micro(i).items()} for i in range(packed.num_micro)]
+        metrics = self.actor.update_packed(None, micros, {"loss_mask": to_global(self.mesh, b.loss_mask)}, dp=dp,
+                                           loss="sft")
+        metrics["train/grad_norm"] = metrics.pop("actor/grad_norm")
+        metrics["train/loss_tokens"] = jnp.sum(jnp.asarray(sum_over_processes(np.asarray([b.loss_mask.sum()]))))
+        return metrics | {"perf/packed_tokens": float(packed.padded_tokens)}
+
     def train_step(self, b: SFTBatch) -> dict[str, float]:
         start = time.perf_counter()
-        metrics = self.actor.update_sft(self._device_batch(b), n_micro=self.n_micro)
+        if self.packed:
+            metrics = self._packed_update(b)
+        else:
+            metrics = self.actor.update_sft(self._device_batch(b), n_micro=self.n_micro)
         metrics = {k: float(v) for k, v in jax.block_until_ready(metrics).items()}
         seconds = time.perf_counter() - start
         tokens = float(sum_over_processes(np.asarray([b.prompt_mask.sum() + b.response_mask.sum()], np.float64))[0])

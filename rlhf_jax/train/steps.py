@@ -168,7 +168,8 @@ class CriticLossSpec:
 
 # Metrics that are losses already divided by the mini-batch denominator (or weighted by the micro-batch's
 # share): summed over micro-batches.
-SUMMED_METRICS = ("actor/pg_loss", "actor/entropy", "actor/kl_loss", "critic/vf_loss", "actor/router_aux_loss")
+SUMMED_METRICS = ("actor/pg_loss", "actor/entropy", "actor/kl_loss", "critic/vf_loss", "actor/router_aux_loss",
+                  "train/loss")
 EXPERT_LOAD = "actor/expert_load/"  # + expert index: its fraction of the router's top-k assignments (summed too)
 
 

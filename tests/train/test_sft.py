@@ -97,6 +97,27 @@ def test_micro_batches_do_not_change_the_gradient(setup):
     np.testing.assert_allclose(losses, losses[0], rtol=1e-6)
 
 
+def test_packed_rows_equal_padded_rows(setup):
+    """The default SFT layout packs several examples into each row: same loss, same gradient as padded rows."""
+    from rlhf_jax.batch import pack_batch
+
+    path, _, mesh = setup
+    host = sft_batch(3)
+    padded = _role(path, mesh)
+    before = [np.asarray(x) for x in jax.tree.leaves(padded.params)]
+    expected = padded.update_sft(_device(mesh, host), n_micro=1)
+    for rows_per_micro in (1, 8):  # one row a micro-batch (several micro-batches), then all rows in one
+        packed = pack_batch(host["prompts"], host["prompt_mask"], host["responses"], host["response_mask"], dp=4,
+                            row_len=32, max_rows_per_micro=rows_per_micro)
+        assert (packed.num_micro > 1) == (rows_per_micro == 1)
+        role = _role(path, mesh)
+        micros = [{k: to_global(mesh, v) for k, v in packed.micro(i).items()} for i in range(packed.num_micro)]
+        metrics = role.update_packed(None, micros, {"loss_mask": to_global(mesh, host["loss_mask"])}, dp=4, loss="sft")
+        np.testing.assert_allclose(float(metrics["train/loss"]), float(expected["train/loss"]), rtol=1e-5)
+        for a, b, c in zip(jax.tree.leaves(role.params), jax.tree.leaves(padded.params), before):
+            np.testing.assert_allclose(c - np.asarray(a), c - np.asarray(b), atol=1e-6, rtol=0)
+
+
 # ----------------------------------------------------------------------------------------- trainer runs
 SFT_FAST = {
     "algorithm.type": "sft", "data.train_batch_size": 8, "data.val_batch_size": 8,
@@ -177,7 +198,7 @@ def test_lora_sft_trains_only_the_adapters_and_exports(tmp_path):
     cfg = make_config(str(tmp_path / "lora"), recipe="sft", **{
         **SFT_FAST, "trainer.total_training_steps": 2, "trainer.test_freq": 0, "trainer.save_freq": 2,
         "trainer.save_hf_checkpoint": "last", "actor_rollout_ref.model.lora_rank": 4,
-        "actor_rollout_ref.model.lora_alpha": 8.0})
+        "actor_rollout_ref.model.lora_alpha": 8.0, "actor_rollout_ref.model.use_remove_padding": False})  # padded rows
     trainer = SFTTrainer(cfg)
     base = [np.asarray(x) for x in jax.tree.leaves(trainer.actor.frozen)]
     adapters = _params(trainer)
