@@ -113,6 +113,7 @@ def test_keys_land_on_the_schema(tmp_path):
     assert a.actor.optim.lr == 1e-3 and a.actor.optim.betas == (0.9, 0.95) and a.actor.grad_clip == 1.0
     assert a.actor.optim.warmup_style == "wsd" and a.actor.optim.lr_warmup_steps_ratio == 0.1
     assert a.model.enable_gradient_checkpointing is True and a.model.dtype == "float32"
+    assert a.model.use_remove_padding is False  # verl's padded rows (rlhf_jax packs by default; both are exact)
     # verl's SFT trainer saves and validates at the last step whatever -1 says, only the loss, not before step 1
     assert cfg.trainer.save_freq is None and cfg.trainer.test_freq == 2
     assert cfg.trainer.val_before_train is False and cfg.trainer.val_accuracy is False

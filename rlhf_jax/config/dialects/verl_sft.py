@@ -112,7 +112,7 @@ RULES: tuple[Rule, ...] = (
     Rule("optim.override_optimizer_config", reason="no optimizer options beyond the optim keys", accept=_NONE),
     Rule("optim._target_", reason="verl's config class"),
     Rule("ulysses_sequence_parallel_size", reason="no sequence parallelism", accept=lambda v: int(v) == 1),
-    Rule("use_remove_padding", reason="SFT rows are padded to power-of-two widths of the batch's longest"),
+    Rule("use_remove_padding", _A + "model.use_remove_padding", lambda v, _: bool(v)),
     Rule("trainer.default_local_dir", "trainer.default_local_dir"),
     Rule("trainer.default_hdfs_dir", reason="no HDFS copy", accept=_NONE),
     Rule("trainer.resume_path", "trainer.resume_from_path"),
