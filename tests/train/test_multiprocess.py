@@ -53,3 +53,31 @@ def test_two_processes_match_one_process(tmp_path):
     assert [r["step"] for r in after] == [1, 2, 3]  # the copied log, then the resumed step
     for key in (k for k in KEYS if k in one[2]):
         assert after[2][key] == pytest.approx(one[2][key], rel=1e-5, abs=1e-7), key
+
+
+def test_sft_two_processes_match_one_process(tmp_path):
+    """SFT (packed rows; validation loss over a set that leaves a partial batch, and greedy accuracy) in two
+    processes equals one process."""
+    overrides = {"algorithm.type": "sft", "custom_reward_function.path": "", "data.train_batch_size": 8,
+                 "data.train_files": ("builtin:arithmetic?max_value=4&train_size=64",),
+                 "data.val_files": ("builtin:arithmetic?max_value=4&test_size=7",), "data.val_batch_size": 5,
+                 "trainer.total_training_steps": 2, "trainer.test_freq": 2, "trainer.save_freq": 0, "mesh.data": -1,
+                 "mesh.fsdp": 1, "mesh.tensor": 1, "trainer.logger": ("jsonl",)}
+    single = str(tmp_path / "single")
+    proc = run_main(cli_args(single, recipe="sft", **overrides), devices=4)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    multi = str(tmp_path / "multi")
+    env = dict(os.environ, RLHF_JAX_PORT=str(_free_port()),
+               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+    launched = subprocess.run(["bash", os.path.join(REPO, "launch", "local_multiprocess.sh"), "2", "2",
+                               *cli_args(multi, recipe="sft", **overrides)], cwd=REPO, env=env, capture_output=True,
+                              text=True, timeout=600, stdin=subprocess.DEVNULL)
+    assert launched.returncode == 0, launched.stderr[-3000:]
+    one, two = read_metrics(single), read_metrics(multi)
+    assert [r["step"] for r in one] == [r["step"] for r in two] == [1, 2]
+    for a, b in zip(one, two):
+        for key in ("train/loss", "train/grad_norm", "train/loss_tokens", "val/loss", "val-core/arithmetic/reward/mean@1"):
+            assert (key in a) == (key in b), key
+            if key in a:
+                assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), (a["step"], key)
+    assert "val/loss" in one[-1] and "val-core/arithmetic/reward/mean@1" in one[-1]
