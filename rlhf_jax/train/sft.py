@@ -181,6 +181,9 @@ class SFTTrainer(CheckpointMixin):
 
     def plan_memory(self) -> None:
         """SFT compiles its step on first use; the micro-batch size is data.micro_batch_size_per_gpu (no plan)."""
+        if getattr(self, "_planned", False):
+            return
+        self._planned = True
         per_shard = int(self.cfg.data.train_batch_size) // int(self.cfg.derived.dp_size)
         micro = int(self.cfg.data.micro_batch_size_per_gpu)
         if self.packed:

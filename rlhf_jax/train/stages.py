@@ -167,6 +167,9 @@ class StageRunner:
 
     def fit(self) -> dict[str, Any]:
         last: dict[str, Any] = {}
+        if self.trainer is None and self.is_main:
+            print(f"every stage has finished (stage_done.json in each stage directory of {self.run_dir}); "
+                  "trainer.resume_mode=disable runs them again", flush=True)
         while self.trainer is not None:
             trainer, (name, directory, _) = self.trainer, self.stages[self.index]
             last = trainer.fit()
