@@ -89,7 +89,7 @@ def derive_batches(
 ) -> ConfigDict:
     """The ``derived`` section (see :data:`DERIVED_DOCS`); raises ValueError on sizes that do not divide."""
     arr = cfg.actor_rollout_ref
-    actor, rollout, critic = arr.actor, arr.rollout, cfg.critic
+    actor, rollout = arr.actor, arr.rollout
     train, n = cfg.data.train_batch_size, rollout.n
     rl = cfg.algorithm.type not in SUPERVISED
     if not rl:  # one sequence per example, one optimizer step per batch: the RL splits do not apply

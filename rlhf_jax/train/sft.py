@@ -216,7 +216,8 @@ class SFTTrainer(CheckpointMixin):
             n = x.shape[0] // jax.process_count()
             return x[jax.process_index() * n:(jax.process_index() + 1) * n]
 
-        micros = [{k: to_global(self.mesh, local(v)) for k, v in packed.micro(i).items()} for i in range(packed.num_micro)]
+        micros = [{k: to_global(self.mesh, local(v)) for k, v in packed.micro(i).items()}
+                  for i in range(packed.num_micro)]
         metrics = self.actor.update_packed(None, micros, {"loss_mask": to_global(self.mesh, b.loss_mask)}, dp=dp,
                                            loss="sft")
         metrics["train/grad_norm"] = metrics.pop("actor/grad_norm")
@@ -310,7 +311,8 @@ class SFTTrainer(CheckpointMixin):
                 start = time.perf_counter()
                 self.save_checkpoint()
                 saved_step = self.step
-                hf_always = t.save_hf_checkpoint == "always" or "hf_model" in self.cfg.actor_rollout_ref.actor.checkpoint.save_contents
+                contents = self.cfg.actor_rollout_ref.actor.checkpoint.save_contents
+                hf_always = t.save_hf_checkpoint == "always" or "hf_model" in contents
                 if hf_always or (t.save_hf_checkpoint == "last" and is_last):
                     metrics["hf_export_dir"] = self.export_hf()
                 metrics["timing_s/save_checkpoint"] = time.perf_counter() - start

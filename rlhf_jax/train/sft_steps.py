@@ -1,7 +1,8 @@
 """Pure SFT step functions: the token-mean cross-entropy of trained response tokens and its optimizer step.
 
 Padded rows (``sft_update``) or packed ones (``packed_sft_grads``, one packed micro-batch at a time: its
-log-probs are scattered into the batch's (rows, R) grid, see ``packed_steps``). A batch holds ``input_ids`` / ``attention_mask`` (N, P + R) (left-padded prompt, right-padded response),
+log-probs are scattered into the batch's (rows, R) grid, see ``packed_steps``). A batch holds ``input_ids`` /
+``attention_mask`` (N, P + R) (left-padded prompt, right-padded response),
 ``responses`` (N, R) and ``loss_mask`` (N, R): the response tokens that are trained (an assistant message's
 tokens; holes at the user turns of a conversation). The loss is the sum of the trained tokens' negative
 log-likelihoods divided by the number of trained tokens of the *whole* global batch, computed once and passed to

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import transformers
 
-from rlhf_jax.data.sft import SFTLoader, build_sft_dataset, sft_settings
+from rlhf_jax.data.sft import SFTLoader, build_sft_dataset
 from rlhf_jax.data.sources import DataError, read_files
 from rlhf_jax.tools import tiny
 
