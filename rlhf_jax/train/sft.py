@@ -127,7 +127,7 @@ class SFTTrainer(CheckpointMixin):
     # Generation validation is the RL trainer's own (same prompts, sampler, scorers, metric names and dumps).
     validate_generations = Trainer.validate
     _generate, _rollout_weights, _sampler_params = Trainer._generate, Trainer._rollout_weights, Trainer._sampler_params
-    _rollout_key, _score = Trainer._rollout_key, Trainer._score
+    _rollout_key, _score, _sample = Trainer._rollout_key, Trainer._score, Trainer._sample
 
     def __init__(self, cfg: ConfigDict, components: SFTComponents | None = None, stop: StopRequest = STOP,
                  lock_dir: bool = False):
@@ -162,7 +162,7 @@ class SFTTrainer(CheckpointMixin):
         self.step = 0
         # What the borrowed generation validation reads.
         self.rollout_mesh, self._rollout_params_of, self._merge_fn, self.reward_model = None, None, None, None
-        self.sampler = self.reward_manager = None
+        self.sampler = self.reward_manager = self.multi_turn = None  # single-turn greedy answers only
         if c.val_dataset is not None:
             self._key_fn = key_function(self.mesh)
             graphdef = lora.plain_graphdef(self.actor.config, self.actor.task) if self.lora else self.actor.graphdef
