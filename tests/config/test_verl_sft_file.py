@@ -117,6 +117,7 @@ def test_keys_land_on_the_schema(tmp_path):
     # verl's SFT trainer saves and validates at the last step whatever -1 says, only the loss, not before step 1
     assert cfg.trainer.save_freq is None and cfg.trainer.test_freq == 2
     assert cfg.trainer.val_before_train is False and cfg.trainer.val_accuracy is False
+    assert cfg.trainer.nnodes == 1 and cfg.trainer.n_gpus_per_node == 8
 
 
 def test_silent_file_takes_verl_sft_defaults(tmp_path):

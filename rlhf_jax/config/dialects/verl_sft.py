@@ -130,8 +130,8 @@ RULES: tuple[Rule, ...] = (
     Rule("trainer.checkpoint.save_contents", _A + "actor.checkpoint.save_contents", lambda v, _: tuple(v)),
     Rule("trainer.checkpoint.load_contents", _A + "actor.checkpoint.load_contents",
          lambda v, _: None if v is None else tuple(v)),
-    Rule("trainer.nnodes", reason="devices come from JAX (launch/ for several hosts)"),
-    Rule("trainer.n_gpus_per_node", reason="devices come from JAX (launch/ for several hosts)"),
+    Rule("trainer.nnodes", "trainer.nnodes", lambda v, _: None if v is None else int(v)),
+    Rule("trainer.n_gpus_per_node", "trainer.n_gpus_per_node", lambda v, _: None if v is None else int(v)),
     Rule("trainer.device", reason="the JAX backend decides"),
 )
 
