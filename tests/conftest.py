@@ -10,6 +10,11 @@ import os
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
+# XLA:CPU aborts the process when a collective's participants have not all arrived within 40 s. Eight fake devices
+# share two cores with the other processes of a test run, and under that load a participant thread can wait its turn
+# that long (seen as rare "Termination timeout ... all reduce" aborts mid-suite): give them 10 minutes.
+if "xla_cpu_collective_call_terminate_timeout_seconds" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] += " --xla_cpu_collective_call_terminate_timeout_seconds=600"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # Many tests (and their subprocesses, which inherit this) compile the same small programs:
 # a persistent compilation cache keyed by the program and the jax version saves minutes.

@@ -8,6 +8,13 @@ import subprocess
 import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# For subprocesses on several fake CPU devices: see tests/conftest.py on XLA:CPU's collective timeout.
+PATIENT_COLLECTIVES = "--xla_cpu_collective_call_terminate_timeout_seconds=600"
+
+
+def cpu_devices_flags(devices: int) -> str:
+    """XLA_FLAGS of a subprocess on ``devices`` fake CPU devices."""
+    return f"--xla_force_host_platform_device_count={devices} {PATIENT_COLLECTIVES}"
 
 # Overrides that make any recipe run in seconds: 4 prompts x 2 samples, 4-token responses.
 FAST = {
@@ -77,7 +84,7 @@ def cli_args(out_dir: str, recipe: str = "grpo", **overrides) -> list[str]:
 def run_main(args: list[str], *, devices: int = 8, timeout: float = 600, env: dict | None = None,
              **popen) -> subprocess.CompletedProcess:
     """``python -m rlhf_jax.main args`` on ``devices`` CPU devices; ``env`` adds environment variables."""
-    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=cpu_devices_flags(devices),
                **(env or {}))
     return subprocess.run([sys.executable, "-m", "rlhf_jax.main", *args], env=env, cwd=REPO, capture_output=True,
                           text=True, timeout=timeout, stdin=subprocess.DEVNULL, **popen)

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from rlhf_jax.train.checkpoint import Checkpointer
-from tests.train.helpers import REPO, cli_args, read_metrics, run_main
+from tests.train.helpers import REPO, cli_args, cpu_devices_flags, read_metrics, run_main
 from tests.train.test_resume import _assert_same_rows
 
 TOTAL = 20
@@ -21,7 +21,7 @@ LONG = {"trainer.total_training_steps": TOTAL, "trainer.save_freq": TOTAL, **ONE
 
 
 def _env(devices: int, **extra) -> dict:
-    return dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", **extra)
+    return dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=cpu_devices_flags(devices), **extra)
 
 
 def _rows(out: str) -> int:

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from rlhf_jax.train.stages import DONE, stage_configs
-from tests.train.helpers import REPO, cli_args, load_recipe, read_metrics, run_main
+from tests.train.helpers import REPO, cli_args, cpu_devices_flags, load_recipe, read_metrics, run_main
 
 RECIPE = '''
 import importlib.util
@@ -51,7 +51,7 @@ def _rows(path: str) -> int:
 def test_sft_then_grpo_stopped_in_the_second_stage_resumes_there(tmp_path):
     out = str(tmp_path / "run")
     sft_dir, grpo_dir = os.path.join(out, "stage_0_sft_warmup"), os.path.join(out, "stage_1_grpo")
-    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=cpu_devices_flags(8))
     proc = subprocess.Popen([sys.executable, "-m", "rlhf_jax.main", *_args(tmp_path, out)], env=env, cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
     try:
