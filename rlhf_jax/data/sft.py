@@ -179,12 +179,15 @@ def build_sft_dataset(rows: Sequence[Row], tokenizer, *, settings: dict, max_len
     return out
 
 
-def sft_settings(data_cfg: Any) -> dict:
+def sft_settings(data_cfg: Any, tools: list[dict] | None = None) -> dict:
+    """The row settings of a ``cfg.data`` section; ``tools`` (function schemas) reach the chat template as they do
+    for the multi-turn rollout's prompts, so a warm-up on tool-call conversations sees the prompt it will be
+    sampled from."""
     return {
         "prompt_key": data_cfg.prompt_key, "response_key": data_cfg.response_key,
         "multiturn": bool(data_cfg.multiturn.enable), "messages_key": data_cfg.multiturn.messages_key,
         "template": data_cfg.prompt_template, "system_prompt": data_cfg.system_prompt or None,
-        "chat_kwargs": dict(data_cfg.apply_chat_template_kwargs or {}),
+        "chat_kwargs": {**dict(data_cfg.apply_chat_template_kwargs or {}), **({"tools": tools} if tools else {})},
     }
 
 
@@ -195,15 +198,16 @@ def max_length_of(data_cfg: Any) -> int:
     return int(data_cfg.max_prompt_length) + int(data_cfg.max_response_length)
 
 
-def sft_dataset_from_config(data_cfg: Any, tokenizer, which: str = "train") -> SFTDataset:
-    """The train or val SFTDataset of a (finalized) ``cfg.data`` section."""
+def sft_dataset_from_config(data_cfg: Any, tokenizer, which: str = "train",
+                            tools: list[dict] | None = None) -> SFTDataset:
+    """The train or val SFTDataset of a (finalized) ``cfg.data`` section (``tools``: see :func:`sft_settings`)."""
     files = data_cfg[f"{which}_files"]
     if not files:
         raise DataError(f"data.{which}_files is not set")
     shuffle = which == "train" and data_cfg.shuffle
     rows = read_rows(files, data_cfg[f"{which}_split"], int(data_cfg[f"{which}_max_samples"]),
                      int(data_cfg.seed) if shuffle else None)
-    return build_sft_dataset(rows, tokenizer, settings=sft_settings(data_cfg), max_length=max_length_of(data_cfg),
+    return build_sft_dataset(rows, tokenizer, settings=sft_settings(data_cfg, tools), max_length=max_length_of(data_cfg),
                              truncation=data_cfg.truncation)
 
 

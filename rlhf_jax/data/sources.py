@@ -13,7 +13,7 @@ can name them in errors:
 - a directory: its supported files, restricted to those whose name starts with
   the split name when any does (the layout of Trinity-RFT's file tasksets),
 - ``builtin:arithmetic`` / ``builtin:countdown`` / ``builtin:word_problems`` /
-  ``builtin:arithmetic_preferences`` (DPO pairs): the
+  ``builtin:arithmetic_preferences`` (DPO pairs) / ``builtin:calculator_demos`` (tool-call conversations): the
   synthetic tasks of :mod:`rlhf_jax.data.synthetic`, generated in memory (split ``train``: 1000 rows,
   seed 0; any other split: 100 rows, seed 1). Generator knobs can follow as a
   query, e.g. ``builtin:arithmetic?max_value=20&ops=+-&train_size=5000``.
@@ -149,6 +149,7 @@ def _expand_directory(path: str, split: str | None) -> list[str]:
 
 BUILTIN_PREFIX = "builtin:"
 _INT_KNOBS = ("min_value", "max_value", "num_terms", "num_numbers", "max_number", "max_target", "max_steps", "seed", "max_offset",
+              "min_factor", "max_factor",
               "train_size", "test_size")
 
 

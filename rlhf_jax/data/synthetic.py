@@ -13,6 +13,10 @@ Generation is deterministic from the seed.
   :mod:`rlhf_jax.data.word_problems`.
 - arithmetic_preferences: the arithmetic rows with ``chosen`` (the right value) and ``rejected`` (a wrong
   one) responses, DPO's preference pairs.
+- calculator_demos: the arithmetic rows (default: 3-digit times 2-digit products) plus a ``messages`` conversation
+  that demonstrates the calculator tool: the assistant writes a Hermes ``<tool_call>``, the ``tool`` message
+  holds the result, the assistant answers ``#### <value>`` (multi-turn SFT data; the same rows' ``prompt`` and
+  ground truth serve RL).
 - countdown: ``num_numbers`` integers in [1, max_number] and a target in
   [1, max_target] that is reachable using each number exactly once with ``ops``;
   ground truth ``{"target": int, "numbers": [...]}``, answer in ``<answer>`` tags.
@@ -24,6 +28,7 @@ CLI: ``python -m rlhf_jax.data.synthetic --task arithmetic --out DIR`` writes
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 from fractions import Fraction
@@ -197,6 +202,35 @@ def make_arithmetic_preferences(n: int, seed: int = 0, *, max_offset: int = 3, s
     return rows
 
 
+def calculator_call(expression: str) -> str:
+    """The Hermes tool-call text of one calculator call (what the multi-turn parser reads back)."""
+    return "<tool_call>" + json.dumps({"name": "calculator", "arguments": {"expression": expression}}) + "</tool_call>"
+
+
+def make_calculator_demos(n: int, seed: int = 0, *, min_value: int = 100, max_value: int = 999,
+                          min_factor: int = 10, max_factor: int = 99, ops: str | tuple[str, ...] = ("*",),
+                          split: str = "train") -> list[dict[str, Any]]:
+    """`n` problems ``a<op>b=`` (a in [min_value, max_value], b in [min_factor, max_factor]) with a demonstration
+    conversation: user asks, assistant calls the calculator, the tool answers, assistant gives ``#### value``."""
+    ops = _check_ops(ops, ARITHMETIC_OPS, "calculator_demos")
+    if min_value > max_value or min_factor > max_factor or min(min_value, min_factor) < 0:
+        raise ValueError(f"calculator_demos: need 0 <= min_value <= max_value and 0 <= min_factor <= max_factor, got "
+                         f"[{min_value}, {max_value}], [{min_factor}, {max_factor}]")
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        expr = f"{rng.randint(min_value, max_value)}{rng.choice(ops)}{rng.randint(min_factor, max_factor)}"
+        value = str(int(evaluate(expr)[0]))
+        row = _row("calculator_demos", "math", f"{expr}=", value, {"split": split, "index": i, "expression": expr})
+        row["data_source"] = "arithmetic"  # scored by the arithmetic scorer
+        row["messages"] = [{"role": "user", "content": f"{expr}="},
+                           {"role": "assistant", "content": calculator_call(expr)},
+                           {"role": "tool", "name": "calculator", "content": value},
+                           {"role": "assistant", "content": f"#### {value}"}]
+        rows.append(row)
+    return rows
+
+
 def make_guess_number(n: int, seed: int = 0, *, max_value: int = 100, max_steps: int = 8,
                       split: str = "train") -> list[dict[str, Any]]:
     """`n` tasks of the ``guess_number`` environment (agents/environment.py): a secret in [1, max_value] as the
@@ -210,7 +244,8 @@ def make_guess_number(n: int, seed: int = 0, *, max_value: int = 100, max_steps:
 
 
 GENERATORS = {"arithmetic": make_arithmetic, "countdown": make_countdown, "word_problems": make_word_problems,
-              "arithmetic_preferences": make_arithmetic_preferences, "guess_number": make_guess_number}
+              "arithmetic_preferences": make_arithmetic_preferences, "guess_number": make_guess_number,
+              "calculator_demos": make_calculator_demos}
 
 
 def generate(task: str, out_dir: str, *, train_size: int, test_size: int, seed: int, **knobs: Any) -> list[str]:

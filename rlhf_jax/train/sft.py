@@ -46,7 +46,8 @@ from rlhf_jax.train.generation import key_function
 from rlhf_jax.train.loggers import MetricLogger
 from rlhf_jax.train.optim import make_optimizer
 from rlhf_jax.train.preemption import STOP, StopRequest
-from rlhf_jax.train.setup import actor_trainable, load_actor, load_tokenizer, mesh_and_rules, sampling_params
+from rlhf_jax.train.setup import (actor_trainable, load_actor, load_tokenizer, mesh_and_rules, sampling_params,
+                                  tool_schemas)
 from rlhf_jax.train.trainer import Trainer, _due
 from rlhf_jax.train.trainer_checkpoints import CheckpointMixin
 
@@ -97,8 +98,9 @@ def prepare_sft(cfg: ConfigDict) -> SFTComponents:
                          "positions (max_position_embeddings); lower it")
     tokenizer_path = resolve_model_path(cfg.data.tokenizer) if cfg.data.tokenizer else model_path
     tokenizer = load_tokenizer(tokenizer_path, cfg.data.chat_template)
-    train = sft_dataset_from_config(checked.data, tokenizer, "train")
-    val = sft_dataset_from_config(checked.data, tokenizer, "val") if checked.data.val_files else None
+    tools = tool_schemas(checked)  # the multi-turn rollout's tools, rendered into SFT conversations alike
+    train = sft_dataset_from_config(checked.data, tokenizer, "train", tools)
+    val = sft_dataset_from_config(checked.data, tokenizer, "val", tools) if checked.data.val_files else None
     cfg = finalize(cfg, num_devices=jax.device_count(), num_processes=jax.process_count(),
                    train_dataset_size=len(train))
     val_prompts = _wants_accuracy(cfg, tokenizer)

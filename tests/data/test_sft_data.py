@@ -1,5 +1,6 @@
 """SFT data: prompt/response ids and loss masks (single turn, Question/Answer files, chat conversations), truncation,
-bad rows named by file and row, and the loader's layout and exact resume."""
+bad rows named by file and row, the loader's layout and exact resume, the calculator demonstrations (tool results
+untrained) and the tool schemas rendered like the multi-turn rollout's prompts."""
 
 from __future__ import annotations
 
@@ -8,8 +9,11 @@ import json
 import numpy as np
 import pytest
 import transformers
+from ml_collections import ConfigDict
 
-from rlhf_jax.data.sft import SFTLoader, build_sft_dataset
+from rlhf_jax.agents.tool_calls import parse_hermes
+from rlhf_jax.agents.tools import get_tool
+from rlhf_jax.data.sft import SFTLoader, build_sft_dataset, sft_settings
 from rlhf_jax.data.sources import DataError, read_files
 from rlhf_jax.tools import tiny
 
@@ -65,6 +69,54 @@ def _runs(mask):
     """(start, end) of the runs of ones."""
     edges = np.diff(np.concatenate([[0], mask, [0]]))
     return list(zip(np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)))
+
+
+def test_calculator_demos_train_the_call_and_the_answer_not_the_tool_result(tok):
+    rows = read_files("builtin:calculator_demos?train_size=8&min_value=1000&max_value=9999")
+    ds = _build(tok, rows, max_length=256, multiturn=True)
+    for row, prompt, response, mask in zip(rows, ds.prompts, ds.responses, ds.loss_masks):
+        expr, value = row.data["extra_info"]["expression"], row.data["reward_model"]["ground_truth"]
+        a, op, b = expr.partition("*")
+        assert op and 1000 <= int(a) <= 9999 and 10 <= int(b) <= 99 and int(value) == int(a) * int(b)
+        ids = np.concatenate([prompt, response])
+        full = np.concatenate([np.zeros(len(prompt), int), mask])
+        assert tok.decode(ids) == tok.apply_chat_template(row.data["messages"], tokenize=False)
+        trained = [tok.decode(ids[i:j]) for i, j in _runs(full)]
+        call = '<tool_call>{"name": "calculator", "arguments": {"expression": "%s"}}</tool_call>' % expr
+        assert trained == [call + "<|im_end|>\n", f"#### {value}<|im_end|>\n"]
+        untrained = tok.decode(ids[full == 0])
+        assert f"<|im_start|>tool\n{value}<|im_end|>" in untrained  # the tool's message is context, not a target
+    # the parser the multi-turn rollout uses reads the demonstrated call back
+    parsed = parse_hermes(rows[0].data["messages"][1]["content"])
+    assert [(c.name, c.arguments) for c in parsed.calls] == [
+        ("calculator", {"expression": rows[0].data["extra_info"]["expression"]})] and not parsed.errors
+
+
+TOOLS_TEMPLATE = (  # a template that lists tool schemas in the system turn, as Qwen's and Hermes' templates do
+    "{% if tools %}<|im_start|>system\n{% for t in tools %}{{ t | tojson }}\n{% endfor %}<|im_end|>\n{% endif %}"
+    + tiny.CHAT_TEMPLATE)
+
+
+def test_conversations_render_the_tool_schemas_like_rollout_prompts(tok):
+    tools = [get_tool("calculator").schema()]
+    tok_tools = transformers.AutoTokenizer.from_pretrained(tiny.ensure())
+    tok_tools.chat_template = TOOLS_TEMPLATE
+    rows = read_files("builtin:calculator_demos?train_size=2")
+    data_cfg = ConfigDict({"prompt_key": None, "response_key": None, "multiturn": {"enable": True, "messages_key":
+                           "messages"}, "prompt_template": "native", "system_prompt": None,
+                           "apply_chat_template_kwargs": {"enable_thinking": False}})
+    settings = sft_settings(data_cfg, tools)
+    assert settings["chat_kwargs"] == {"enable_thinking": False, "tools": tools}
+    ds = build_sft_dataset(rows, tok_tools, settings=settings, max_length=512, truncation="error")
+    rendered = tok_tools.decode(ds.prompts[0])
+    # the prompt part is exactly what the rollout's prompt rendering gives for the same tools
+    assert rendered == tok_tools.apply_chat_template(rows[0].data["messages"][:1], tools=tools, tokenize=False,
+                                                     add_generation_prompt=True)
+    assert '"name": "calculator"' in rendered
+    whole = tok_tools.decode(np.concatenate([ds.prompts[0], ds.responses[0]]))
+    assert whole == tok_tools.apply_chat_template(rows[0].data["messages"], tools=tools, tokenize=False)
+    without = build_sft_dataset(rows, tok_tools, settings=sft_settings(data_cfg), max_length=512, truncation="error")
+    assert "calculator" not in tok_tools.decode(without.prompts[0]).split("<|im_start|>user")[0]
 
 
 def test_conversation_row_without_messages_or_assistant_is_named(tmp_path, tok):
