@@ -207,8 +207,8 @@ def sft_dataset_from_config(data_cfg: Any, tokenizer, which: str = "train",
     shuffle = which == "train" and data_cfg.shuffle
     rows = read_rows(files, data_cfg[f"{which}_split"], int(data_cfg[f"{which}_max_samples"]),
                      int(data_cfg.seed) if shuffle else None)
-    return build_sft_dataset(rows, tokenizer, settings=sft_settings(data_cfg, tools), max_length=max_length_of(data_cfg),
-                             truncation=data_cfg.truncation)
+    return build_sft_dataset(rows, tokenizer, settings=sft_settings(data_cfg, tools),
+                             max_length=max_length_of(data_cfg), truncation=data_cfg.truncation)
 
 
 @dataclasses.dataclass
