@@ -348,7 +348,8 @@ class Trainer(CheckpointMixin, ExperienceMixin):
         if self.cfg.algorithm.adv_estimator == "remax":
             with timer("gen_max"):  # verl's name for ReMax's greedy baseline rollout
                 baselines = self._greedy_baselines(pb, self.c.sampling.n, step, weights)
-        scores = to_global(self.mesh, np.asarray(scores, np.float32))
+        with timer("reward"):
+            scores = jax.block_until_ready(to_global(self.mesh, np.asarray(scores, np.float32)))
         out_metrics.update({f"timing_s/{k}": v for k, v in timer.seconds.items()})
         return Experience(pb=pb, out=out, scores=scores, baselines=baselines, version=version,
                           data_state=data_state, metrics=out_metrics)
@@ -373,7 +374,8 @@ class Trainer(CheckpointMixin, ExperienceMixin):
         out_metrics["training/staleness"] = float(self.step - experience.version)
         with timer("step"):
             host = {k: gather_all(getattr(out, k)) for k in ("prompts", "prompt_mask", "responses", "response_mask")}
-            token_scores = place_on_last_token(experience.scores, out.response_mask)
+            with timer("reward"):  # the reward stage's last part: each score placed on its response's last token
+                token_scores = jax.block_until_ready(place_on_last_token(experience.scores, out.response_mask))
             host["response_valid"] = gather_all(out.valid_mask())  # the sequence's tokens (tool responses too)
             batch, rollout_logprobs = self._training_batch(out, host)
             need_old = d.recompute_old_log_prob or cfg.algorithm.use_kl_in_reward or self.correction.enabled
@@ -430,8 +432,9 @@ class Trainer(CheckpointMixin, ExperienceMixin):
                                           max_response_length=cfg.actor_rollout_ref.rollout.response_length))
         resp_tokens = int(arrays["response_mask"].sum())
         total_tokens = resp_tokens + int(arrays["prompt_mask"].sum())
-        seconds = {**{k[len("timing_s/"):]: v for k, v in experience.metrics.items() if k.startswith("timing_s/")},
-                   **timer.seconds}
+        seconds = {k[len("timing_s/"):]: v for k, v in experience.metrics.items() if k.startswith("timing_s/")}
+        for k, v in timer.seconds.items():  # the production's stages plus this step's own
+            seconds[k] = seconds.get(k, 0.0) + v
         out_metrics.update(M.timing_metrics(seconds, response_tokens=resp_tokens, total_tokens=total_tokens))
         out_metrics.update(M.perf_metrics(total_tokens=total_tokens, step_seconds=timer.seconds["step"],
                                           update_seconds=timer.seconds.get("update_actor", 0.0), num_params=self.num_params,
