@@ -11,6 +11,7 @@ with a no-argument constructor); a missing file or class is a one-line ``ValueEr
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import re
 from typing import Callable
@@ -27,14 +28,16 @@ class StepResult:
     info: dict = dataclasses.field(default_factory=dict)
 
 
-class Environment:
+class Environment(abc.ABC):
     """Base class of environments; one instance plays one trajectory."""
 
+    @abc.abstractmethod
     def reset(self, task: dict) -> str:
-        raise NotImplementedError
+        """Start the trajectory of ``task`` (a data row); returns the first observation (the user's message)."""
 
+    @abc.abstractmethod
     def step(self, action: str) -> StepResult:
-        raise NotImplementedError
+        """Answer the model's turn ``action``: the next observation, this turn's reward, whether it is over."""
 
 
 _ENVIRONMENTS: dict[str, type] = {}
