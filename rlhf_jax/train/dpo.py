@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import fnmatch
 import os
-import sys
-import time
 from typing import Any
 
 import jax
@@ -37,9 +35,9 @@ from rlhf_jax.data.preferences import PreferenceDataset, preference_dataset_from
 from rlhf_jax.data.prompts import bucket_length, pad_left, pad_token_id_of, resolve_buckets
 from rlhf_jax.models import lora
 from rlhf_jax.train import metrics as M
-from rlhf_jax.train import run_lock
 from rlhf_jax.train.batching import mini_batches, to_global
-from rlhf_jax.train.checkpoint import Checkpointer, quiet_storage_noise
+from rlhf_jax.train.checkpoint import Checkpointer
+from rlhf_jax.train.fit_loop import FitLoop
 from rlhf_jax.train.dpo_steps import SIDES, DPOSpec, dpo_update, side
 from rlhf_jax.train.engine import Role
 from rlhf_jax.train.loggers import MetricLogger
@@ -48,7 +46,6 @@ from rlhf_jax.train.passes import HEADROOM, compiled_bytes, free_device_memory, 
 from rlhf_jax.train.preemption import STOP, StopRequest
 from rlhf_jax.train.profiling import StepProfiler
 from rlhf_jax.train.setup import Components, actor_trainable, load_actor, load_policy, load_tokenizer, mesh_and_rules
-from rlhf_jax.train.trainer import _due
 from rlhf_jax.train.trainer_checkpoints import CheckpointMixin
 
 
@@ -121,7 +118,7 @@ def pad_right(rows: list[np.ndarray], length: int, pad_token_id: int) -> tuple[n
     return out, mask
 
 
-class DPOTrainer(CheckpointMixin):
+class DPOTrainer(FitLoop, CheckpointMixin):
     def __init__(self, cfg: ConfigDict, stop: StopRequest = STOP, lock_dir: bool = False):
         """``lock_dir``: refuse at once if another run uses the output directory (``fit`` always checks)."""
         self.stop = stop
@@ -129,13 +126,7 @@ class DPOTrainer(CheckpointMixin):
         self.c, self.cfg, self.mesh, self.tok = c, c.cfg, c.mesh, c.tokenizer
         cfg, d = self.cfg, self.cfg.derived
         self.total_steps = int(d.total_training_steps)
-        self.is_main = jax.process_index() == 0
-        self.out_dir = os.path.abspath(os.path.expanduser(cfg.trainer.default_local_dir))
-        self._locks = 0
-        if lock_dir:  # before any model is loaded
-            run_lock.acquire(self.out_dir)
-            self._locks += 1
-        self.log_dir = os.path.abspath(os.path.expanduser(cfg.trainer.log_dir or self.out_dir))
+        self._open_output(lock_dir)
         arr = cfg.actor_rollout_ref
         tx, lr_fn = make_optimizer(arr.actor.optim, arr.actor.grad_clip, self.total_steps, d.actor_updates_per_step)
         trainable = actor_trainable(cfg, c.model_path)  # checks the freeze / LoRA keys before any weight is read
@@ -282,68 +273,6 @@ class DPOTrainer(CheckpointMixin):
                 totals[k] = totals.get(k, 0.0) + float(v) * n
         return {f"val/{'dpo_loss' if k == 'loss' else k}": v / max(count, 1.0) for k, v in totals.items()}
 
-    # ------------------------------------------------------------------ the loop
-    def fit(self) -> dict[str, Any]:
-        with self.stop.installed(), quiet_storage_noise():
-            return self._fit()
-
-    def _fit(self) -> dict[str, Any]:
-        t = self.cfg.trainer
-        run_lock.acquire(self.out_dir)
-        self._locks += 1
-        self.maybe_resume()
-        self.logger.open(self.step)
-        saved_step = self.step
-        last: dict[str, Any] = {}
-        if t.val_only or (t.val_before_train and self.step == 0):
-            start = time.perf_counter()
-            val = self.validate()
-            if val:
-                val["timing_s/testing"] = time.perf_counter() - start
-                self.logger.log(self.step, val)
-            if t.val_only:
-                self.close()
-                return val
-        self.plan_memory()
-        stopping = self.stop.agreed()
-        saves = t.save_freq is None or t.save_freq > 0
-        while self.step < self.total_steps and not stopping:
-            pb = next(self.loader)
-            with self.profiler.step(self.step + 1):
-                metrics = self.train_step(pb)
-            self.step += 1
-            self.checkpointer.check()  # an asynchronous save that failed (a full disk) stops the run now
-            is_last = self.step == self.total_steps
-            stopping = self.stop.agreed()
-            if _due(t.test_freq, self.step, is_last) and not stopping:
-                start = time.perf_counter()
-                metrics.update(self.validate())
-                metrics["timing_s/testing"] = time.perf_counter() - start
-                stopping = self.stop.agreed()
-            if _due(t.save_freq, self.step, is_last) or (stopping and saves):
-                start = time.perf_counter()
-                self.save_checkpoint()
-                saved_step = self.step
-                hf_always = t.save_hf_checkpoint == "always" or "hf_model" in self.cfg.actor_rollout_ref.actor.checkpoint.save_contents
-                if hf_always or (t.save_hf_checkpoint == "last" and is_last):
-                    metrics["hf_export_dir"] = self.export_hf()
-                metrics["timing_s/save_checkpoint"] = time.perf_counter() - start
-            self.logger.log(self.step, metrics)
-            last = metrics
-        if stopping:
-            if saved_step != self.step and saves:
-                self.save_checkpoint()
-            where = (f"checkpoint of step {self.step} in {self.checkpointer.directory}" if self.step and saves
-                     else "trainer.save_freq <= 0, nothing saved" if self.step else "no step had finished, nothing to save")
-            if self.is_main:
-                print(f"stopped by {self.stop.name} at step {self.step}/{self.total_steps}: {where}; "
-                      "the same command resumes", file=sys.stderr, flush=True)
-        self.close()
-        return last
-
-    def close(self) -> None:
-        self.checkpointer.close()
-        self.logger.close()
-        for _ in range(self._locks):
-            run_lock.release(self.out_dir)
-        self._locks = 0
+    # ------------------------------------------------------------------ the loop (FitLoop)
+    def _next_step(self) -> dict[str, Any]:
+        return self.train_step(next(self.loader))

@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import sys
 import time
 from typing import Any
 
@@ -35,20 +34,21 @@ from rlhf_jax.data.sft import SFTBatch, max_length_of, sft_dataset_from_config, 
 from rlhf_jax.models import lora
 from rlhf_jax.rewards import RewardManager, scorer_name
 from rlhf_jax.rollout import Sampler
-from rlhf_jax.train import run_lock
 from rlhf_jax.batch import pack_batch
 from rlhf_jax.batch.packing import row_length
 from rlhf_jax.data.prompts import pad_token_id_of
 from rlhf_jax.train.batching import gather_all, sum_over_processes, to_global
-from rlhf_jax.train.checkpoint import Checkpointer, quiet_storage_noise
+from rlhf_jax.train.checkpoint import Checkpointer
+from rlhf_jax.train.fit_loop import FitLoop
 from rlhf_jax.train.engine import Role
 from rlhf_jax.train.generation import key_function
 from rlhf_jax.train.loggers import MetricLogger
 from rlhf_jax.train.optim import make_optimizer
-from rlhf_jax.train.preemption import STOP, StopRequest
+from rlhf_jax.train.preemption import STOP, StepAbandoned, StopRequest
+from rlhf_jax.train.profiling import StepProfiler
 from rlhf_jax.train.setup import (actor_trainable, load_actor, load_tokenizer, mesh_and_rules, sampling_params,
                                   tool_schemas)
-from rlhf_jax.train.trainer import Trainer, _due
+from rlhf_jax.train.trainer import Trainer
 from rlhf_jax.train.trainer_checkpoints import CheckpointMixin
 
 log = logging.getLogger(__name__)
@@ -125,7 +125,7 @@ def micro_batches(cfg: ConfigDict) -> int:
     return per_shard // micro
 
 
-class SFTTrainer(CheckpointMixin):
+class SFTTrainer(FitLoop, CheckpointMixin):
     # Generation validation is the RL trainer's own (same prompts, sampler, scorers, metric names and dumps).
     validate_generations = Trainer.validate
     _generate, _rollout_weights, _sampler_params = Trainer._generate, Trainer._rollout_weights, Trainer._sampler_params
@@ -142,13 +142,7 @@ class SFTTrainer(CheckpointMixin):
         # Packed rows (model.use_remove_padding, the default): no FLOPs on padding; exact (same loss and gradient).
         self.packed = bool(cfg.actor_rollout_ref.model.use_remove_padding)
         self.row_len = row_length(max_length_of(cfg.data))
-        self.is_main = jax.process_index() == 0
-        self.out_dir = os.path.abspath(os.path.expanduser(cfg.trainer.default_local_dir))
-        self._locks = 0
-        if lock_dir:
-            run_lock.acquire(self.out_dir)
-            self._locks += 1
-        self.log_dir = os.path.abspath(os.path.expanduser(cfg.trainer.log_dir or self.out_dir))
+        self._open_output(lock_dir)
         actor = cfg.actor_rollout_ref.actor
         tx, lr_fn = make_optimizer(actor.optim, actor.grad_clip, self.total_steps, 1)
         trainable = actor_trainable(cfg, c.model_path)
@@ -161,6 +155,7 @@ class SFTTrainer(CheckpointMixin):
                                          max_to_keep=cfg.trainer.max_actor_ckpt_to_keep)
         self.logger = MetricLogger(self.log_dir, cfg.trainer.logger, total_steps=self.total_steps, enabled=self.is_main,
                                    run=(cfg.trainer.project_name, cfg.trainer.experiment_name, cfg.to_dict()))
+        self.profiler = StepProfiler(cfg.trainer.profile_steps, cfg.trainer.profile_dir)
         self.step = 0
         # What the borrowed generation validation reads.
         self.rollout_mesh, self._rollout_params_of, self._merge_fn, self.reward_model = None, None, None, None
@@ -265,77 +260,15 @@ class SFTTrainer(CheckpointMixin):
             metrics.update(self.validate_generations())
         return metrics
 
-    # ------------------------------------------------------------------ the loop
-    def fit(self) -> dict[str, Any]:
-        with self.stop.installed(), quiet_storage_noise():
-            return self._fit()
+    # ------------------------------------------------------------------ the loop (FitLoop)
+    def _next_step(self) -> dict[str, Any]:
+        data_state = self.loader.get_state()
+        batch = next(self.loader)
+        if self.stop.agreed():  # the last point before the step changes the weights
+            self.loader.set_state(data_state)
+            raise StepAbandoned
+        return self.train_step(batch)
 
-    def _validate_logged(self, metrics: dict) -> None:
-        start = time.perf_counter()
-        metrics.update(self.validate())
-        metrics["timing_s/testing"] = time.perf_counter() - start
-
-    def _fit(self) -> dict[str, Any]:
-        t = self.cfg.trainer
-        run_lock.acquire(self.out_dir)
-        self._locks += 1
-        self.maybe_resume()
-        self.logger.open(self.step)
-        saved_step = self.step
-        last: dict[str, Any] = {}
-        if t.val_only or (t.val_before_train and self.step == 0):
-            val: dict[str, Any] = {}
-            self._validate_logged(val)
-            if len(val) > 1:
-                self.logger.log(self.step, val)
-            if t.val_only:
-                self.close()
-                return val
-        self.plan_memory()
-        saves = t.save_freq is None or t.save_freq > 0
-        stopping = self.stop.agreed()
-        while self.step < self.total_steps and not stopping:
-            data_state = self.loader.get_state()
-            batch = next(self.loader)
-            if self.stop.agreed():  # the last point before the step changes the weights
-                self.loader.set_state(data_state)
-                stopping = True
-                break
-            metrics = self.train_step(batch)
-            self.step += 1
-            self.checkpointer.check()
-            is_last = self.step == self.total_steps
-            stopping = self.stop.agreed()
-            if _due(t.test_freq, self.step, is_last) and not stopping:
-                self._validate_logged(metrics)
-                stopping = self.stop.agreed()
-            if _due(t.save_freq, self.step, is_last) or (stopping and saves):
-                start = time.perf_counter()
-                self.save_checkpoint()
-                saved_step = self.step
-                contents = self.cfg.actor_rollout_ref.actor.checkpoint.save_contents
-                hf_always = t.save_hf_checkpoint == "always" or "hf_model" in contents
-                if hf_always or (t.save_hf_checkpoint == "last" and is_last):
-                    metrics["hf_export_dir"] = self.export_hf()
-                metrics["timing_s/save_checkpoint"] = time.perf_counter() - start
-            self.logger.log(self.step, metrics)
-            last = metrics
-        if stopping:
-            if saved_step != self.step and saves:
-                self.save_checkpoint()
-            if self.is_main:
-                where = (f"checkpoint of step {self.step} in {self.checkpointer.directory}" if self.step and saves
-                         else "nothing saved")
-                print(f"stopped by {self.stop.name} at step {self.step}/{self.total_steps}: {where}; the same command "
-                      "resumes", file=sys.stderr, flush=True)
-        self.close()
-        return last
-
-    def close(self) -> None:
-        self.checkpointer.close()
+    def _close_resources(self) -> None:
         if self.reward_manager is not None:
             self.reward_manager.close()
-        self.logger.close()
-        for _ in range(self._locks):
-            run_lock.release(self.out_dir)
-        self._locks = 0

@@ -1,4 +1,7 @@
-"""The training loop: sample, score, old/ref log-probs and values, advantages, critic and actor updates.
+"""The RL trainer: sample, score, old/ref log-probs and values, advantages, critic and actor updates.
+
+The rollout side lives in train/trainer_rollout.py, checkpoints in trainer_checkpoints.py, the experience buffer
+and overlap in trainer_experience.py, and the run loop (shared with SFT and DPO) in fit_loop.py.
 
 ``Trainer(cfg).fit()`` runs ``trainer.total_training_steps`` steps (or the
 epochs' worth), validating every ``trainer.test_freq`` steps and checkpointing
@@ -20,41 +23,34 @@ import functools
 import json
 import logging
 import os
-import sys
-import time
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding
 from ml_collections import ConfigDict
 
 from rlhf_jax import algos
 from rlhf_jax.algos.rollout_correction import correction_from_config, rollout_correction
 from rlhf_jax.config import resolve_model_path
 from rlhf_jax.data import PromptBatch, loader_from_config
-from flax import nnx
 
-from rlhf_jax.models import TASK_TOKEN_VALUE, lora
+from rlhf_jax.models import TASK_TOKEN_VALUE
 from rlhf_jax.rewards import RewardManager, place_on_last_token
-from rlhf_jax.rewards.reward_model import decode_responses
-from rlhf_jax.parallel import batch_sharding
 from rlhf_jax.rollout import Sampler
-from rlhf_jax.rollout.decode import RolloutBatch
 from rlhf_jax.batch import pack_batch, trim_columns
 from rlhf_jax.train import metrics as M
 from rlhf_jax.train.batching import gather_all, mini_batches, sum_over_processes, to_global, to_local
-from rlhf_jax.train.checkpoint import Checkpointer, quiet_storage_noise
-from rlhf_jax.train.dynamic_sampling import ROLLOUT_KEYS, Collected, varied_groups
+from rlhf_jax.train.checkpoint import Checkpointer
 from rlhf_jax.train.engine import Role
 from rlhf_jax.train.experience import Experience
+from rlhf_jax.train.fit_loop import FitLoop
 from rlhf_jax.train.trainer_checkpoints import CheckpointMixin
 from rlhf_jax.train.trainer_experience import ExperienceMixin
-from rlhf_jax.train.generation import generate_batch, key_function
+from rlhf_jax.train.trainer_rollout import RolloutMixin
+from rlhf_jax.train.generation import key_function
 from rlhf_jax.train.loggers import MetricLogger, dump_generations
 from rlhf_jax.train.optim import make_optimizer
-from rlhf_jax.train import run_lock
 from rlhf_jax.train.profiling import StepProfiler
 from rlhf_jax.train.preemption import STOP, StepAbandoned, StopRequest
 from rlhf_jax.train.passes import PassPlan, compile_pass, describe, fit_pass, free_device_memory, gib, memory_hint, plan_passes
@@ -101,15 +97,7 @@ def actor_loss_spec(cfg: ConfigDict, recompute_old: bool, temperature: float, mo
     )
 
 
-def _due(freq: int | None, step: int, is_last: bool) -> bool:
-    """verl's rule for test_freq / save_freq: N > 0 every N steps and at the last step, <= 0 never;
-    None (rlhf_jax's default) only at the last step."""
-    if freq is None:
-        return is_last
-    return freq > 0 and (is_last or step % freq == 0)
-
-
-class Trainer(CheckpointMixin, ExperienceMixin):
+class Trainer(FitLoop, RolloutMixin, CheckpointMixin, ExperienceMixin):
     def __init__(self, cfg: ConfigDict, components: Components | None = None, stop: StopRequest = STOP,
                  lock_dir: bool = False):
         """``lock_dir``: refuse at once if another run uses the output directory (``fit`` always checks)."""
@@ -118,13 +106,7 @@ class Trainer(CheckpointMixin, ExperienceMixin):
         self.c, self.cfg, self.mesh, self.tok = c, c.cfg, c.mesh, c.tokenizer
         cfg, d = self.cfg, self.cfg.derived
         self.total_steps = int(d.total_training_steps)
-        self.is_main = jax.process_index() == 0
-        self.out_dir = os.path.abspath(os.path.expanduser(cfg.trainer.default_local_dir))
-        self._locks = 0
-        if lock_dir:  # before any model is loaded
-            run_lock.acquire(self.out_dir)
-            self._locks += 1
-        self.log_dir = os.path.abspath(os.path.expanduser(cfg.trainer.log_dir or self.out_dir))
+        self._open_output(lock_dir)
         arr = cfg.actor_rollout_ref
 
         tx, lr_fn = make_optimizer(arr.actor.optim, arr.actor.grad_clip, self.total_steps, d.actor_updates_per_step)
@@ -193,166 +175,6 @@ class Trainer(CheckpointMixin, ExperienceMixin):
         self._memory_planned = False
         self._layout_metrics: dict[str, float] = {}
         self._init_experience()
-
-    # ------------------------------------------------------------------ LoRA
-    def _base_model(self):
-        """The base model (adapters off) over the actor's frozen arrays: no copy."""
-        return nnx.merge(lora.plain_graphdef(self.actor.config, self.actor.task), self.actor.frozen)
-
-    def _sampler_params(self):
-        """The sampler's weights: the actor's, with the adapters merged in under LoRA (a temporary copy of the
-        adapted weights only, for the rollout; the decode step then runs no extra low-rank matmuls)."""
-        if not self.lora:
-            return self.actor.state()
-        state = self.actor.state()
-        if self._merge_fn is None:
-            shardings = {lora.path_key(p): v.get_value() for p, v in nnx.to_flat_state(self.actor.frozen_shardings)}
-            shapes = jax.eval_shape(functools.partial(lora.merged_weights, spec=self.lora), state)
-            self._merge_fn = jax.jit(functools.partial(lora.merged_weights, spec=self.lora),
-                                     out_shardings={k: shardings[k] for k in shapes})
-        return lora.merged_state(state, self.lora, self._merge_fn(state))
-
-    # ------------------------------------------------------------------ rollout + scoring
-    def _rollout_key(self, seed: int, step: int) -> jax.Array:
-        """The sampler key of (seed, step) (see train/generation.py)."""
-        return self._key_fn(seed, step)
-
-    def _rollout_weights(self):
-        """The sampler's weights (``_sampler_params``) where it runs: on separate rollout devices, a copy made once
-        per update."""
-        if self.rollout_mesh is None:
-            return self._sampler_params()
-        params = self.actor.params  # replaced by every update
-        if self._rollout_params_of is None or self._rollout_params_of[0] is not params:
-            weights = self._sampler_params()
-            shardings = jax.tree.map(lambda x: NamedSharding(self.rollout_mesh, x.sharding.spec), weights)
-            self._rollout_params_of = (params, jax.device_put(weights, shardings))
-        return self._rollout_params_of[1]
-
-    def _generate(self, pb: PromptBatch, sampling, key, bucket: bool = True, weights: Any = None):
-        """Sample from a (process-local) prompt batch (see train/generation.py) with ``weights`` (default: the
-        current ones); the result is on the training mesh."""
-        mesh = self.rollout_mesh or self.mesh
-        dp = self.cfg.derived.dp_size if self.rollout_mesh is None else self.rollout_mesh.devices.size
-        weights = self._rollout_weights() if weights is None else weights
-        out, keep = generate_batch(self.sampler, weights, mesh, dp, pb, sampling, key, bucket)
-        if self.rollout_mesh is not None:
-            rows = {1: batch_sharding(self.mesh, 1, self.c.rules), 2: batch_sharding(self.mesh, 2, self.c.rules)}
-            out = jax.tree.map(lambda x: jax.device_put(x, rows[x.ndim]), out)
-        return out, keep
-
-    def _multi_turn_rollout(self):
-        """Multi-turn tool-calling rollouts (train/multi_turn.py) when rollout.multi_turn.enable, else None."""
-        if not self.cfg.actor_rollout_ref.rollout.multi_turn.enable:
-            return None
-        from rlhf_jax.train.multi_turn import MultiTurnRollout
-
-        return MultiTurnRollout(self.cfg, self.sampler.graphdef, self.actor.config, self.tok, self.mesh, self.c.rules,
-                                self.cfg.data.max_prompt_length)
-
-    def _sample(self, pb: PromptBatch, sampling, key, out_metrics: dict, bucket: bool = True, weights: Any = None):
-        """Single-turn sampling (``_generate``) or the multi-turn rollout; (batch, kept rows, the mask of the
-        response tokens the reward reads: every token of the sequence, tool responses included)."""
-        if self.multi_turn is None:
-            out, keep = self._generate(pb, sampling, key, bucket, weights)
-            return out, keep, out.response_mask
-        weights = self._rollout_weights() if weights is None else weights
-        out, metrics = self.multi_turn.rollout(weights, pb, sampling, key)
-        out_metrics.update(metrics)
-        return out, len(pb) * sampling.n, out.valid_mask()
-
-    def _score(self, pb: PromptBatch, responses: np.ndarray, rmask: np.ndarray,
-               n: int) -> tuple[np.ndarray, dict, list[str], dict[str, np.ndarray]]:
-        texts = decode_responses(self.tok, responses, rmask)
-        rep = lambda xs: [x for x in xs for _ in range(n)]  # noqa: E731  prompt-major, as the sampler orders rows
-        env_scores = self.multi_turn.take_scores() if self.multi_turn is not None else None
-        if env_scores is not None:  # an environment's rewards (multi_turn.environment) are the scores
-            return env_scores, {}, texts, {}
-        if self.reward_model is not None:  # as in verl: the reward model's score replaces rule-based scoring
-            return self.reward_model.score_texts(rep(pb.raw_prompt), texts), {}, texts, {}
-        result = self.reward_manager.score(rep(pb.data_source), texts, rep(pb.ground_truth), rep(pb.extra_info),
-                                           response_lengths=rmask.sum(-1))
-        return result.scores.astype(np.float32), result.metrics(), texts, result.extras
-
-    def _rollout(self, pb: PromptBatch, timer, out_metrics: dict, key, step: int, extras: dict | None = None,
-                 abandonable: bool = True, weights: Any = None, version: int | None = None):
-        """Sample the prompts and score the responses for training step ``step`` (0-based): (the sampler's batch,
-        process-local scores (N,)). ``abandonable``: a stop request abandons the step after the sampling."""
-        with timer("gen"):  # waits for the sampler: dispatch is asynchronous, the reward would be billed for it
-            # every row is trained on
-            out, _, text_mask = self._sample(pb, self.c.sampling, key, out_metrics, bucket=False, weights=weights)
-            out = jax.block_until_ready(out)
-        if abandonable:
-            self._abandon_if_stopping()
-        with timer("reward"):
-            scores, reward_metrics, texts, found = self._score(pb, to_local(out.responses), to_local(text_mask),
-                                                               self.c.sampling.n)
-        out_metrics.update(reward_metrics)
-        if self.cfg.trainer.rollout_data_dir:
-            n = self.c.sampling.n
-            dump_generations(os.path.expanduser(self.cfg.trainer.rollout_data_dir), step + 1,
-                             [t for t in pb.prompt_text for _ in range(n)], texts,
-                             [g for g in pb.ground_truth for _ in range(n)], scores,
-                             weight_version=self.step if version is None else version)
-        if extras is not None:
-            extras.update(found)
-        return out, scores
-
-    def _dynamic_rollout(self, pb: PromptBatch, timer, out_metrics: dict, step: int):
-        """DAPO's dynamic sampling (train/dynamic_sampling.py): batches until train_batch_size groups vary."""
-        fg, n = self.cfg.algorithm.filter_groups, self.c.sampling.n
-        collected = Collected(n, int(self.c.sampling.pad_token_id))
-        base_key, rounds = self._rollout_key(self.c.sampling.seed, step), 0
-        while True:
-            extras: dict = {}
-            key = base_key if rounds == 0 else jax.random.fold_in(base_key, rounds)
-            out, scores = self._rollout(pb, timer, out_metrics, key, step, extras)
-            rounds += 1
-            if fg.metric == "acc" and "acc" not in extras:
-                raise ValueError("algorithm.filter_groups.metric=acc: the reward function returns no 'acc' (return "
-                                 "{'score': ..., 'acc': ...}) ; or set the metric to score")
-            values = extras["acc"] if fg.metric == "acc" else scores
-            collected.add({k: np.asarray(getattr(out, k)) for k in ROLLOUT_KEYS}, scores, varied_groups(values, n))
-            if collected.num_groups >= len(pb):
-                break
-            if 0 < fg.max_num_gen_batches <= rounds:
-                raise ValueError(f"algorithm.filter_groups: {rounds} generation batches gave {collected.num_groups} of "
-                                 f"{len(pb)} prompt groups with varied {fg.metric}: the data may be too easy or too "
-                                 "hard; raise max_num_gen_batches (0 = no limit)")
-            pb = next(self.loader)
-        out_metrics["train/num_gen_batches"] = float(rounds)
-        rows = collected.batch(len(pb))
-        out = RolloutBatch(**{k: to_global(self.mesh, rows[k]) for k in ROLLOUT_KEYS})
-        return out, pb, rows["scores"]
-
-    def _greedy_baselines(self, pb: PromptBatch, n: int, step: int, weights: Any = None) -> jax.Array:
-        """ReMax's baseline: the score of one greedy response per prompt, repeated for the prompt's n samples."""
-        greedy = dataclasses.replace(self.c.sampling, n=1, do_sample=False)
-        out, keep = self._generate(pb, greedy, self._rollout_key(greedy.seed, step), weights=weights)
-        scores, _, _, _ = self._score(pb, to_local(out.responses)[:keep], to_local(out.response_mask)[:keep], 1)
-        return to_global(self.mesh, np.repeat(scores, n).astype(np.float32))
-
-    def _produce(self, pb: PromptBatch, step: int, data_state: Any = None, abandonable: bool = True,
-                 weights: Any = None, version: int | None = None) -> Experience:
-        """Sample and score one prompt batch for training step ``step`` (0-based) with ``weights`` of version
-        ``version`` (default: the current ones)."""
-        version = self.step if version is None else version
-        timer = M.Timer()
-        out_metrics: dict[str, Any] = {}
-        if self.cfg.algorithm.filter_groups.enable:
-            out, pb, scores = self._dynamic_rollout(pb, timer, out_metrics, step)
-        else:
-            out, scores = self._rollout(pb, timer, out_metrics, self._rollout_key(self.c.sampling.seed, step), step,
-                                        abandonable=abandonable, weights=weights, version=version)
-        baselines = None
-        if self.cfg.algorithm.adv_estimator == "remax":
-            with timer("gen_max"):  # verl's name for ReMax's greedy baseline rollout
-                baselines = self._greedy_baselines(pb, self.c.sampling.n, step, weights)
-        with timer("reward"):
-            scores = jax.block_until_ready(to_global(self.mesh, np.asarray(scores, np.float32)))
-        out_metrics.update({f"timing_s/{k}": v for k, v in timer.seconds.items()})
-        return Experience(pb=pb, out=out, scores=scores, baselines=baselines, version=version,
-                          data_state=data_state, metrics=out_metrics)
 
     # ------------------------------------------------------------------ one step
     def train_step(self, pb: PromptBatch) -> dict[str, Any]:
@@ -636,78 +458,12 @@ class Trainer(CheckpointMixin, ExperienceMixin):
             self.logger.val_generations(self.step, examples)
         return metrics
 
-    # ------------------------------------------------------------------ the loop
-    def fit(self) -> dict[str, Any]:
-        # A failed save's writer threads print their noise while training goes on (see quiet_storage_noise).
-        with self.stop.installed(), quiet_storage_noise():
-            return self._fit()
+    # ------------------------------------------------------------------ the loop (FitLoop)
+    def _next_step(self) -> dict[str, Any]:
+        return self._train_next()  # the loader is rewound to what a resumed run must sample again
 
-    def _fit(self) -> dict[str, Any]:
-        t = self.cfg.trainer
-        run_lock.acquire(self.out_dir)
-        self._locks += 1
-        self.maybe_resume()
-        self.logger.open(self.step)  # after the resume: its step decides which logged records stay
-        saved_step = self.step  # the step whose state is on disk (a resumed one, or none yet at step 0)
-        if not t.val_only:  # validation-only runs compile no training program
-            self.plan_memory()
-        last: dict[str, Any] = {}
-        if t.val_only or (t.val_before_train and self.step == 0):  # as in verl, whatever test_freq says
-            start = time.perf_counter()
-            val = self.validate()
-            if val:
-                val["timing_s/testing"] = time.perf_counter() - start
-                self.logger.log(self.step, val)
-            if t.val_only:
-                self.close()
-                return val
-        stopping = self.stop.agreed()
-        saves = t.save_freq is None or t.save_freq > 0  # save_freq <= 0: no checkpoint at all, not even on a stop
-        while self.step < self.total_steps and not stopping:
-            try:
-                with self.profiler.step(self.step + 1):
-                    metrics = self._train_next()  # the loader is rewound to what a resumed run must sample again
-            except StepAbandoned:
-                stopping = True
-                break
-            self.step += 1
-            self.checkpointer.check()  # an asynchronous save that failed (a full disk) stops the run now
-            is_last = self.step == self.total_steps
-            stopping = self.stop.agreed()
-            if _due(t.test_freq, self.step, is_last) and not stopping:
-                start = time.perf_counter()
-                metrics.update(self.validate())
-                metrics["timing_s/testing"] = time.perf_counter() - start
-                stopping = self.stop.agreed()  # validation stops early on a signal
-            if _due(t.save_freq, self.step, is_last) or (stopping and saves):
-                start = time.perf_counter()
-                self.save_checkpoint()
-                saved_step = self.step
-                hf_always = t.save_hf_checkpoint == "always" or "hf_model" in self.cfg.actor_rollout_ref.actor.checkpoint.save_contents
-                if hf_always or (t.save_hf_checkpoint == "last" and is_last):
-                    metrics["hf_export_dir"] = self.export_hf()
-                metrics["timing_s/save_checkpoint"] = time.perf_counter() - start
-            self.logger.log(self.step, metrics)
-            last = metrics
-        if stopping:
-            if saved_step != self.step and saves:
-                self.save_checkpoint()
-            where = (f"checkpoint of step {self.step} in {self.checkpointer.directory}" if self.step and saves
-                     else "trainer.save_freq <= 0, nothing saved" if self.step
-                     else "no step had finished, nothing to save")
-            if self.is_main:
-                print(f"stopped by {self.stop.name} at step {self.step}/{self.total_steps}: {where}; "
-                      "the same command resumes", file=sys.stderr, flush=True)
-        self.close()
-        return last
-
-    def close(self) -> None:
+    def _close_resources(self) -> None:
         self._close_experience()
-        self.checkpointer.close()
         self.reward_manager.close()
-        self.logger.close()
-        for _ in range(self._locks):
-            run_lock.release(self.out_dir)
-        self._locks = 0
 
 
