@@ -2,7 +2,8 @@
 
 A workflow is ``fn(client, task) -> float``: ``client`` is an OpenAI-style ``ChatClient`` over the in-process
 sampler (``client.chat.completions.create(messages=..., tools=...)``), ``task`` the data row (``prompt``,
-``ground_truth`` and its ``extra_info`` keys). Whatever the agent does between calls (tools, parsing, its own
+``ground_truth``, its ``extra_info`` keys and ``workflow_args``: ``rollout.multi_turn.workflow_args``, Trinity's
+``workflow_args``). Whatever the agent does between calls (tools, parsing, its own
 prompts), the episode it produced is one token sequence (``ChatClient.trajectory``) and is trained with the
 returned reward. Register one with ``@register_workflow("name")`` or name it as ``path/to/file.py:function``.
 """

@@ -32,8 +32,8 @@ READERS: dict[str, tuple[str, ...]] = {
         # read to fill or check other keys: the sampler's length, the clip bounds, the checkpoint count, the mesh
         "data.max_response_length", _A + "actor.clip_ratio", "trainer.remove_previous_ckpt_in_save",
         "trainer.max_critic_ckpt_to_keep", "mesh.data", "mesh.fsdp", "mesh.tensor", "mesh.expert",
-        "experience.max_staleness", "trainer.nnodes", "trainer.n_gpus_per_node",
     ),
+    "rlhf_jax.config.placement": ("experience.max_staleness", "trainer.nnodes", "trainer.n_gpus_per_node"),
     "rlhf_jax.config.derive": (
         _A + "actor.ppo_mini_batch_size", _A + "actor.ppo_micro_batch_size_per_gpu", _A + "actor.ppo_epochs",
         _A + "ref.log_prob_micro_batch_size_per_gpu", _A + "rollout.log_prob_micro_batch_size_per_gpu",
@@ -64,14 +64,17 @@ READERS: dict[str, tuple[str, ...]] = {
         "critic.shuffle", "critic.grad_clip",
         "critic.cliprange_value", "critic.loss_agg_mode", "reward_model.enable", "algorithm.adv_estimator",
         "algorithm.gamma", "algorithm.lam", "algorithm.norm_adv_by_std_in_grpo", "algorithm.kl_penalty",
-        "algorithm.filter_groups.*", "algorithm.kl_ctrl.*", "trainer.rollout_data_dir", "trainer.validation_data_dir",
-        "trainer.log_val_generations", "trainer.default_local_dir", "trainer.save_freq", "trainer.test_freq",
-        "trainer.val_before_train", "trainer.val_only", "trainer.critic_warmup", "trainer.resume_mode",
-        "trainer.max_actor_ckpt_to_keep", "trainer.save_hf_checkpoint",
-        "trainer.profile_steps", "trainer.profile_dir", "trainer.seed",
+        "algorithm.filter_groups.enable", "algorithm.kl_ctrl.*", "trainer.validation_data_dir",
+        "trainer.log_val_generations", "trainer.critic_warmup", "trainer.resume_mode",
+        "trainer.max_actor_ckpt_to_keep", "trainer.profile_steps", "trainer.profile_dir", "trainer.seed",
+    ),
+    "rlhf_jax.train.trainer_rollout": ("algorithm.filter_groups.*", "trainer.rollout_data_dir"),
+    "rlhf_jax.train.fit_loop": (
+        "trainer.default_local_dir", "trainer.log_dir", "trainer.save_freq", "trainer.test_freq",
+        "trainer.val_before_train", "trainer.val_only", "trainer.save_hf_checkpoint",
     ),
     "rlhf_jax.train.loggers": ("trainer.logger", "trainer.log_dir"),
-    "rlhf_jax.train.multi_turn": (_A + "rollout.multi_turn.enable",),
+    "rlhf_jax.train.multi_turn": (_A + "rollout.multi_turn.enable", _A + "rollout.multi_turn.workflow_args"),
     "rlhf_jax.agents.settings": tuple(_A + "rollout.multi_turn." + k for k in (
         "max_assistant_turns", "max_user_turns", "max_tokens_per_turn", "tools", "tool_config_path", "format",
         "max_parallel_calls", "max_tool_response_length", "tool_response_truncate_side", "tool_timeout_s",

@@ -58,6 +58,7 @@ class MultiTurnRollout:
         self._samplers: dict[SamplingParams, ConversationSampler] = {}
         self.env_cls = load_environment(mt.environment, f"{KEY}.environment") if mt.environment else None
         self.workflow = load_workflow(mt.workflow, f"{KEY}.workflow") if mt.workflow else None
+        self.workflow_args = dict(mt.workflow_args or {})  # every task gets them as task["workflow_args"]
         self.data_cfg = cfg.data
         self._scores: np.ndarray | None = None  # the last rollout's environment scores, until taken
 
@@ -106,7 +107,7 @@ class MultiTurnRollout:
                       key) -> tuple[list[Trajectory], list[float]]:
         """Every task's workflow on its own client, at the same time; each episode as one trajectory."""
         n, R = sampling.n, self.settings.response_length
-        tasks = [{"prompt": raw, "ground_truth": gt, **dict(extra or {})}
+        tasks = [{"prompt": raw, "ground_truth": gt, **dict(extra or {}), "workflow_args": dict(self.workflow_args)}
                  for raw, gt, extra in zip(pb.raw_prompt, pb.ground_truth, pb.extra_info) for _ in range(n)]
         sampler = self.sampler(sampling)
         clients = [ChatClient(sampler, params, self.tok, key, eos_token_ids=sampling.eos_token_ids,

@@ -169,6 +169,20 @@ def test_trinity_convert_round_trips_and_refuses_what_it_cannot_honour(tmp_path,
         load_yaml(base + "  train_batch_size: 6\n")
 
 
+def test_trinity_workflow_type_and_args_name_one_of_our_workflows():
+    head = "mode: both\nalgorithm:\n  algorithm_type: grpo\n  repeat_times: 2\nbuffer:\n  batch_size: 4\n"
+    taskset = ("  explorer_input:\n    default_workflow_type: math_workflow\n    taskset:\n"
+               "      default_workflow_type: my_agent\n      workflow_args:\n        calls: 3\n")
+    mt = load_yaml(head + taskset).actor_rollout_ref.rollout.multi_turn
+    assert mt.enable and mt.workflow == "my_agent" and dict(mt.workflow_args) == {"calls": 3}
+    single = load_yaml(head + "  explorer_input:\n    default_workflow_type: math_workflow\n")
+    assert not single.actor_rollout_ref.rollout.multi_turn.enable
+    with pytest.raises(ValueError, match=r"multi_turn\.workflow='my_agent' is not a registered workflow"):
+        finalize(load_yaml(head + taskset), num_devices=8, check_paths=False)
+    with pytest.raises(ValueError, match=r"default_eval_workflow_type.*validation runs the training workflow"):
+        load_yaml(head + taskset + "    default_eval_workflow_type: math_workflow\n")
+
+
 def test_trinity_file_trains_two_steps_with_overrides_in_our_keys(tmp_path):
     out = str(tmp_path / "run")
     overrides = {

@@ -84,7 +84,7 @@ def solve(client, task):
     """Ask, run the calculator when called, otherwise ask to check; reward: the answer appears."""
     messages = [{"role": "user", "content": str(task["prompt"])}]
     tools = [{"type": "function", "function": {"name": "calculator", "parameters": {"type": "object"}}}]
-    for _ in range(3):
+    for _ in range(task["workflow_args"]["calls"]):
         reply = client.chat.completions.create(model="policy", messages=messages, tools=tools)
         message = reply.choices[0].message
         messages.append({"role": "assistant", "content": message.content})
@@ -104,13 +104,14 @@ def test_grpo_trains_a_workflow_agent_written_against_the_openai_client(tmp_path
     path = tmp_path / "agent.py"
     path.write_text(AGENT)
     cfg = make_config(str(tmp_path / "run"), "grpo", **{**TURNS, MT + "tools": (), MT + "workflow": f"{path}:solve",
+                                                         MT + "workflow_args": {"calls": 2},
                                                          "data.max_response_length": 200, "data.max_prompt_length": 64})
     trainer = Trainer(cfg)
     trainer.fit()
     rows = read_metrics(str(tmp_path / "run"))
     for row in rows[1:]:
         assert row["critic/score/mean"] == pytest.approx(row["multi_turn/env_reward/mean"])
-        assert row["multi_turn/num_turns/mean"] == 3  # three client calls per episode
+        assert row["multi_turn/num_turns/mean"] == 2  # workflow_args: two client calls per episode
         assert 0 < row["multi_turn/masked_token_fraction"] < 1  # the agent's own messages are not trained
         assert math.isfinite(row["actor/pg_loss"]) and math.isfinite(row["actor/grad_norm"])
     sampler = next(iter(trainer.multi_turn._samplers.values()))
@@ -126,6 +127,8 @@ def test_grpo_trains_a_workflow_agent_written_against_the_openai_client(tmp_path
                                                      "registered"),
     ({MT + "max_assistant_turns": 0}, "multi_turn.max_assistant_turns=0 must be >= 1"),
     ({MT + "tools": ()}, "multi_turn.enable=True needs tools"),
+    ({MT + "workflow_args": {"calls": 2}}, "multi_turn.workflow_args is set but actor_rollout_ref.rollout.multi_turn."
+                                           "workflow is not"),
     ({MT + "format": "xml"}, "multi_turn.format='xml' is not a registered tool-call parser"),
     ({"algorithm.filter_groups.enable": True}, "multi_turn.enable=True with algorithm.filter_groups"),
 ])

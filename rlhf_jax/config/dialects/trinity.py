@@ -4,8 +4,9 @@ Trinity-RFT splits a run into an explorer (sampling workflows over a taskset), a
 trainer, synchronised every ``sync_interval`` steps. Here sampling and training alternate in one JAX program
 (``mode: both`` with ``sync_interval: 1``, on-policy): the explorer's engine and runner settings have no
 meaning (one warning lists them), the taskset is the training data, the algorithm's functions map onto the
-estimator, KL and loss keys, and settings that would make the run something else (off-policy offsets,
-replay buffers, other workflows, stages) are refused by name.
+estimator, KL and loss keys, a workflow type other than Trinity's single-turn ones names one of ours
+(``rollout.multi_turn.workflow``, with ``workflow_args``), and settings that would make the run something else
+(off-policy offsets, replay buffers, stages) are refused by name.
 """
 
 from __future__ import annotations
@@ -134,8 +135,34 @@ def _reward(value: Any, _: dict) -> str:
     return _REWARDS[value]
 
 
-def _workflow(value: Any) -> bool:
-    return value in (None, "math_workflow", "simple_workflow")
+_SINGLE_TURN_WORKFLOWS = (None, "math_workflow", "simple_workflow")
+_MT = _A + "rollout.multi_turn."
+
+
+def _workflow(value: Any, _: dict) -> dict:
+    """Trinity's single-turn workflows are our single-turn rollout; any other name is a workflow of ours
+    (registered name or path.py:function; finalize refuses an unknown one by name) run on the OpenAI-style client."""
+    if value in _SINGLE_TURN_WORKFLOWS:
+        return {}
+    return {_MT + "enable": True, _MT + "workflow": str(value)}
+
+
+def _default_workflow(value: Any, file: dict) -> dict:
+    """The explorer's default workflow type, unless the taskset names its own; read as the taskset-level key."""
+    return {} if get(file, _TASKSET + "default_workflow_type") is not None else _workflow(value, file)
+
+
+def _workflow_args(value: Any, _: dict) -> dict:
+    """rollout.multi_turn.workflow_args: every task of the workflow gets them as task['workflow_args']."""
+    return {_MT + "workflow_args": dict(value)} if value else {}
+
+
+def _eval_workflow(value: Any, file: dict) -> dict:
+    """Validation runs the training workflow: another type is refused."""
+    train = get(file, _TASKSET + "default_workflow_type") or get(file, "buffer.explorer_input.default_workflow_type")
+    if value in _SINGLE_TURN_WORKFLOWS and train in _SINGLE_TURN_WORKFLOWS or value == train:
+        return {}
+    raise ValueError(f"validation runs the training workflow ({train!r}), not {value!r}")
 
 
 def _off(value: Any) -> bool:
@@ -213,8 +240,8 @@ RULES: tuple[Rule, ...] = (
     Rule("buffer.train_batch_size", convert=_train_batch),
     Rule("buffer.total_epochs", "trainer.total_epochs", lambda v, _: int(v)),
     Rule("buffer.total_steps", convert=lambda v, _: {} if v is None else {"trainer.total_training_steps": int(v)}),
-    Rule("buffer.explorer_input.default_workflow_type", reason="single-turn sampling", accept=_workflow),
-    Rule("buffer.explorer_input.default_eval_workflow_type", reason="single-turn sampling", accept=_workflow),
+    Rule("buffer.explorer_input.default_workflow_type", convert=_default_workflow),
+    Rule("buffer.explorer_input.default_eval_workflow_type", convert=_eval_workflow),
     Rule("buffer.explorer_input.default_reward_fn_type", "data.default_data_source", lambda v, _: _reward(v, _)),
     Rule(_TASKSET + "path", "data.train_files", _files),
     Rule(_TASKSET + "split", "data.train_split"),
@@ -226,13 +253,13 @@ RULES: tuple[Rule, ...] = (
     Rule(_TASKSET + "rollout_args.top_p", _A + "rollout.top_p", lambda v, _: float(v)),
     Rule(_TASKSET + "rollout_args.top_k", _A + "rollout.top_k", lambda v, _: int(v)),
     Rule(_TASKSET + "rollout_args.*", reason="sampling settings: actor_rollout_ref.rollout", accept=lambda v: v is None),
-    Rule(_TASKSET + "default_workflow_type", reason="single-turn sampling", accept=_workflow),
+    Rule(_TASKSET + "default_workflow_type", convert=_workflow),
     Rule(_TASKSET + "default_reward_fn_type", "data.default_data_source", lambda v, _: _reward(v, _)),
     Rule(_TASKSET + "repeat_times", _A + "rollout.n", lambda v, _: int(v)),
     Rule(_TASKSET + "storage_type", reason="tasksets are files", accept=lambda v: v == "file"),
     Rule(_TASKSET + "name", reason="the taskset's name (a Ray actor's)"),
     Rule(_TASKSET + "subset_name", reason="files are read as given", accept=lambda v: v is None),
-    Rule(_TASKSET + "workflow_args", reason="workflow arguments", accept=lambda v: not v),
+    Rule(_TASKSET + "workflow_args", convert=_workflow_args),
     Rule("buffer.explorer_input.eval_tasksets", convert=_eval),
     Rule("buffer.trainer_input.experience_buffer.replay_buffer", reason="experience replay is not implemented",
          accept=_off),
