@@ -85,11 +85,14 @@ def turn_settings(mt: Any, response_length: int) -> TurnSettings:
         load_environment(str(get("environment")), f"{KEY}.environment")
     elif get("workflow"):
         load_workflow(str(get("workflow")), f"{KEY}.workflow")
-    if get("workflow_args") and not get("workflow"):
-        raise ValueError(f"{KEY}.workflow_args is set but {KEY}.workflow is not: the arguments are a workflow's")
     elif not tools:
         raise ValueError(f"{KEY}.enable=True needs tools: set {KEY}.tools (e.g. ['calculator']) or "
                          f"{KEY}.tool_config_path, or an environment ({KEY}.environment) or a workflow ({KEY}.workflow)")
+    if get("per_turn_rewards") and not get("environment"):
+        raise ValueError(f"{KEY}.per_turn_rewards=True needs an environment ({KEY}.environment): tool calls and "
+                         "workflows give one reward per trajectory")
+    if get("workflow_args") and not get("workflow"):
+        raise ValueError(f"{KEY}.workflow_args is set but {KEY}.workflow is not: the arguments are a workflow's")
     names = [t.name for t in tools]
     if len(set(names)) != len(names):
         raise ValueError(f"{KEY}: tool {next(n for n in names if names.count(n) > 1)!r} is listed twice")

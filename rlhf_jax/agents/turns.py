@@ -64,6 +64,7 @@ class Trajectory:
     tool_turns: int = 0
     stats: ToolStats = dataclasses.field(default_factory=ToolStats)
     turn_rewards: list[float] = dataclasses.field(default_factory=list)  # an environment's reward per turn
+    reward_ends: list[int] = dataclasses.field(default_factory=list)  # per turn_rewards entry: its turn's last index
     finished: bool = False  # the last turn ended with a stop token (not at a length limit)
     done: bool = False
 
@@ -184,6 +185,7 @@ def run_turns(sampler, state: Any, tokenizer: Any, prompts: Sequence[Sequence[in
                 if reply is not None:
                     traj.stats.add(reply.results, reply.parse_errors)
                     traj.turn_rewards.append(float(reply.reward))
+                    traj.reward_ends.append(len(traj.response_ids) - 1)  # the turn it answers ends here
                 if reply is None or reply.done or texts[i][1]:
                     traj.done = True
                     continue

@@ -201,6 +201,8 @@ MULTI_TURN = (
         "answers each turn; reset(task) gives the prompt, its summed rewards are the score.", type=str),
     Key(_MT + "workflow", None, "A workflow fn(client, task) -> reward (registered name or path.py:function) that "
         "drives the policy through an OpenAI-style client; its episode is trained with that reward.", type=str),
+    Key(_MT + "per_turn_rewards", False, "Each environment reward on the last token of the turn it answers (token-"
+        "level: GAE / REINFORCE++ credit each turn); False = their sum on the last token. GRPO-like see the sum."),
     Key(_MT + "workflow_args", None, "A mapping handed to every task of the workflow as task['workflow_args'] "
         "(Trinity's workflow_args).", type=object),
 )

@@ -74,7 +74,8 @@ READERS: dict[str, tuple[str, ...]] = {
         "trainer.val_before_train", "trainer.val_only", "trainer.save_hf_checkpoint",
     ),
     "rlhf_jax.train.loggers": ("trainer.logger", "trainer.log_dir"),
-    "rlhf_jax.train.multi_turn": (_A + "rollout.multi_turn.enable", _A + "rollout.multi_turn.workflow_args"),
+    "rlhf_jax.train.multi_turn": (_A + "rollout.multi_turn.enable", _A + "rollout.multi_turn.workflow_args",
+                                  _A + "rollout.multi_turn.per_turn_rewards"),
     "rlhf_jax.agents.settings": tuple(_A + "rollout.multi_turn." + k for k in (
         "max_assistant_turns", "max_user_turns", "max_tokens_per_turn", "tools", "tool_config_path", "format",
         "max_parallel_calls", "max_tool_response_length", "tool_response_truncate_side", "tool_timeout_s",

@@ -31,7 +31,7 @@ class Experience:
 
     pb: Any  # the process-local PromptBatch it was sampled from
     out: RolloutBatch  # on the training mesh
-    scores: jax.Array  # (N,) float32, global
+    scores: jax.Array  # (N,) float32, global; (N, R) token-level rewards with multi_turn.per_turn_rewards
     baselines: jax.Array | None  # ReMax's greedy baseline scores, (N,), or None
     version: int  # updates applied to the weights that sampled it
     data_state: Any  # the loader's state before its prompts were drawn

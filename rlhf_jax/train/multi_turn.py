@@ -61,6 +61,8 @@ class MultiTurnRollout:
         self.workflow_args = dict(mt.workflow_args or {})  # every task gets them as task["workflow_args"]
         self.data_cfg = cfg.data
         self._scores: np.ndarray | None = None  # the last rollout's environment scores, until taken
+        self.per_turn_rewards = bool(mt.per_turn_rewards)
+        self._token_rewards: np.ndarray | None = None
 
     def tool_schemas(self) -> list[dict]:
         return [t.schema() for t in self.settings.tools]
@@ -101,6 +103,8 @@ class MultiTurnRollout:
         if rewards is not None:  # an environment's or a workflow's rewards are the scores
             self._scores = np.asarray(rewards, np.float32)
             out["multi_turn/env_reward/mean"] = float(self._scores.mean())
+        if self.per_turn_rewards:
+            self._token_rewards = per_turn_rewards(trajs, self.settings.response_length)
         return batch, out
 
     def _run_workflow(self, params: Any, pb: PromptBatch, sampling: SamplingParams,
@@ -141,6 +145,11 @@ class MultiTurnRollout:
         scores, self._scores = self._scores, None
         return scores
 
+    def take_token_rewards(self) -> np.ndarray | None:
+        """With multi_turn.per_turn_rewards, the last rollout's per-turn rewards as token-level rewards (N, R), once."""
+        rewards, self._token_rewards = self._token_rewards, None
+        return rewards
+
     def _render(self, observation: str) -> list[int]:
         """An environment's first observation as the prompt: a user message through the chat template."""
         kwargs = {**dict(self.data_cfg.apply_chat_template_kwargs or {}),
@@ -170,6 +179,20 @@ class MultiTurnRollout:
             out["response_valid"][i, :r] = 1
             out["finished"][i] = t.finished
         return out
+
+
+def per_turn_rewards(trajs: list[Trajectory], width: int) -> np.ndarray:
+    """Token-level rewards (N, width): each environment reward on the last trained token of the assistant turn it
+    answered (at or before the turn's end; a turn cut off by the grid gives it to the grid's last trained token),
+    so each row sums to the trajectory's total. A row with no trained token gets zeros, as place_on_last_token."""
+    out = np.zeros((len(trajs), width), np.float32)
+    for i, t in enumerate(trajs):
+        trained = np.flatnonzero(np.asarray(t.loss_mask[:width], bool))
+        for end, reward in zip(t.reward_ends, t.turn_rewards):
+            before = trained[trained <= end]
+            if before.size:
+                out[i, before[-1]] += reward
+    return out
 
 
 def metrics(trajs: list[Trajectory], timings: TurnTimings, seconds: float) -> dict[str, float]:

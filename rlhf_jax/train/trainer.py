@@ -197,7 +197,9 @@ class Trainer(FitLoop, RolloutMixin, CheckpointMixin, ExperienceMixin):
         with timer("step"):
             host = {k: gather_all(getattr(out, k)) for k in ("prompts", "prompt_mask", "responses", "response_mask")}
             with timer("reward"):  # the reward stage's last part: each score placed on its response's last token
-                token_scores = jax.block_until_ready(place_on_last_token(experience.scores, out.response_mask))
+                token_scores = experience.scores  # (N, R) already with multi_turn.per_turn_rewards
+                if token_scores.ndim == 1:
+                    token_scores = jax.block_until_ready(place_on_last_token(token_scores, out.response_mask))
             host["response_valid"] = gather_all(out.valid_mask())  # the sequence's tokens (tool responses too)
             batch, rollout_logprobs = self._training_batch(out, host)
             need_old = d.recompute_old_log_prob or cfg.algorithm.use_kl_in_reward or self.correction.enabled

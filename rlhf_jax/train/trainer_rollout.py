@@ -114,7 +114,7 @@ class RolloutMixin:
     def _rollout(self, pb: PromptBatch, timer, out_metrics: dict, key, step: int, extras: dict | None = None,
                  abandonable: bool = True, weights: Any = None, version: int | None = None):
         """Sample the prompts and score the responses for training step ``step`` (0-based): (the sampler's batch,
-        process-local scores (N,)). ``abandonable``: a stop request abandons the step after the sampling."""
+        process-local scores (N,), or token-level rewards (N, R) with multi_turn.per_turn_rewards). ``abandonable``: a stop request abandons the step after the sampling."""
         with timer("gen"):  # waits for the sampler: dispatch is asynchronous, the reward would be billed for it
             # every row is trained on
             out, _, text_mask = self._sample(pb, self.c.sampling, key, out_metrics, bucket=False, weights=weights)
@@ -133,6 +133,9 @@ class RolloutMixin:
                              weight_version=self.step if version is None else version)
         if extras is not None:
             extras.update(found)
+        token_rewards = self.multi_turn.take_token_rewards() if self.multi_turn is not None else None
+        if token_rewards is not None:  # multi_turn.per_turn_rewards: each turn's reward on its last token
+            return out, token_rewards
         return out, scores
 
     def _dynamic_rollout(self, pb: PromptBatch, timer, out_metrics: dict, step: int):
