@@ -8,7 +8,7 @@ tokenized, so one token sequence holds the whole episode (``trajectory()``): the
 masked. A call whose prompt does not extend the previous one starts a new sequence (``reused_prefix`` False).
 
 Each call samples one conversation on a ``ConversationSampler`` (prefilling its prompt; no cache is kept between
-calls). Tool calls in the reply are parsed by the sampler's format (hermes by default) into OpenAI's
+calls); clients on several threads take turns on the device (``ConversationSampler.device_lock``). Tool calls in the reply are parsed by the sampler's format (hermes by default) into OpenAI's
 ``tool_calls`` entries; ``content`` is the reply's text as sampled, so appending the message as it comes back
 renders the same text again.
 """
@@ -75,13 +75,14 @@ class ChatClient:
             raise ValueError(f"the conversation ({len(prompt)} tokens) fills the sampler's capacity "
                              f"({self.sampler.capacity}; in training data.max_prompt_length + rollout.response_length): "
                              "raise it or shorten the episode")
-        conv = self.sampler.append(self.state, self.sampler.start(self.state, rows), [prompt] + [[]] * (rows - 1))
         start = sum(len(c.response_ids) for c in self.calls)  # fresh draws for every call of the episode
-        _, out = self.sampler.decode(self.state, conv, [limit] + [0] * (rows - 1), [start] + [0] * (rows - 1),
-                                     [self.row_id] + [0] * (rows - 1), self.key)
-        tokens = out.tokens[0, :out.count[0]].tolist()
-        logprobs = out.logprobs[0, :out.count[0]].tolist()
-        finish = "stop" if bool(out.stopped[0]) else "length"
+        with self.sampler.device_lock:  # one client's programs at a time (clients run on a thread pool)
+            conv = self.sampler.append(self.state, self.sampler.start(self.state, rows), [prompt] + [[]] * (rows - 1))
+            _, out = self.sampler.decode(self.state, conv, [limit] + [0] * (rows - 1), [start] + [0] * (rows - 1),
+                                         [self.row_id] + [0] * (rows - 1), self.key)
+            tokens = out.tokens[0, :out.count[0]].tolist()
+            logprobs = out.logprobs[0, :out.count[0]].tolist()
+            finish = "stop" if bool(out.stopped[0]) else "length"
         self.calls.append(RecordedCall(prompt, tokens, logprobs, finish, reused))
         self._ids, self._text = prompt + tokens, text + self.tok.decode(tokens, skip_special_tokens=False)
         content = self.tok.decode([t for t in tokens if t not in self.eos], skip_special_tokens=False)

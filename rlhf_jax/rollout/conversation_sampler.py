@@ -10,6 +10,7 @@ continues from its cache adds only what is new.
 from __future__ import annotations
 
 import functools
+import threading
 from typing import Any, Sequence
 
 import jax
@@ -51,6 +52,10 @@ class ConversationSampler:
         self.decoded_tokens = 0  # tokens drawn by decode turns
         self.trace_count = 0
         self._shards_of: dict[Mesh, BatchShards] = {}  # one object per mesh: it is a static argument of the jits
+        # Callers on several threads (workflow clients) take this around their device work: multi-device programs
+        # dispatched from several threads at once can reach their collectives in a different order on different
+        # devices and wait for each other forever (seen on XLA:CPU with 8 devices); the counters above need it too.
+        self.device_lock = threading.Lock()
 
     @classmethod
     def for_model(cls, model: nnx.Module, **kwargs) -> "ConversationSampler":
