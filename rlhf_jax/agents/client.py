@@ -7,8 +7,10 @@ the returned message and, say, tool results), the previous tokens are kept as th
 tokenized, so one token sequence holds the whole episode (``trajectory()``): the sampled tokens trained, the rest
 masked. A call whose prompt does not extend the previous one starts a new sequence (``reused_prefix`` False).
 
-Each call samples one conversation on a ``ConversationSampler`` (prefilling its prompt; no cache is kept between
-calls); clients on several threads take turns on the device (``ConversationSampler.device_lock``). Tool calls in the reply are parsed by the sampler's format (hermes by default) into OpenAI's
+Each call samples its conversation on a ``ConversationSampler`` (prefilling its prompt; no cache is kept between
+calls) through a ``SamplerBroker``: clients on several threads that share one broker (a workflow's episodes) have
+their concurrent calls sampled together as one batch, and a row's tokens depend only on (key, row id, token
+index), so batching changes nothing a client draws. Tool calls in the reply are parsed by the sampler's format (hermes by default) into OpenAI's
 ``tool_calls`` entries; ``content`` is the reply's text as sampled, so appending the message as it comes back
 renders the same text again.
 """
@@ -17,12 +19,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import threading
 from types import SimpleNamespace
 from typing import Any, Sequence
 
 import jax
 
 from rlhf_jax.agents.tool_calls import parse_tool_calls
+from rlhf_jax.rollout.buckets import next_power_of_two
 
 
 @dataclasses.dataclass
@@ -44,12 +48,80 @@ def assistant_message(content: str, parser: str = "hermes", prefix: str = "call"
     return SimpleNamespace(role="assistant", content=content, tool_calls=tool_calls or None)
 
 
+@dataclasses.dataclass
+class _Request:
+    prompt: list[int]
+    limit: int
+    start: int
+    row_id: int
+    result: tuple[list[int], list[float], bool] | None = None
+    error: BaseException | None = None
+    done: bool = False
+
+
+class SamplerBroker:
+    """Samples the calls of clients on several threads in batches: a call queues its request and, when no batch is
+    running, runs every queued request as one batch (rows padded to a power of two times the sampler's shard count,
+    so a few shapes compile); otherwise it waits and the next batch takes it. One batch at a time reaches the device
+    (``ConversationSampler.device_lock``); ``batches`` counts them."""
+
+    def __init__(self, sampler, state: Any, key: jax.Array):
+        self.sampler, self.state, self.key = sampler, state, key
+        self._cv = threading.Condition()
+        self._queue: list[_Request] = []
+        self._running = False
+        self.batches = 0
+        self.calls = 0
+
+    def sample(self, prompt: list[int], limit: int, start: int, row_id: int) -> tuple[list[int], list[float], bool]:
+        """(token ids, their log-probs, stopped at EOS / a stop sequence) of one conversation's next turn."""
+        request = _Request(prompt, limit, start, row_id)
+        with self._cv:
+            self._queue.append(request)
+            while not request.done:
+                if self._running:
+                    self._cv.wait()
+                    continue
+                batch, self._queue, self._running = self._queue, [], True
+                self._cv.release()
+                results, error = None, None
+                try:
+                    results = self._run(batch)
+                except BaseException as e:  # noqa: BLE001 - every caller in the batch gets it
+                    error = e
+                finally:
+                    self._cv.acquire()
+                    self._running = False
+                for i, r in enumerate(batch):
+                    r.result, r.error, r.done = (results[i] if results else None), error, True
+                self._cv.notify_all()
+        if request.error is not None:
+            raise request.error
+        return request.result
+
+    def _run(self, batch: list[_Request]) -> list[tuple[list[int], list[float], bool]]:
+        shards = self.sampler.shard_count(self.state)
+        pad = shards * next_power_of_two(-(-len(batch) // shards)) - len(batch)
+        column = lambda name: [getattr(r, name) for r in batch] + [0] * pad  # noqa: E731  padding rows draw nothing
+        with self.sampler.device_lock:
+            conv = self.sampler.append(self.state, self.sampler.start(self.state, len(batch) + pad),
+                                       [r.prompt for r in batch] + [[]] * pad)
+            _, out = self.sampler.decode(self.state, conv, column("limit"), column("start"), column("row_id"), self.key)
+        self.batches += 1
+        self.calls += len(batch)
+        return [(out.tokens[i, :out.count[i]].tolist(), out.logprobs[i, :out.count[i]].tolist(), bool(out.stopped[i]))
+                for i in range(len(batch))]
+
+
 class ChatClient:
-    """``client.chat.completions.create(messages=..., tools=...)`` over a ``ConversationSampler``."""
+    """``client.chat.completions.create(messages=..., tools=...)`` over a ``ConversationSampler``; clients that
+    share a ``broker`` (made for ``sampler``, ``state`` and ``key``) are sampled in batches."""
 
     def __init__(self, sampler, state: Any, tokenizer: Any, key: jax.Array, *, eos_token_ids: Sequence[int],
-                 max_tokens: int | None = None, parser: str = "hermes", row_id: int = 0):
+                 max_tokens: int | None = None, parser: str = "hermes", row_id: int = 0,
+                 broker: SamplerBroker | None = None):
         self.sampler, self.state, self.tok, self.key = sampler, state, tokenizer, key
+        self.broker = broker or SamplerBroker(sampler, state, key)
         self.eos = {int(e) for e in eos_token_ids}
         self.max_tokens = max_tokens or sampler.turn_len
         self.parser, self.row_id = parser, row_id
@@ -69,20 +141,14 @@ class ChatClient:
         kwargs = {"tools": tools} if tools else {}
         text = self.tok.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True, **kwargs)
         prompt, reused = self._prompt_ids(text)
-        rows = self.sampler.shard_count(self.state)
         limit = min(max_tokens or self.max_tokens, self.sampler.turn_len, self.sampler.capacity - len(prompt))
         if limit < 1:
             raise ValueError(f"the conversation ({len(prompt)} tokens) fills the sampler's capacity "
                              f"({self.sampler.capacity}; in training data.max_prompt_length + rollout.response_length): "
                              "raise it or shorten the episode")
         start = sum(len(c.response_ids) for c in self.calls)  # fresh draws for every call of the episode
-        with self.sampler.device_lock:  # one client's programs at a time (clients run on a thread pool)
-            conv = self.sampler.append(self.state, self.sampler.start(self.state, rows), [prompt] + [[]] * (rows - 1))
-            _, out = self.sampler.decode(self.state, conv, [limit] + [0] * (rows - 1), [start] + [0] * (rows - 1),
-                                         [self.row_id] + [0] * (rows - 1), self.key)
-            tokens = out.tokens[0, :out.count[0]].tolist()
-            logprobs = out.logprobs[0, :out.count[0]].tolist()
-            finish = "stop" if bool(out.stopped[0]) else "length"
+        tokens, logprobs, stopped = self.broker.sample(prompt, limit, start, self.row_id)
+        finish = "stop" if stopped else "length"
         self.calls.append(RecordedCall(prompt, tokens, logprobs, finish, reused))
         self._ids, self._text = prompt + tokens, text + self.tok.decode(tokens, skip_special_tokens=False)
         content = self.tok.decode([t for t in tokens if t not in self.eos], skip_special_tokens=False)

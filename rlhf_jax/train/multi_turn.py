@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 from jax.sharding import Mesh
 
-from rlhf_jax.agents.client import ChatClient
+from rlhf_jax.agents.client import ChatClient, SamplerBroker
 from rlhf_jax.agents.environment import environment_reply, load_environment, make_environments
 from rlhf_jax.agents.settings import KEY, turn_settings
 from rlhf_jax.agents.turns import Trajectory, TurnTimings, run_turns
@@ -90,7 +90,7 @@ class MultiTurnRollout:
             replies = [environment_reply(e) for e in envs]
         start = time.perf_counter()
         if self.workflow is not None:
-            trajs, rewards = self._run_workflow(params, pb, sampling, key)
+            trajs, rewards, per_batch = self._run_workflow(params, pb, sampling, key)
             prompts, timings = [t.prompt_ids for t in trajs], TurnTimings()
         else:
             trajs, timings = run_turns(self.sampler(sampling), params, self.tok, prompts, self.settings, key,
@@ -100,6 +100,8 @@ class MultiTurnRollout:
         arrays = self._arrays(prompts, trajs, sampling)
         batch = RolloutBatch(**{k: to_global(self.mesh, v) for k, v in arrays.items()})
         out = metrics(trajs, timings, seconds)
+        if self.workflow is not None:
+            out["multi_turn/calls_per_batch"] = per_batch  # the workflow clients' calls sampled together
         if rewards is not None:  # an environment's or a workflow's rewards are the scores
             self._scores = np.asarray(rewards, np.float32)
             out["multi_turn/env_reward/mean"] = float(self._scores.mean())
@@ -108,14 +110,16 @@ class MultiTurnRollout:
         return batch, out
 
     def _run_workflow(self, params: Any, pb: PromptBatch, sampling: SamplingParams,
-                      key) -> tuple[list[Trajectory], list[float]]:
-        """Every task's workflow on its own client, at the same time; each episode as one trajectory."""
+                      key) -> tuple[list[Trajectory], list[float], float]:
+        """Every task's workflow on its own client, at the same time (their calls batched by one broker); each episode
+        as one trajectory; and the mean number of calls per sampled batch."""
         n, R = sampling.n, self.settings.response_length
         tasks = [{"prompt": raw, "ground_truth": gt, **dict(extra or {}), "workflow_args": dict(self.workflow_args)}
                  for raw, gt, extra in zip(pb.raw_prompt, pb.ground_truth, pb.extra_info) for _ in range(n)]
         sampler = self.sampler(sampling)
+        broker = SamplerBroker(sampler, params, key)  # the episodes' concurrent calls are sampled together
         clients = [ChatClient(sampler, params, self.tok, key, eos_token_ids=sampling.eos_token_ids,
-                              max_tokens=self.settings.turn_len, parser=self.settings.format, row_id=i)
+                              max_tokens=self.settings.turn_len, parser=self.settings.format, row_id=i, broker=broker)
                    for i in range(len(tasks))]
 
         def run(i: int) -> float:
@@ -138,7 +142,7 @@ class MultiTurnRollout:
                            turns=len(client.calls), done=True)
             t.finished = len(ids) <= R and client.calls[-1].finish_reason == "stop"
             trajs.append(t)
-        return trajs, rewards
+        return trajs, rewards, broker.calls / max(broker.batches, 1)
 
     def take_scores(self) -> np.ndarray | None:
         """The last rollout's environment scores (N,), once (None without an environment)."""

@@ -69,3 +69,55 @@ def test_tool_calls_come_back_in_openai_form():
     assert (call.id, call.type, call.function.name) == ("call_1_0", "function", "calculator")
     assert json.loads(call.function.arguments) == {"expression": "12*7"}
     assert assistant_message("no calls here").tool_calls is None
+
+
+def test_clients_on_threads_are_sampled_in_batches_and_draw_what_they_draw_alone(checkpoints):
+    """Six agents on six threads share a broker: their calls are sampled together (fewer batches than calls), and
+    every recorded call equals the one the same client makes alone (row ids keep the draws apart)."""
+    import threading
+
+    from transformers import AutoTokenizer
+
+    from rlhf_jax.agents.client import SamplerBroker
+    from rlhf_jax.models import from_pretrained
+
+    path = checkpoints["qwen2"]
+    model = from_pretrained(path)
+    tok = AutoTokenizer.from_pretrained(path)
+    eos = (tok.eos_token_id,)
+    params = SamplingParams(max_new_tokens=6, temperature=1.0, eos_token_ids=eos, pad_token_id=tok.pad_token_id)
+    sampler = ConversationSampler.for_model(model, capacity=400, params=params, turn_len=6, stage=32)
+    state, key = _state(model), rollout_key(3)
+    questions = [f"What is {a} times {b}?" for a, b in [(12, 7), (3, 45), (120, 9), (8, 8), (71, 2), (6, 300)]]
+
+    def clients(broker=None):
+        return [ChatClient(sampler, state, tok, key, eos_token_ids=eos, row_id=i, broker=broker)
+                for i in range(len(questions))]
+
+    alone = clients()
+    for client, q in zip(alone, questions):
+        agent(client, q)
+    broker = SamplerBroker(sampler, state, key)
+    together = clients(broker)
+    start = threading.Barrier(len(questions))
+    errors = []
+
+    def run(client, q):
+        try:
+            start.wait()
+            agent(client, q)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(c, q)) for c, q in zip(together, questions)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert broker.calls == 3 * len(questions) and broker.batches < broker.calls
+    for a, b in zip(alone, together):
+        assert [c.prompt_ids for c in a.calls] == [c.prompt_ids for c in b.calls]
+        assert [c.response_ids for c in a.calls] == [c.response_ids for c in b.calls]
+        for ca, cb in zip(a.calls, b.calls):  # float32 over other batch shapes: the last bits move (seen 2e-5)
+            np.testing.assert_allclose(ca.logprobs, cb.logprobs, atol=1e-4)

@@ -112,6 +112,7 @@ def test_grpo_trains_a_workflow_agent_written_against_the_openai_client(tmp_path
     for row in rows[1:]:
         assert row["critic/score/mean"] == pytest.approx(row["multi_turn/env_reward/mean"])
         assert row["multi_turn/num_turns/mean"] == 2  # workflow_args: two client calls per episode
+        assert row["multi_turn/calls_per_batch"] >= 1  # the clients' calls sampled together (see test_client.py)
         assert 0 < row["multi_turn/masked_token_fraction"] < 1  # the agent's own messages are not trained
         assert math.isfinite(row["actor/pg_loss"]) and math.isfinite(row["actor/grad_norm"])
     sampler = next(iter(trainer.multi_turn._samplers.values()))
