@@ -9,7 +9,9 @@ verl's ``main_generation`` in keys and layout (``generation.yaml``, whose defaul
 ``n_samples`` strings): what ``python -m rlhf_jax.evaluate`` reads.
 
 The prompts are sampled exactly as the trainer's validation samples them (same batches, same key,
-``trainer.seed``), so with the same settings the responses are the ones validation would score.
+``trainer.seed``), so with the same settings the responses are the ones validation would score. With
+``actor_rollout_ref.rollout.multi_turn.enable=True`` each response is a whole multi-turn trajectory (tool calls,
+tool responses, environment turns), as validation samples and scores it.
 """
 
 from __future__ import annotations
@@ -75,7 +77,8 @@ def generate(cfg, output_path: str) -> list[dict]:
     from rlhf_jax.train.batching import to_local
     from rlhf_jax.train.engine import Role
     from rlhf_jax.train.generation import generate_batch, key_function
-    from rlhf_jax.train.setup import load_policy, load_tokenizer, mesh_and_rules, sampler_graphdef, sampling_params
+    from rlhf_jax.train.setup import (load_policy, load_tokenizer, mesh_and_rules, sampler_graphdef, sampling_params,
+                                      tool_schemas)
 
     if jax.process_count() > 1:
         raise ValueError("generate runs in one process (it writes one file)")
@@ -83,16 +86,26 @@ def generate(cfg, output_path: str) -> list[dict]:
     model_path = resolve_model_path(cfg.actor_rollout_ref.model.path, cfg.actor_rollout_ref.model.revision)
     tok = load_tokenizer(resolve_model_path(cfg.data.tokenizer) if cfg.data.tokenizer else model_path,
                          cfg.data.chat_template)
-    dataset = dataset_from_config(cfg.data, tok, "val")
+    dataset = dataset_from_config(cfg.data, tok, "val", tool_schemas(cfg))
     mesh, rules = mesh_and_rules(cfg)
     sampling = sampling_params(cfg, model_path, tok, validation=True)
     policy = Role(load_policy(cfg, model_path, mesh, rules), mesh)
     sampler = Sampler(sampler_graphdef(cfg, policy.config, policy.task, policy.graphdef), mesh=mesh, rules=rules, max_positions=policy.config.max_position_embeddings)
     key = key_function(mesh)(sampling.seed, 0)  # the key of the trainer's validation
+    multi_turn = None
+    if cfg.actor_rollout_ref.rollout.multi_turn.enable:
+        from rlhf_jax.train.multi_turn import MultiTurnRollout
+
+        multi_turn = MultiTurnRollout(cfg, sampler.graphdef, policy.config, tok, mesh, rules, cfg.data.max_prompt_length)
     rows = []
     for pb in loader_from_config(cfg.data, tok, "val", dataset=dataset):
-        out, keep = generate_batch(sampler, policy.params, mesh, cfg.derived.dp_size, pb, sampling, key)
-        texts = decode_responses(tok, to_local(out.responses)[:keep], to_local(out.response_mask)[:keep])
+        if multi_turn is None:
+            out, keep = generate_batch(sampler, policy.params, mesh, cfg.derived.dp_size, pb, sampling, key)
+            mask = out.response_mask
+        else:  # the trajectory's text: assistant turns and the tool / environment turns between them
+            out, _ = multi_turn.rollout(policy.params, pb, sampling, key)
+            keep, mask = len(pb) * sampling.n, out.valid_mask()
+        texts = decode_responses(tok, to_local(out.responses)[:keep], to_local(mask)[:keep])
         n = sampling.n
         for i in range(len(pb)):
             row = {"data_source": pb.data_source[i], "prompt": pb.raw_prompt[i],

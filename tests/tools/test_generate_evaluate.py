@@ -70,3 +70,28 @@ def test_pass_at_k_and_metrics():
     m = metrics_of({"a": [[1.0, 0.0], [0.0, 0.0]]}, pass_score=1.0)
     assert m["test_score/a"] == 0.25 and m["val-core/a/reward/best@2/mean"] == 0.5
     assert m["pass@1/a"] == 0.25 and m["pass@2/a"] == 0.5
+
+
+def test_generate_samples_multi_turn_trajectories_as_validation_does(tmp_path):
+    """With multi_turn.enable, generate writes the whole trajectories (tool responses included), the same texts the
+    trainer's validation dumps for the same prompts and settings."""
+    from rlhf_jax.generate import generate
+    from rlhf_jax.train.trainer import Trainer
+    from tests.train.helpers import make_config
+    from tests.train.test_multi_turn_train import MT, TURNS  # registers the test parser and the test_digits tool
+
+    v = "actor_rollout_ref.rollout.val_kwargs."
+    settings = {**TURNS, MT + "tools": ("test_digits",), MT + "format": "test_first_two_turns", v + "n": 2,
+                v + "temperature": 1.0, v + "do_sample": True, "data.val_batch_size": 4,
+                "data.val_files": ("builtin:arithmetic?max_value=4&test_size=6",),
+                "trainer.validation_data_dir": str(tmp_path / "val")}
+    trainer = Trainer(make_config(str(tmp_path / "run"), "grpo", **settings))
+    trainer.validate()
+    trainer.close()
+    dumped = [json.loads(line)["output"] for line in open(tmp_path / "val" / "0.jsonl")]
+    rows = generate(make_config(str(tmp_path / "gen_run"), "grpo", **settings), str(tmp_path / "gen.parquet"))
+    responses = [r for row in rows for r in row["responses"]]
+    assert len(responses) == 12 and responses == dumped
+    assert all(r.count("tool") >= 2 for r in responses)  # every trajectory has the test parser's tool turns
+    frame = pd.read_parquet(tmp_path / "gen.parquet")
+    assert [list(r) for r in frame["responses"]] == [row["responses"] for row in rows]
