@@ -155,7 +155,8 @@ def test_trinity_convert_round_trips_and_refuses_what_it_cannot_honour(tmp_path,
     assert len(warnings) == 1 and "explorer.rollout_model" in warnings[0]
     base = "mode: both\nalgorithm:\n  algorithm_type: grpo\n  repeat_times: 2\nbuffer:\n  batch_size: 4\n"
     for text, key in [
-        ("synchronizer:\n  sync_interval: 4\n", r"synchronizer\.sync_interval=4 is not supported.*on-policy"),
+        ("synchronizer:\n  sync_interval: 4\n  sync_offset: 2\n", r"sync_interval.*sync_offset=2: supported are"),
+        ("synchronizer:\n  sync_style: trainer_driven\n", r"synchronizer\.sync_style='trainer_driven'"),
         ("stages:\n- stage_name: sft\n", r"stages=.*multi-stage"),
         ("explorer:\n  over_rollout:\n    ratio: 0.2\n", r"explorer\.over_rollout"),
         ("model:\n  max_prompt_tokens: 8\n  lora_configs: [{lora_rank: 8}]\n", r"model\.lora_configs"),
@@ -167,6 +168,16 @@ def test_trinity_convert_round_trips_and_refuses_what_it_cannot_honour(tmp_path,
         load_yaml(base.replace("grpo", "dpo"))
     with pytest.raises(ValueError, match=r"buffer\.train_batch_size.*differs from buffer\.batch_size x"):
         load_yaml(base + "  train_batch_size: 6\n")
+
+
+def test_trinity_synchronizer_is_the_experience_schedule():
+    head = "mode: both\nalgorithm:\n  algorithm_type: grpo\n  repeat_times: 2\nbuffer:\n  batch_size: 4\n"
+    on_policy = load_yaml(head).experience
+    assert (on_policy.buffer_size, on_policy.overlap) == (1, False)
+    every_4 = load_yaml(head + "synchronizer:\n  sync_interval: 4\n  sync_offset: 0\n").experience
+    assert (every_4.buffer_size, every_4.overlap) == (4, False)  # 4 batches per set of weights, trained in order
+    ahead = load_yaml(head + "synchronizer:\n  sync_offset: 1\n").experience  # sync_interval defaults to 1
+    assert (ahead.buffer_size, ahead.overlap) == (1, True)  # sampling one step ahead of training
 
 
 def test_trinity_workflow_type_and_args_name_one_of_our_workflows():

@@ -2,11 +2,12 @@
 
 Trinity-RFT splits a run into an explorer (sampling workflows over a taskset), a buffer of experiences and a
 trainer, synchronised every ``sync_interval`` steps. Here sampling and training alternate in one JAX program
-(``mode: both`` with ``sync_interval: 1``, on-policy): the explorer's engine and runner settings have no
+(``mode: both``; ``sync_interval`` / ``sync_offset`` become the experience schedule: ``experience.buffer_size``,
+``experience.overlap``): the explorer's engine and runner settings have no
 meaning (one warning lists them), the taskset is the training data, the algorithm's functions map onto the
 estimator, KL and loss keys, a workflow type other than Trinity's single-turn ones names one of ours
 (``rollout.multi_turn.workflow``, with ``workflow_args``), and settings that would make the run something else
-(off-policy offsets, replay buffers, stages) are refused by name.
+(other synchronisation offsets and styles, replay buffers, stages) are refused by name.
 """
 
 from __future__ import annotations
@@ -165,6 +166,21 @@ def _eval_workflow(value: Any, file: dict) -> dict:
     raise ValueError(f"validation runs the training workflow ({train!r}), not {value!r}")
 
 
+def _sync(value: Any, file: dict) -> dict:
+    """sync_interval K with sync_offset 0: K batches sampled with one set of weights, then trained on in order
+    (experience.buffer_size=K); interval 1 with offset 1: sampling runs one step ahead of training
+    (experience.overlap, on mesh.rollout_devices). Other pairs are refused."""
+    interval, offset = int(value), int(get(file, "synchronizer.sync_offset", 0) or 0)
+    if interval < 1 or offset < 0:
+        raise ValueError("sync_interval must be >= 1 and sync_offset >= 0")
+    if offset == 0:
+        return {"experience.buffer_size": interval}
+    if (interval, offset) == (1, 1):
+        return {"experience.overlap": True}
+    raise ValueError(f"with synchronizer.sync_offset={offset}: supported are sync_interval K with sync_offset 0 "
+                     "(experience.buffer_size=K) and sync_interval 1 with sync_offset 1 (experience.overlap)")
+
+
 def _off(value: Any) -> bool:
     """Switched off: falsy, a mapping whose enable(d) is falsy, or a mapping of settings that are all off."""
     if isinstance(value, dict):
@@ -275,10 +291,11 @@ RULES: tuple[Rule, ...] = (
     Rule("explorer.env_vars", reason="environment variables: set them in the shell", accept=lambda v: not v),
     Rule("explorer.*", reason=_ENGINE),
     Rule("explorer.rollout_model", reason=_ENGINE),
-    # synchronizer: on-policy, the weights are shared every step
-    Rule("synchronizer.sync_interval", reason="the sampler reads the actor's weights every step (on-policy)",
-         accept=lambda v: int(v) == 1),
-    Rule("synchronizer.sync_offset", reason="no explorer/trainer overlap: on-policy", accept=lambda v: int(v) == 0),
+    # synchronizer: how stale the explorer's weights may be = the experience schedule
+    Rule("synchronizer.sync_interval", convert=_sync),
+    Rule("synchronizer.sync_offset", used_by="synchronizer.sync_interval"),
+    Rule("synchronizer.sync_style", reason="weights are synchronised on a fixed schedule",
+         accept=lambda v: v in (None, "fixed")),
     Rule("synchronizer.*", reason="the sampler reads the actor's parameters directly"),
     # trainer
     Rule("trainer.total_steps", convert=lambda v, _: {} if v is None else {"trainer.total_training_steps": int(v)}),
