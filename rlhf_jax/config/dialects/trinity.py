@@ -314,7 +314,8 @@ RULES: tuple[Rule, ...] = (
     # the rest of Trinity's processes
     Rule("service", reason="Data-Juicer service", accept=lambda v: not v),
     Rule("data_processor", reason="data processing pipelines are not implemented", accept=lambda v: not v),
-    Rule("stages", reason="multi-stage runs are not implemented here", accept=lambda v: not v),
+    Rule("stages", reason="Trinity's stage layout is not mapped: write the stages in rlhf_jax keys (the stages key, "
+         "see configs/sft_grpo_stages.py)", accept=lambda v: not v),
 )
 
 # Trinity's choices where a file is silent (its defaults for these keys differ from the schema's).
