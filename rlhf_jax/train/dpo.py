@@ -24,7 +24,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 from ml_collections import ConfigDict
 
 from rlhf_jax.algos.dpo import dpo_loss
@@ -33,7 +32,6 @@ from rlhf_jax.config import finalize, resolve_model_path
 from rlhf_jax.data.loader import PromptLoader
 from rlhf_jax.data.preferences import PreferenceDataset, preference_dataset_from_config
 from rlhf_jax.data.prompts import bucket_length, pad_left, pad_token_id_of, resolve_buckets
-from rlhf_jax.models import lora
 from rlhf_jax.train import metrics as M
 from rlhf_jax.train.batching import mini_batches, to_global
 from rlhf_jax.train.checkpoint import Checkpointer
@@ -41,11 +39,10 @@ from rlhf_jax.train.fit_loop import FitLoop
 from rlhf_jax.train.dpo_steps import SIDES, DPOSpec, dpo_update, side
 from rlhf_jax.train.engine import Role
 from rlhf_jax.train.loggers import MetricLogger
-from rlhf_jax.train.optim import make_optimizer
 from rlhf_jax.train.passes import HEADROOM, compiled_bytes, free_device_memory, gib, memory_hint
 from rlhf_jax.train.preemption import STOP, StopRequest
 from rlhf_jax.train.profiling import StepProfiler
-from rlhf_jax.train.setup import Components, actor_trainable, load_actor, load_policy, load_tokenizer, mesh_and_rules
+from rlhf_jax.train.setup import Components, actor_role, load_tokenizer, mesh_and_rules, reference_role
 from rlhf_jax.train.trainer_checkpoints import CheckpointMixin
 
 
@@ -127,14 +124,9 @@ class DPOTrainer(FitLoop, CheckpointMixin):
         cfg, d = self.cfg, self.cfg.derived
         self.total_steps = int(d.total_training_steps)
         self._open_output(lock_dir)
-        arr = cfg.actor_rollout_ref
-        tx, lr_fn = make_optimizer(arr.actor.optim, arr.actor.grad_clip, self.total_steps, d.actor_updates_per_step)
-        trainable = actor_trainable(cfg, c.model_path)  # checks the freeze / LoRA keys before any weight is read
-        self.actor = Role(load_actor(cfg, c.model_path, self.mesh, c.rules), self.mesh, tx, lr_fn, trainable)
+        self.actor = actor_role(cfg, c, self.total_steps, d.actor_updates_per_step)
         self.lora = self.actor.config.lora
-        self.ref = Role(nnx.merge(lora.plain_graphdef(self.actor.config, self.actor.task), self.actor.frozen),
-                        self.mesh) if self.lora else Role(load_policy(cfg, c.model_path, self.mesh, c.rules, role="ref"),
-                                                          self.mesh)
+        self.ref = reference_role(cfg, c, self.actor)
         self.critic = None
         self.kl_ctrl = {"value": jnp.zeros((), jnp.float32)}  # the checkpoint's "extra" records one; DPO has none
         dc = cfg.algorithm.dpo

@@ -241,3 +241,27 @@ def load_actor(cfg: ConfigDict, model_path: str, mesh, rules):
     model = lora.with_adapters(model, spec, mesh, rules, seed=int(cfg.trainer.seed))
     adapter = cfg.actor_rollout_ref.model.lora_adapter_path
     return lora_peft.load_adapter(model, adapter) if adapter else model
+
+
+def actor_role(cfg: ConfigDict, c: Any, total_steps: int, updates_per_step: int):
+    """The trained policy as an ``engine.Role``: its optimizer and schedule, and the freeze / LoRA filter (checked
+    before any weight is read)."""
+    from rlhf_jax.train.engine import Role
+    from rlhf_jax.train.optim import make_optimizer
+
+    actor = cfg.actor_rollout_ref.actor
+    tx, lr_fn = make_optimizer(actor.optim, actor.grad_clip, total_steps, updates_per_step)
+    trainable = actor_trainable(cfg, c.model_path)
+    return Role(load_actor(cfg, c.model_path, c.mesh, c.rules), c.mesh, tx, lr_fn, trainable)
+
+
+def reference_role(cfg: ConfigDict, c: Any, actor):
+    """The frozen reference policy. Without LoRA it is its own copy (the actor's arrays are donated and replaced by
+    every update); with LoRA it is the base model with the adapters off over the actor's frozen arrays: no copy."""
+    from flax import nnx
+
+    from rlhf_jax.train.engine import Role
+
+    if actor.config.lora:
+        return Role(nnx.merge(models.lora.plain_graphdef(actor.config, actor.task), actor.frozen), c.mesh)
+    return Role(load_policy(cfg, c.model_path, c.mesh, c.rules, role="ref"), c.mesh)

@@ -40,14 +40,11 @@ from rlhf_jax.data.prompts import pad_token_id_of
 from rlhf_jax.train.batching import gather_all, sum_over_processes, to_global
 from rlhf_jax.train.checkpoint import Checkpointer
 from rlhf_jax.train.fit_loop import FitLoop
-from rlhf_jax.train.engine import Role
 from rlhf_jax.train.generation import key_function
 from rlhf_jax.train.loggers import MetricLogger
-from rlhf_jax.train.optim import make_optimizer
 from rlhf_jax.train.preemption import STOP, StepAbandoned, StopRequest
 from rlhf_jax.train.profiling import StepProfiler
-from rlhf_jax.train.setup import (actor_trainable, load_actor, load_tokenizer, mesh_and_rules, sampling_params,
-                                  tool_schemas)
+from rlhf_jax.train.setup import actor_role, load_tokenizer, mesh_and_rules, sampling_params, tool_schemas
 from rlhf_jax.train.trainer import Trainer
 from rlhf_jax.train.trainer_checkpoints import CheckpointMixin
 
@@ -143,10 +140,7 @@ class SFTTrainer(FitLoop, CheckpointMixin):
         self.packed = bool(cfg.actor_rollout_ref.model.use_remove_padding)
         self.row_len = row_length(max_length_of(cfg.data))
         self._open_output(lock_dir)
-        actor = cfg.actor_rollout_ref.actor
-        tx, lr_fn = make_optimizer(actor.optim, actor.grad_clip, self.total_steps, 1)
-        trainable = actor_trainable(cfg, c.model_path)
-        self.actor = Role(load_actor(cfg, c.model_path, self.mesh, c.rules), self.mesh, tx, lr_fn, trainable)
+        self.actor = actor_role(cfg, c, self.total_steps, 1)
         self.lora = self.actor.config.lora
         self.critic = None
         self.kl_ctrl = {"value": 0.0}  # the checkpoint's extra record holds RL's KL coefficient; SFT has none

@@ -54,7 +54,8 @@ from rlhf_jax.train.optim import make_optimizer
 from rlhf_jax.train.profiling import StepProfiler
 from rlhf_jax.train.preemption import STOP, StepAbandoned, StopRequest
 from rlhf_jax.train.passes import PassPlan, compile_pass, describe, fit_pass, free_device_memory, gib, memory_hint, plan_passes
-from rlhf_jax.train.setup import Components, actor_trainable, load_actor, load_policy, prepare, sampler_graphdef
+from rlhf_jax.train.setup import (Components, actor_role, load_policy, prepare, reference_role,
+                                  sampler_graphdef)
 from rlhf_jax.train.steps import ActorLossSpec, CriticLossSpec, advantage_stage
 
 log = logging.getLogger(__name__)
@@ -108,17 +109,9 @@ class Trainer(FitLoop, RolloutMixin, CheckpointMixin, ExperienceMixin):
         self.total_steps = int(d.total_training_steps)
         self._open_output(lock_dir)
         arr = cfg.actor_rollout_ref
-
-        tx, lr_fn = make_optimizer(arr.actor.optim, arr.actor.grad_clip, self.total_steps, d.actor_updates_per_step)
-        trainable = actor_trainable(cfg, c.model_path)  # checks the freeze / LoRA keys before any weight is read
-        self.actor = Role(load_actor(cfg, c.model_path, self.mesh, c.rules), self.mesh, tx, lr_fn, trainable)
+        self.actor = actor_role(cfg, c, self.total_steps, d.actor_updates_per_step)
         self.lora = self.actor.config.lora
-        # Without LoRA the reference is its own frozen copy: the actor's arrays are donated and replaced by every
-        # update. With LoRA it is the base model with the adapters off: the actor's frozen arrays, shared.
-        self.ref = None
-        if d.need_ref:
-            self.ref = Role(self._base_model(), self.mesh) if self.lora else Role(
-                load_policy(cfg, c.model_path, self.mesh, c.rules, role="ref"), self.mesh)
+        self.ref = reference_role(cfg, c, self.actor) if d.need_ref else None
         self.critic = None  # a separate value model; under critic.shared_trunk the actor carries the value head
         self.shared_value = bool(cfg.critic.enable and cfg.critic.shared_trunk)
         if cfg.critic.enable and not self.shared_value:

@@ -32,10 +32,6 @@ from rlhf_jax.train.loggers import dump_generations
 
 class RolloutMixin:
     # ------------------------------------------------------------------ LoRA
-    def _base_model(self):
-        """The base model (adapters off) over the actor's frozen arrays: no copy."""
-        return nnx.merge(lora.plain_graphdef(self.actor.config, self.actor.task), self.actor.frozen)
-
     def _sampler_params(self):
         """The sampler's weights: the actor's, with the adapters merged in under LoRA (a temporary copy of the
         adapted weights only, for the rollout; the decode step then runs no extra low-rank matmuls)."""
