@@ -82,17 +82,19 @@ def _line_in(error: BaseException, path: str) -> str:
     return line
 
 
-def load_function_from_file(path: str, name: str = "compute_score") -> ComputeScore:
-    """Import `path` as a module (once per path) and return its attribute `name`."""
+def import_user_file(path: str, key: str, error: type[Exception] = RewardLoadError,
+                     missing: type[Exception] = FileNotFoundError):
+    """(absolute path, module) of a user's Python file, imported once per process. A missing file raises
+    ``missing``, an import that fails ``error``: one line naming ``key``, the file and line, and the exception."""
     path = os.path.abspath(os.path.expanduser(path))
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"custom_reward_function.path: file not found: {path}")
-    module_name = "rlhf_jax_user_reward_" + hashlib.sha1(path.encode()).hexdigest()[:12]
+        raise missing(f"{key}: file not found: {path}")
+    module_name = "rlhf_jax_user_" + hashlib.sha1(path.encode()).hexdigest()[:12]
     module = sys.modules.get(module_name)
     if module is None:
         spec = importlib.util.spec_from_file_location(module_name, path)
         if spec is None or spec.loader is None:
-            raise RewardLoadError(f"custom_reward_function.path: cannot import {path}")
+            raise error(f"{key}: cannot import {path}")
         module = importlib.util.module_from_spec(spec)
         sys.modules[module_name] = module
         try:
@@ -100,8 +102,13 @@ def load_function_from_file(path: str, name: str = "compute_score") -> ComputeSc
         except BaseException as e:  # noqa: BLE001 - whatever the user's module does on import (even sys.exit)
             del sys.modules[module_name]
             message = str(e).splitlines()[0] if str(e) else ""
-            raise RewardLoadError(f"custom_reward_function.path: {path}{_line_in(e, path)}: "
-                                  f"{type(e).__name__}: {message}") from None
+            raise error(f"{key}: {path}{_line_in(e, path)}: {type(e).__name__}: {message}") from None
+    return path, module
+
+
+def load_function_from_file(path: str, name: str = "compute_score") -> ComputeScore:
+    """Import `path` as a module (once per path) and return its attribute `name`."""
+    path, module = import_user_file(path, "custom_reward_function.path")
     fn = getattr(module, name, None)
     if not callable(fn):
         raise RewardLoadError(f"custom_reward_function.name: {path} has no function named {name!r}")
