@@ -32,7 +32,8 @@ def agent(client, question: str, rounds: int = 3) -> list[dict]:
     return messages
 
 
-def test_agent_calls_are_recorded_exactly_and_form_one_sequence(checkpoints):
+def _qwen2_sampler(checkpoints, temperature: float):
+    """(model, tokenizer, eos ids, a conversation sampler of 6-token turns) on the tiny Qwen2 checkpoint."""
     from transformers import AutoTokenizer
 
     from rlhf_jax.models import from_pretrained
@@ -41,8 +42,12 @@ def test_agent_calls_are_recorded_exactly_and_form_one_sequence(checkpoints):
     model = from_pretrained(path)
     tok = AutoTokenizer.from_pretrained(path)
     eos = (tok.eos_token_id,)
-    params = SamplingParams(max_new_tokens=6, temperature=0.0, eos_token_ids=eos, pad_token_id=tok.pad_token_id)
-    sampler = ConversationSampler.for_model(model, capacity=400, params=params, turn_len=6, stage=32)
+    params = SamplingParams(max_new_tokens=6, temperature=temperature, eos_token_ids=eos, pad_token_id=tok.pad_token_id)
+    return model, tok, eos, ConversationSampler.for_model(model, capacity=400, params=params, turn_len=6, stage=32)
+
+
+def test_agent_calls_are_recorded_exactly_and_form_one_sequence(checkpoints):
+    model, tok, eos, sampler = _qwen2_sampler(checkpoints, temperature=0.0)
     client = ChatClient(sampler, _state(model), tok, rollout_key(0), eos_token_ids=eos)
     agent(client, "What is 12 times 7?")
 
@@ -76,17 +81,9 @@ def test_clients_on_threads_are_sampled_in_batches_and_draw_what_they_draw_alone
     every recorded call equals the one the same client makes alone (row ids keep the draws apart)."""
     import threading
 
-    from transformers import AutoTokenizer
-
     from rlhf_jax.agents.client import SamplerBroker
-    from rlhf_jax.models import from_pretrained
 
-    path = checkpoints["qwen2"]
-    model = from_pretrained(path)
-    tok = AutoTokenizer.from_pretrained(path)
-    eos = (tok.eos_token_id,)
-    params = SamplingParams(max_new_tokens=6, temperature=1.0, eos_token_ids=eos, pad_token_id=tok.pad_token_id)
-    sampler = ConversationSampler.for_model(model, capacity=400, params=params, turn_len=6, stage=32)
+    model, tok, eos, sampler = _qwen2_sampler(checkpoints, temperature=1.0)
     state, key = _state(model), rollout_key(3)
     questions = [f"What is {a} times {b}?" for a, b in [(12, 7), (3, 45), (120, 9), (8, 8), (71, 2), (6, 300)]]
 
