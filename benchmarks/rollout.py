@@ -3,15 +3,19 @@
 RL-style sampling on both sides, in the same run: ``--prompts`` chat-templated
 prompts x ``--n`` samples each, temperature 1 (no top-k/top-p), stop at any of
 the checkpoint's EOS ids, at most ``--new-tokens`` new tokens (one table row
-per value). What counts is useful tokens per second: the tokens of each
-response up to and including its EOS. ``transformers`` decodes every row
-until the last one ends; our sampler refills finished decode slots and
-shrinks its batch for the tail, so it also reports the decode steps x slots
-it executed against the static loop's (all N rows until the longest response
-ends). The same run measures float32 matmul FLOP/s and reports useful tokens/s
-as a fraction of the compute roofline (FLOP/s / FLOPs per token).
+per value and prompt set). Two prompt sets (``--prompt-set``): ``chat``,
+open-ended requests whose answers are long (most of the 128-token budget), and
+``rl``, the GRPO step benchmark's arithmetic questions, whose answers have the
+long tail of RL sampling (~40 tokens mean, a few cut at the limit). What
+counts is useful tokens per second: the tokens of each response up to and
+including its EOS. ``transformers`` decodes every row until the last one
+ends; our sampler refills finished decode slots and shrinks its batch for the
+tail, so it also reports the decode steps x slots it executed against the
+static loop's (all N rows until the longest response ends). The same run
+measures float32 matmul FLOP/s and reports useful tokens/s as a fraction of
+the compute roofline (FLOP/s / FLOPs per token).
 
-    python benchmarks/rollout.py                                  # rows for 128 and 512 new tokens
+    python benchmarks/rollout.py                                  # both prompt sets x 128 and 512 new tokens
     python benchmarks/rollout.py --slots auto 16 32               # also fewer slots with refills
     python benchmarks/rollout.py --prompts 2 --n 2 --new-tokens 16 --torch-threads 1 --repeats 1 --json ''
 """
@@ -59,6 +63,21 @@ def chat_prompts(tokenizer, count: int) -> list[list[int]]:
                                            return_dict=True)["input_ids"])
         for t in texts
     ]
+
+
+def rl_prompts(tokenizer, count: int) -> list[list[int]]:
+    """The GRPO step benchmark's questions (``What is a+b? Answer with just the number.``), chat-templated: short
+    answers with the long tail of RL sampling (SmolLM2 at temperature 1: ~40 tokens mean, a few cut at 128)."""
+    from grpo_step import make_prompts
+
+    return [
+        list(tokenizer.apply_chat_template([{"role": "user", "content": r["question"]}], add_generation_prompt=True,
+                                           tokenize=True, return_dict=True)["input_ids"])
+        for r in make_prompts(1)[:count]
+    ]
+
+
+PROMPT_SETS = {"chat": chat_prompts, "rl": rl_prompts}
 
 
 def useful_lengths(rows: list[list[int]], eos: tuple[int, ...]) -> np.ndarray:
@@ -150,6 +169,8 @@ def summary(run: dict) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--prompt-set", nargs="+", choices=sorted(PROMPT_SETS), default=["chat", "rl"],
+                    help="chat: open-ended requests (long answers); rl: the GRPO step's arithmetic questions")
     ap.add_argument("--n", type=int, default=8, help="samples per prompt")
     ap.add_argument("--new-tokens", type=int, nargs="+", default=[128, 512])
     ap.add_argument("--slots", nargs="+", default=["auto"], help="decode slot counts to run ('auto' = the default rule)")
@@ -168,36 +189,42 @@ def main(argv=None) -> int:
     model = from_pretrained(path, dtype=jnp.float32)
     param_bytes = sum(x.nbytes for x in jax.tree.leaves(nnx.state(model)))
     matmul_flops = measure_matmul_flops()
-    prompts = chat_prompts(tokenizer, args.prompts)
-    mean_prompt = float(np.mean([len(p) for p in prompts]))
     rows = []
-    for new_tokens in args.new_tokens:
-        # transformers gets its best torch thread count (oversubscribed torch threads stall on a shared machine)
-        hf_runs = {t: summary(run_transformers(path, prompts, args.n, new_tokens, eos, pad, t)) for t in args.torch_threads}
-        best_threads = max(hf_runs, key=lambda t: hf_runs[t]["useful_tok_s"])
-        theirs = hf_runs[best_threads]
-        for slots in args.slots:
-            ours = summary(run_ours(model, prompts, args.n, new_tokens, eos, pad, None if slots == "auto" else int(slots),
-                                    args.repeats))
-            roofline = matmul_flops / flops_per_token(model.config, param_bytes, mean_prompt + ours["mean_length"] / 2)
-            rows.append({
-                "new_tokens": new_tokens, "slots": slots, "samples": args.prompts * args.n, "mean_prompt_tokens": mean_prompt,
-                "rlhf_jax": ours, "transformers": theirs, "ratio": ours["useful_tok_s"] / theirs["useful_tok_s"],
-                "compute_roofline_tok_s": roofline, "rlhf_jax_roofline_fraction": ours["useful_tok_s"] / roofline,
-                "transformers_tok_s_by_threads": {t: r["useful_tok_s"] for t, r in hf_runs.items()},
-                "torch_threads": best_threads,
-            })
+    for prompt_set in args.prompt_set:
+        prompts = PROMPT_SETS[prompt_set](tokenizer, args.prompts)
+        mean_prompt = float(np.mean([len(p) for p in prompts]))
+        for new_tokens in args.new_tokens:
+            # transformers gets its best torch thread count (oversubscribed torch threads stall on a shared machine)
+            hf_runs = {t: summary(run_transformers(path, prompts, args.n, new_tokens, eos, pad, t))
+                       for t in args.torch_threads}
+            best_threads = max(hf_runs, key=lambda t: hf_runs[t]["useful_tok_s"])
+            theirs = hf_runs[best_threads]
+            for slots in args.slots:
+                ours = summary(run_ours(model, prompts, args.n, new_tokens, eos, pad,
+                                        None if slots == "auto" else int(slots), args.repeats))
+                context = mean_prompt + ours["mean_length"] / 2
+                roofline = matmul_flops / flops_per_token(model.config, param_bytes, context)
+                rows.append({
+                    "prompt_set": prompt_set, "new_tokens": new_tokens, "slots": slots, "samples": args.prompts * args.n,
+                    "mean_prompt_tokens": mean_prompt,
+                    "rlhf_jax": ours, "transformers": theirs, "ratio": ours["useful_tok_s"] / theirs["useful_tok_s"],
+                    "compute_roofline_tok_s": roofline, "rlhf_jax_roofline_fraction": ours["useful_tok_s"] / roofline,
+                    "transformers_tok_s_by_threads": {t: r["useful_tok_s"] for t, r in hf_runs.items()},
+                    "torch_threads": best_threads,
+                })
     result = {
         "model": "SmolLM2-135M-Instruct", "dtype": "float32", "sampling": "temperature 1.0, stop at EOS",
         "devices": str(jax.devices()[0]), "cpu_count": os.cpu_count(), "load_avg_before": load,
         "load_avg_after": os.getloadavg(), "param_bytes": param_bytes, "matmul_flops": matmul_flops, "rows": rows,
     }
     print(f"matmul {matmul_flops / 1e9:.1f} GFLOP/s; load avg before {load[0]:.2f} after {result['load_avg_after'][0]:.2f}")
-    print(f"{'new':>4} {'slots':>5} {'ours tok/s':>10} {'hf tok/s':>9} {'ratio':>6} {'ours len mean/max':>17} "
+    print(f"{'prompts':>7} {'new':>4} {'slots':>5} {'ours tok/s':>10} {'hf tok/s':>9} {'ratio':>6} "
+          f"{'ours len mean/max':>17} "
           f"{'hf len mean/max':>15} {'slot-steps ours/static':>22} {'ours/roof':>9}")
     for r in rows:
         o, h = r["rlhf_jax"], r["transformers"]
-        print(f"{r['new_tokens']:>4} {r['slots']:>5} {o['useful_tok_s']:>10.1f} {h['useful_tok_s']:>9.1f} {r['ratio']:>6.2f} "
+        print(f"{r['prompt_set']:>7} {r['new_tokens']:>4} {r['slots']:>5} {o['useful_tok_s']:>10.1f} "
+              f"{h['useful_tok_s']:>9.1f} {r['ratio']:>6.2f} "
               f"{o['mean_length']:>11.1f}/{o['max_length']:<5} {h['mean_length']:>9.1f}/{h['max_length']:<5} "
               f"{o['slot_steps']:>11}/{o['static_slot_steps']:<10} {r['rlhf_jax_roofline_fraction']:>9.2f}")
     if args.json:
