@@ -172,7 +172,7 @@ def rollout_with_stats(
     first_token, responses, queue = _first_tokens(prompts, key, params, shards)
 
     slots = scheduler.num_slots(B * n, shards.count, params.max_num_seqs)
-    phases = scheduler.phase_sizes(slots, shards.count) if R > 1 else ()
+    phases = scheduler.phase_sizes(slots, shards.count, R) if R > 1 else ()
     loops: tuple[int, ...] = ()
     if phases:
         width = scheduler.narrow_width(P, R) or P + R - 1

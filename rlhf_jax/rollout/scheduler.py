@@ -20,7 +20,7 @@ Key validity is per slot, so a refilled slot never sees what its previous
 sample left behind and nothing needs clearing.
 
 Shrink: when every shard's queue is empty and few enough slots are live, the
-live slots are compacted into the next smaller slot count (a quarter fewer),
+live slots are compacted into the next smaller slot count (a quarter fewer; half as many once few are left),
 and decoding goes on in a loop compiled for that size. The decode step has a large fixed cost
 (reading the weights), so the tail of long responses is cheaper on a small
 batch than on a mostly finished large one.
@@ -42,10 +42,17 @@ from rlhf_jax.rollout.shards import BatchShards
 
 # Slots when rollout.max_num_seqs is None and the batch is larger (vLLM's default max_num_seqs).
 DEFAULT_MAX_SLOTS = 256
-# Loops compiled per rollout: the slot count shrinks by a quarter at most MAX_PHASES - 1 times, and not below
-# MIN_SHRUNK_SLOTS per shard (a decode step of fewer rows costs about as much: reading the weights dominates).
-MAX_PHASES = 6
-MIN_SHRUNK_SLOTS = 8
+# Loops compiled per rollout: the slot count shrinks by a quarter at most QUARTER_PHASES - 1 times, and not below
+# QUARTER_MIN_SLOTS per shard; then, for responses of at least HALVING_MIN_TOKENS, it halves down to one slot per
+# shard (at most MAX_PHASES loops in all). At large counts a decode step's cost is mostly per row, so quarters keep
+# the compiled batch close to the live count; at small counts it is mostly fixed (reading the weights: SmolLM2 on
+# CPU 27 ms at 1 row, 47 ms at 8, 152 ms at 64), so halves follow the few long responses of a tail in few loops.
+# Measured on SmolLM2, 64 short answers with a long tail: 512 new tokens -30 % rollout time; 128: -3 to -8 %, not
+# worth three more compiled loops (about 8 s of compile each), hence the threshold.
+QUARTER_PHASES = 6
+QUARTER_MIN_SLOTS = 8
+HALVING_MIN_TOKENS = 256
+MAX_PHASES = 10
 # The first loop reads a cache of P + R / 4 columns while every response is that short (a decode step's attention
 # reads every cache column: SmolLM2 on CPU, 64 slots, 0.3 ms per column), when R / 4 is at least this many tokens.
 # Measured: 512 new tokens +5-8 % (the first loop covers the 64-slot phase); 128: within noise, for one more
@@ -63,15 +70,22 @@ def num_slots(num_samples: int, shards: int, max_num_seqs: int | None = None) ->
     return max(1, min(num_samples, cap) // shards) * shards
 
 
-def phase_sizes(slots: int, shards: int) -> tuple[int, ...]:
-    """Slot counts of the successive decode loops, each three quarters of the one before (per shard, rounded down).
+def phase_sizes(slots: int, shards: int, response_len: int) -> tuple[int, ...]:
+    """Slot counts of the successive decode loops (per shard, rounded down): three quarters of the one before while
+    that leaves ``QUARTER_MIN_SLOTS`` (``QUARTER_PHASES`` loops at most), then, when ``response_len`` is at least
+    ``HALVING_MIN_TOKENS``, half of it down to one per shard.
 
     Steps of a quarter keep the compiled batch close to the live count as
-    responses end (halving would leave up to half the slots idle).
+    responses end (halving would leave up to half the slots idle); once few
+    slots are left, a step costs about the same whatever the count, and the
+    halving tail follows the last long responses.
     """
     sizes, per_shard = [slots], slots // shards
-    while per_shard * 3 // 4 >= MIN_SHRUNK_SLOTS and len(sizes) < MAX_PHASES:
+    while per_shard * 3 // 4 >= QUARTER_MIN_SLOTS and len(sizes) < QUARTER_PHASES:
         per_shard = per_shard * 3 // 4
+        sizes.append(per_shard * shards)
+    while per_shard > 1 and len(sizes) < MAX_PHASES and response_len >= HALVING_MIN_TOKENS:
+        per_shard //= 2
         sizes.append(per_shard * shards)
     return tuple(sizes)
 

@@ -47,7 +47,10 @@ def test_sampled_logprobs_equal_teacher_forced(llama_model):
         assert len({tuple(t) for t in out.tokens[i * n : (i + 1) * n]}) > 1
 
 
-def test_tokens_do_not_depend_on_the_slot_count(llama_model):
+def test_tokens_do_not_depend_on_the_slot_count(llama_model, monkeypatch):
+    from rlhf_jax.rollout import scheduler
+
+    monkeypatch.setattr(scheduler, "HALVING_MIN_TOKENS", 24)  # loops of 16, 12, 9, 4, 2, 1 and of 4, 2, 1 slots
     prompts = ragged_prompts(seed=13, count=8)
     kw = dict(max_new_tokens=24, temperature=1.0, top_k=40, n=4, eos_token_ids=(1, 7), pad_token_id=PAD_ID, seed=6)
     few = generate(llama_model, prompts, max_num_seqs=4, **kw)
@@ -165,12 +168,13 @@ def test_kv_cache_is_updated_in_place(llama_model, narrow, monkeypatch):
 
     B, P, R, n = 4, 16, 64, 4
     monkeypatch.setattr(scheduler, "NARROW_MIN_TOKENS", R // 4 if narrow else 10**9)
+    monkeypatch.setattr(scheduler, "HALVING_MIN_TOKENS", R)  # the halving tail's loops too
     graphdef, state = nnx.split(llama_model)
     sampler = Sampler(graphdef)
     compiled = sampler.compiled(state, B, P, SamplingParams(max_new_tokens=R, n=n))
     cfg = llama_model.config
     K, S, D = cfg.num_key_value_heads, P + R - 1, cfg.head_dim
-    sizes = phase_sizes(B * n, 1)
+    sizes = phase_sizes(B * n, 1, R)
     assert len(sizes) > 1  # the loop shrinks: every slot count's cache is checked
     hlo = compiled.as_text()
     widths = [(M, S) for M in sizes] + ([(sizes[0], P + R // 4)] if narrow else [])

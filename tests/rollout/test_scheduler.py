@@ -6,8 +6,8 @@ import jax
 import numpy as np
 from flax import nnx
 
-from rlhf_jax.rollout import Sampler, SamplingParams, left_pad, num_slots
-from rlhf_jax.rollout.scheduler import MIN_SHRUNK_SLOTS, phase_sizes
+from rlhf_jax.rollout import Sampler, SamplingParams, left_pad, num_slots, scheduler
+from rlhf_jax.rollout.scheduler import MAX_PHASES, QUARTER_MIN_SLOTS, phase_sizes
 
 from .rollout_testdata import PAD_ID, ragged_prompts
 
@@ -21,18 +21,26 @@ def test_slot_count_follows_the_batch_and_the_shards():
     assert num_slots(8, 1, max_num_seqs=100) == 8  # never more than the samples
 
 
-def test_loop_sizes_shrink_by_quarters_per_shard():
-    assert phase_sizes(64, 1) == (64, 48, 36, 27, 20, 15)
-    assert phase_sizes(64, 4) == (64, 48, 36)  # 16, 12, 9 per shard
-    assert phase_sizes(8, 1) == (8,)
-    for slots, shards in ((256, 1), (64, 8), (96, 2)):
-        sizes = phase_sizes(slots, shards)
-        assert all(s % shards == 0 and s // shards >= MIN_SHRUNK_SLOTS for s in sizes[1:])
+def test_loop_sizes_shrink_by_quarters_then_halve_to_one_slot_per_shard():
+    assert phase_sizes(64, 1, response_len=128) == (64, 48, 36, 27, 20, 15)  # short responses: quarters only
+    assert phase_sizes(8, 1, response_len=128) == (8,)
+    assert phase_sizes(64, 1, 512) == (64, 48, 36, 27, 20, 15, 7, 3, 1)
+    assert phase_sizes(64, 4, 512) == (64, 48, 36, 16, 8, 4)  # 16, 12, 9 per shard, then 4, 2, 1
+    assert phase_sizes(8, 1, 512) == (8, 4, 2, 1)
+    assert phase_sizes(1, 1, 512) == (1,)
+    for slots, shards in ((256, 1), (64, 8), (96, 2), (1024, 1)):
+        sizes = phase_sizes(slots, shards, 512)
+        assert all(s % shards == 0 and s >= shards for s in sizes) and len(sizes) <= MAX_PHASES
+        per_shard = [s // shards for s in sizes]
+        for a, b in zip(per_shard, per_shard[1:]):  # a quarter fewer while enough are left, else half
+            assert (b == a * 3 // 4 and b >= QUARTER_MIN_SLOTS) or b == a // 2, sizes
         assert list(sizes) == sorted(set(sizes), reverse=True)
+    assert phase_sizes(256, 1, 512)[-1] > 1  # capped at MAX_PHASES loops before reaching one slot
 
 
-def test_loops_execute_fewer_slot_steps_than_the_static_loop(llama_model):
+def test_loops_execute_fewer_slot_steps_than_the_static_loop(llama_model, monkeypatch):
     """Refills and shrinking: executed steps x slots cover the tokens, with less idle work than N x (max length - 1)."""
+    monkeypatch.setattr(scheduler, "HALVING_MIN_TOKENS", 32)  # the halving tail too
     graphdef, state = nnx.split(llama_model)
     sampler = Sampler(graphdef)
     prompts = ragged_prompts(seed=3, count=8)
@@ -44,7 +52,7 @@ def test_loops_execute_fewer_slot_steps_than_the_static_loop(llama_model):
         lengths = np.asarray(jax.device_get(batch.response_mask)).sum(axis=1)
         assert lengths.max() == 32 and lengths.min() < 8
         steps = jax.device_get(stats.steps)
-        assert stats.slots == phase_sizes(slots, 1) and len(steps) == len(stats.slots)
+        assert stats.slots == phase_sizes(slots, 1, 32) and stats.slots[-1] == 1 and len(steps) == len(stats.slots)
         # every token after the first comes from a decode step of a slot
         assert stats.slot_steps() >= (lengths - 1).sum()
         assert stats.slot_steps() < len(lengths) * (lengths.max() - 1)
@@ -57,7 +65,6 @@ def test_loops_execute_fewer_slot_steps_than_the_static_loop(llama_model):
 def test_a_narrow_first_loop_draws_the_same_samples(llama_model, monkeypatch):
     """The first loop on a P + R/4 cache (then widened) draws what the whole-cache loops draw, with and without
     refills."""
-    from rlhf_jax.rollout import scheduler
 
     graphdef, state = nnx.split(llama_model)
     prompts = ragged_prompts(seed=5, count=8)
