@@ -77,8 +77,8 @@ def phase_sizes(slots: int, shards: int, response_len: int) -> tuple[int, ...]:
 
     Steps of a quarter keep the compiled batch close to the live count as
     responses end (halving would leave up to half the slots idle); once few
-    slots are left, a step costs about the same whatever the count, and the
-    halving tail follows the last long responses.
+    slots are left, a step's fixed cost dominates, and the halving tail
+    follows the last long responses in few loops.
     """
     sizes, per_shard = [slots], slots // shards
     while per_shard * 3 // 4 >= QUARTER_MIN_SLOTS and len(sizes) < QUARTER_PHASES:
