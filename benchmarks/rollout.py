@@ -56,8 +56,8 @@ TASKS = [
 ]
 
 
-def chat_prompts(tokenizer, count: int) -> list[list[int]]:
-    texts = [task.format(t=topic) for topic in TOPICS for task in TASKS][:count]
+def templated(tokenizer, texts: list[str]) -> list[list[int]]:
+    """Each text as one user turn in the model's chat template, ready for the assistant's answer."""
     return [
         list(tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, tokenize=True,
                                            return_dict=True)["input_ids"])
@@ -65,16 +65,16 @@ def chat_prompts(tokenizer, count: int) -> list[list[int]]:
     ]
 
 
+def chat_prompts(tokenizer, count: int) -> list[list[int]]:
+    return templated(tokenizer, [task.format(t=topic) for topic in TOPICS for task in TASKS][:count])
+
+
 def rl_prompts(tokenizer, count: int) -> list[list[int]]:
     """The GRPO step benchmark's questions (``What is a+b? Answer with just the number.``), chat-templated: short
     answers with the long tail of RL sampling (SmolLM2 at temperature 1: ~40 tokens mean, a few cut at 128)."""
     from grpo_step import make_prompts
 
-    return [
-        list(tokenizer.apply_chat_template([{"role": "user", "content": r["question"]}], add_generation_prompt=True,
-                                           tokenize=True, return_dict=True)["input_ids"])
-        for r in make_prompts(1)[:count]
-    ]
+    return templated(tokenizer, [r["question"] for r in make_prompts(1)[:count]])
 
 
 PROMPT_SETS = {"chat": chat_prompts, "rl": rl_prompts}
