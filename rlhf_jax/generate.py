@@ -74,7 +74,7 @@ def generate(cfg, output_path: str) -> list[dict]:
     from rlhf_jax.data import dataset_from_config, loader_from_config
     from rlhf_jax.rewards.reward_model import decode_responses
     from rlhf_jax.rollout import Sampler
-    from rlhf_jax.train.batching import to_local
+    from rlhf_jax.parallel.hosts import to_local
     from rlhf_jax.train.engine import Role
     from rlhf_jax.train.generation import generate_batch, key_function
     from rlhf_jax.train.setup import (load_policy, load_tokenizer, mesh_and_rules, sampler_graphdef, sampling_params,

@@ -120,7 +120,7 @@ class Checkpointer:
 
     def set_aside(self, step: int) -> str:
         """Rename an unreadable step to ``<step>.unreadable[.N]`` (kept for inspection, no longer a step)."""
-        from rlhf_jax.train.batching import sum_over_processes
+        from rlhf_jax.parallel.hosts import sum_over_processes
 
         src = os.path.join(self.directory, str(step))
         dst, n = src + ".unreadable", 1

@@ -33,7 +33,8 @@ from rlhf_jax.data.loader import PromptLoader
 from rlhf_jax.data.preferences import PreferenceDataset, preference_dataset_from_config
 from rlhf_jax.data.prompts import bucket_length, pad_left, pad_token_id_of, resolve_buckets
 from rlhf_jax.train import metrics as M
-from rlhf_jax.train.batching import mini_batches, to_global
+from rlhf_jax.train.batching import mini_batches
+from rlhf_jax.parallel.hosts import to_global
 from rlhf_jax.train.checkpoint import Checkpointer
 from rlhf_jax.train.fit_loop import FitLoop
 from rlhf_jax.train.dpo_steps import SIDES, DPOSpec, dpo_update, side

@@ -12,7 +12,7 @@ import numpy as np
 from rlhf_jax.data import PromptBatch
 from rlhf_jax.parallel import replicated
 from rlhf_jax.rollout.buckets import bucket_batch
-from rlhf_jax.train.batching import to_global
+from rlhf_jax.parallel.hosts import to_global
 
 
 def key_function(mesh):

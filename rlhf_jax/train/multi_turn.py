@@ -29,7 +29,7 @@ from rlhf_jax.data.prompts import render_prompt
 from rlhf_jax.rollout.conversation_sampler import ConversationSampler
 from rlhf_jax.rollout.decode import RolloutBatch
 from rlhf_jax.rollout.params import SamplingParams
-from rlhf_jax.train.batching import to_global
+from rlhf_jax.parallel.hosts import to_global
 
 # Tokens a prompt's new tokens are appended in at most (the staging width of the conversation caches).
 STAGE = 64

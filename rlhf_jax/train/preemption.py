@@ -22,7 +22,7 @@ import threading
 
 import numpy as np
 
-from rlhf_jax.train.batching import sum_over_processes
+from rlhf_jax.parallel.hosts import sum_over_processes
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 

@@ -14,7 +14,7 @@ import socket
 import jax
 import numpy as np
 
-from rlhf_jax.train.batching import sum_over_processes
+from rlhf_jax.parallel.hosts import sum_over_processes
 
 LOCK_NAME = ".run.lock"
 _held: dict[str, tuple[int, int]] = {}  # directory -> (file descriptor, holders in this process)

@@ -37,7 +37,7 @@ from rlhf_jax.rollout import Sampler
 from rlhf_jax.batch import pack_batch
 from rlhf_jax.batch.packing import row_length
 from rlhf_jax.data.prompts import pad_token_id_of
-from rlhf_jax.train.batching import gather_all, sum_over_processes, to_global
+from rlhf_jax.parallel.hosts import gather_all, sum_over_processes, to_global
 from rlhf_jax.train.checkpoint import Checkpointer
 from rlhf_jax.train.fit_loop import FitLoop
 from rlhf_jax.train.generation import key_function

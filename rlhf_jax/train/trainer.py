@@ -40,7 +40,8 @@ from rlhf_jax.rewards import RewardManager, place_on_last_token
 from rlhf_jax.rollout import Sampler
 from rlhf_jax.batch import pack_batch, trim_columns
 from rlhf_jax.train import metrics as M
-from rlhf_jax.train.batching import gather_all, mini_batches, sum_over_processes, to_global, to_local
+from rlhf_jax.train.batching import mini_batches
+from rlhf_jax.parallel.hosts import gather_all, sum_over_processes, to_global, to_local
 from rlhf_jax.train.checkpoint import Checkpointer
 from rlhf_jax.train.engine import Role
 from rlhf_jax.train.experience import Experience

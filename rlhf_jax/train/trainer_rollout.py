@@ -23,7 +23,7 @@ from rlhf_jax.parallel import batch_sharding
 from rlhf_jax.rewards.reward_model import decode_responses
 from rlhf_jax.rollout.decode import RolloutBatch
 from rlhf_jax.train import metrics as M
-from rlhf_jax.train.batching import to_global, to_local
+from rlhf_jax.parallel.hosts import to_global, to_local
 from rlhf_jax.train.dynamic_sampling import ROLLOUT_KEYS, Collected, varied_groups
 from rlhf_jax.train.experience import Experience
 from rlhf_jax.train.generation import generate_batch

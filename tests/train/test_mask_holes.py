@@ -16,7 +16,7 @@ import pytest
 from rlhf_jax import algos
 from rlhf_jax.rewards.shaping import place_on_last_token
 from rlhf_jax.rollout.decode import RolloutBatch
-from rlhf_jax.train.batching import to_global
+from rlhf_jax.parallel.hosts import to_global
 from rlhf_jax.train.steps import ActorLossSpec, actor_denominators, actor_loss
 
 from .test_packing import DP, N, R, _micros, _role, assert_grads_close, ragged_batch

@@ -20,7 +20,7 @@ from rlhf_jax import models
 from rlhf_jax.batch import first_fit_decreasing, micro_layout, pack_batch, row_buckets
 from rlhf_jax.batch.packing import BRANCH_BITS, MAX_BRANCHES, logit_list_size
 from rlhf_jax.parallel import make_mesh
-from rlhf_jax.train.batching import to_global
+from rlhf_jax.parallel.hosts import to_global
 from rlhf_jax.train.engine import Role
 from rlhf_jax.train.steps import ActorLossSpec, CriticLossSpec
 

@@ -15,7 +15,7 @@ import torch
 
 from rlhf_jax import models
 from rlhf_jax.parallel import make_mesh
-from rlhf_jax.train.batching import to_global
+from rlhf_jax.parallel.hosts import to_global
 from rlhf_jax.train.engine import Role
 from rlhf_jax.train.preemption import StopRequest
 from rlhf_jax.train.sft import SFTTrainer
