@@ -27,7 +27,7 @@ from rlhf_jax.models.lora_peft import ADAPTER_DIR, save_adapter
 from rlhf_jax.models.hf_export import save_pretrained
 from rlhf_jax.models.hf_import import build_abstract, from_pretrained
 from rlhf_jax.parallel.mesh import single_device_mesh
-from rlhf_jax.train.checkpoint import Checkpointer
+from rlhf_jax.runtime.checkpoint import Checkpointer
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 

@@ -30,13 +30,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"config error: {e}", file=sys.stderr)
         return 2
     from rlhf_jax.rewards import RewardFunctionError, RewardLoadError
-    from rlhf_jax.train.checkpoint import CheckpointError, CheckpointWriteError
-    from rlhf_jax.train.oom import out_of_memory_message
-    from rlhf_jax.train.preemption import STOP
+    from rlhf_jax.runtime.checkpoint import CheckpointError, CheckpointWriteError
+    from rlhf_jax.runtime.oom import out_of_memory_message
+    from rlhf_jax.runtime.preemption import STOP
     from rlhf_jax.train.stages import StageSetupError
     from rlhf_jax.train.tasks import trainer_for
 
-    with STOP.installed():  # from here SIGTERM/SIGINT stop the run cleanly (train/preemption.py)
+    with STOP.installed():  # from here SIGTERM/SIGINT stop the run cleanly (runtime/preemption.py)
         try:  # everything that checks the config, data and checkpoints runs here, before any compilation
             trainer = trainer_for(cfg)(cfg, lock_dir=True)
         except (KeyError, ValueError, FileNotFoundError) as e:

@@ -35,14 +35,15 @@ from rlhf_jax.data.prompts import bucket_length, pad_left, pad_token_id_of, reso
 from rlhf_jax.train import metrics as M
 from rlhf_jax.train.batching import mini_batches
 from rlhf_jax.parallel.hosts import to_global
-from rlhf_jax.train.checkpoint import Checkpointer
+from rlhf_jax.runtime.checkpoint import Checkpointer
 from rlhf_jax.train.fit_loop import FitLoop
 from rlhf_jax.train.dpo_steps import SIDES, DPOSpec, dpo_update, side
 from rlhf_jax.train.engine import Role
-from rlhf_jax.train.loggers import MetricLogger
-from rlhf_jax.train.passes import HEADROOM, compiled_bytes, free_device_memory, gib, memory_hint
-from rlhf_jax.train.preemption import STOP, StopRequest
-from rlhf_jax.train.profiling import StepProfiler
+from rlhf_jax.runtime.loggers import MetricLogger
+from rlhf_jax.train.passes import HEADROOM, compiled_bytes, free_device_memory, gib
+from rlhf_jax.runtime.oom import memory_hint
+from rlhf_jax.runtime.preemption import STOP, StopRequest
+from rlhf_jax.runtime.profiling import StepProfiler
 from rlhf_jax.train.setup import Components, actor_role, load_tokenizer, mesh_and_rules, reference_role
 from rlhf_jax.train.trainer_checkpoints import CheckpointMixin
 

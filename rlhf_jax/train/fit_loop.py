@@ -22,9 +22,9 @@ from typing import Any
 
 import jax
 
-from rlhf_jax.train import run_lock
-from rlhf_jax.train.checkpoint import quiet_storage_noise
-from rlhf_jax.train.preemption import StepAbandoned
+from rlhf_jax.runtime import run_lock
+from rlhf_jax.runtime.checkpoint import quiet_storage_noise
+from rlhf_jax.runtime.preemption import StepAbandoned
 
 
 def due(freq: int | None, step: int, is_last: bool) -> bool:

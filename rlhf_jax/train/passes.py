@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 
 from rlhf_jax.batch.packing import row_length
+from rlhf_jax.runtime.oom import memory_hint
 
 log = logging.getLogger(__name__)
 
@@ -247,16 +248,3 @@ def describe(plan: PassPlan) -> str:
     if plan.packed:
         return f"{plan.rows_per_micro} packed rows x {plan.row_len} tokens"
     return f"{plan.rows_per_micro} sequences"
-
-
-def memory_hint(cfg, role: str) -> str:
-    """The other levers that lower a pass's memory, for the error message."""
-    model = cfg.critic.model if role == "critic" else cfg.actor_rollout_ref.model
-    prefix = "critic.model" if role == "critic" else "actor_rollout_ref.model"
-    parts = []
-    if not model.enable_gradient_checkpointing:
-        parts.append(f"set {prefix}.enable_gradient_checkpointing=True")
-    if cfg.actor_rollout_ref.model.compute_dtype == "float32":
-        parts.append("use actor_rollout_ref.model.compute_dtype=bfloat16")
-    parts.append("or shard over more devices (mesh.fsdp)")
-    return ", ".join(parts)

@@ -38,12 +38,12 @@ from rlhf_jax.batch import pack_batch
 from rlhf_jax.batch.packing import row_length
 from rlhf_jax.data.prompts import pad_token_id_of
 from rlhf_jax.parallel.hosts import gather_all, sum_over_processes, to_global
-from rlhf_jax.train.checkpoint import Checkpointer
+from rlhf_jax.runtime.checkpoint import Checkpointer
 from rlhf_jax.train.fit_loop import FitLoop
 from rlhf_jax.train.generation import key_function
-from rlhf_jax.train.loggers import MetricLogger
-from rlhf_jax.train.preemption import STOP, StepAbandoned, StopRequest
-from rlhf_jax.train.profiling import StepProfiler
+from rlhf_jax.runtime.loggers import MetricLogger
+from rlhf_jax.runtime.preemption import STOP, StepAbandoned, StopRequest
+from rlhf_jax.runtime.profiling import StepProfiler
 from rlhf_jax.train.setup import actor_role, load_tokenizer, mesh_and_rules, sampling_params, tool_schemas
 from rlhf_jax.train.trainer import Trainer
 from rlhf_jax.train.trainer_checkpoints import CheckpointMixin

@@ -25,8 +25,9 @@ from ml_collections import ConfigDict
 from rlhf_jax.config import finalize, schema
 from rlhf_jax.config.interpolation import has_reference, resolve
 from rlhf_jax.config.yaml_import import coerce
-from rlhf_jax.train import run_lock, tasks
-from rlhf_jax.train.preemption import STOP, StopRequest
+from rlhf_jax.train import tasks
+from rlhf_jax.runtime import run_lock
+from rlhf_jax.runtime.preemption import STOP, StopRequest
 
 NAME = "stage_name"
 DONE = "stage_done.json"

@@ -42,7 +42,7 @@ from rlhf_jax.batch import pack_batch, trim_columns
 from rlhf_jax.train import metrics as M
 from rlhf_jax.train.batching import mini_batches
 from rlhf_jax.parallel.hosts import gather_all, sum_over_processes, to_global, to_local
-from rlhf_jax.train.checkpoint import Checkpointer
+from rlhf_jax.runtime.checkpoint import Checkpointer
 from rlhf_jax.train.engine import Role
 from rlhf_jax.train.experience import Experience
 from rlhf_jax.train.fit_loop import FitLoop
@@ -50,11 +50,12 @@ from rlhf_jax.train.trainer_checkpoints import CheckpointMixin
 from rlhf_jax.train.trainer_experience import ExperienceMixin
 from rlhf_jax.train.trainer_rollout import RolloutMixin
 from rlhf_jax.train.generation import key_function
-from rlhf_jax.train.loggers import MetricLogger, dump_generations
+from rlhf_jax.runtime.loggers import MetricLogger, dump_generations
 from rlhf_jax.train.optim import make_optimizer
-from rlhf_jax.train.profiling import StepProfiler
-from rlhf_jax.train.preemption import STOP, StepAbandoned, StopRequest
-from rlhf_jax.train.passes import PassPlan, compile_pass, describe, fit_pass, free_device_memory, gib, memory_hint, plan_passes
+from rlhf_jax.runtime.profiling import StepProfiler
+from rlhf_jax.runtime.preemption import STOP, StepAbandoned, StopRequest
+from rlhf_jax.train.passes import PassPlan, compile_pass, describe, fit_pass, free_device_memory, gib, plan_passes
+from rlhf_jax.runtime.oom import memory_hint
 from rlhf_jax.train.setup import (Components, actor_role, load_policy, prepare, reference_role,
                                   sampler_graphdef)
 from rlhf_jax.train.steps import ActorLossSpec, CriticLossSpec, advantage_stage

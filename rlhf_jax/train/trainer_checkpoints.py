@@ -17,9 +17,10 @@ import numpy as np
 from rlhf_jax.models import lora, save_pretrained
 from rlhf_jax.models.lora_peft import ADAPTER_DIR, save_adapter
 from rlhf_jax.parallel import batch_sharding
-from rlhf_jax.train import ckpt_contents, experience
+from rlhf_jax.train import experience
+from rlhf_jax.runtime import ckpt_contents
 from rlhf_jax.parallel.hosts import sum_over_processes
-from rlhf_jax.train.checkpoint import CheckpointError, Checkpointer, quiet_storage_noise, resolve_resume
+from rlhf_jax.runtime.checkpoint import CheckpointError, Checkpointer, quiet_storage_noise, resolve_resume
 
 
 class CheckpointMixin:

@@ -16,7 +16,7 @@ from typing import Any
 
 from rlhf_jax.train import experience as X
 from rlhf_jax.train import metrics as M
-from rlhf_jax.train.preemption import StepAbandoned
+from rlhf_jax.runtime.preemption import StepAbandoned
 
 
 class ExperienceMixin:

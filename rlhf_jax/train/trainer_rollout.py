@@ -27,7 +27,7 @@ from rlhf_jax.parallel.hosts import to_global, to_local
 from rlhf_jax.train.dynamic_sampling import ROLLOUT_KEYS, Collected, varied_groups
 from rlhf_jax.train.experience import Experience
 from rlhf_jax.train.generation import generate_batch
-from rlhf_jax.train.loggers import dump_generations
+from rlhf_jax.runtime.loggers import dump_generations
 
 
 class RolloutMixin:

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from rlhf_jax.train.checkpoint import Checkpointer
+from rlhf_jax.runtime.checkpoint import Checkpointer
 from tests.train.helpers import cli_args, read_metrics, run_main
 
 ONE_DEVICE = {"mesh.data": 1, "mesh.fsdp": 1, "mesh.tensor": 1}
@@ -334,7 +334,7 @@ def test_out_of_memory_in_a_step_is_one_line_naming_the_keys(tmp_path, finished_
     import jax
     import jax.numpy as jnp
 
-    from rlhf_jax.train.oom import out_of_memory_message
+    from rlhf_jax.runtime.oom import out_of_memory_message
     from rlhf_jax.train.trainer import Trainer
     from tests.train.helpers import make_config
 

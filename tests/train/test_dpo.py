@@ -17,7 +17,7 @@ from rlhf_jax.models import lora
 from rlhf_jax.train import dpo
 from rlhf_jax.parallel.hosts import to_global
 from rlhf_jax.train.dpo import DPOTrainer
-from rlhf_jax.train.preemption import StopRequest
+from rlhf_jax.runtime.preemption import StopRequest
 from tests.train.helpers import cli_args, load_recipe, read_metrics, run_main, tiny_hf_checkpoint
 from tests.train.test_resume import _assert_same_rows
 

@@ -9,8 +9,8 @@ import jax
 import numpy as np
 import pytest
 
-from rlhf_jax.train.checkpoint import Checkpointer
-from rlhf_jax.train.preemption import StopRequest
+from rlhf_jax.runtime.checkpoint import Checkpointer
+from rlhf_jax.runtime.preemption import StopRequest
 from rlhf_jax.train.setup import prepare
 from rlhf_jax.train.trainer import Trainer
 from tests.train.helpers import make_config, read_metrics

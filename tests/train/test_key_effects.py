@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from rlhf_jax.train.checkpoint import Checkpointer
+from rlhf_jax.runtime.checkpoint import Checkpointer
 from rlhf_jax.train.trainer import Trainer
 from tests.train.helpers import make_config, read_metrics, tiny_hf_checkpoint
 

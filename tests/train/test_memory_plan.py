@@ -14,8 +14,9 @@ import pytest
 
 from rlhf_jax.batch.packing import row_length
 from rlhf_jax.config.validate import finalize
-from rlhf_jax.train.passes import (HEADROOM, compile_pass, compiled_bytes, fit_pass, free_device_memory, memory_hint,
-                                   plan_passes, preferred_grad_tokens)
+from rlhf_jax.runtime.oom import memory_hint
+from rlhf_jax.train.passes import (HEADROOM, compile_pass, compiled_bytes, fit_pass, free_device_memory, plan_passes,
+                                   preferred_grad_tokens)
 from rlhf_jax.train.trainer import Trainer
 from tests.train.helpers import make_config
 

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from rlhf_jax.train.checkpoint import Checkpointer
+from rlhf_jax.runtime.checkpoint import Checkpointer
 from tests.train.helpers import REPO, cli_args, cpu_devices_flags, read_metrics, run_main
 from tests.train.test_resume import _assert_same_rows
 
@@ -141,7 +141,7 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 def test_sigterm_during_scoring_abandons_the_step_and_resumes_exactly(tmp_path, monkeypatch):
     """A signal while the rewards are computed abandons that step (nothing has changed yet): the checkpoint holds
     the step before, and the resumed run samples the abandoned step's prompts again, as the uninterrupted run did."""
-    from rlhf_jax.train.preemption import StopRequest
+    from rlhf_jax.runtime.preemption import StopRequest
     from rlhf_jax.train.trainer import Trainer
     from tests.train.helpers import make_config
 

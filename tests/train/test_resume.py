@@ -9,7 +9,7 @@ import time
 import jax
 import numpy as np
 
-from rlhf_jax.train.checkpoint import Checkpointer
+from rlhf_jax.runtime.checkpoint import Checkpointer
 from rlhf_jax.train.trainer import Trainer
 from tests.train.helpers import REPO, cli_args, make_config, read_metrics
 

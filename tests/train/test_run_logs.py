@@ -3,7 +3,7 @@
 import json
 import os
 
-from rlhf_jax.train.loggers import own_file
+from rlhf_jax.runtime.loggers import own_file
 from rlhf_jax.train.trainer import Trainer
 from tests.train.helpers import make_config, read_metrics
 

@@ -17,7 +17,7 @@ from rlhf_jax import models
 from rlhf_jax.parallel import make_mesh
 from rlhf_jax.parallel.hosts import to_global
 from rlhf_jax.train.engine import Role
-from rlhf_jax.train.preemption import StopRequest
+from rlhf_jax.runtime.preemption import StopRequest
 from rlhf_jax.train.sft import SFTTrainer
 from tests.train.helpers import cli_args, make_config, read_metrics, run_main
 

@@ -1,7 +1,7 @@
 """Metric sinks: a compact console line (plus a progress bar), metrics.jsonl, tensorboard event files.
 
 ``trainer.logger`` picks any of ``console``, ``jsonl``, ``tensorboard``, and the
-optional trackers ``wandb`` and ``mlflow`` (:mod:`rlhf_jax.train.trackers`). Only
+optional trackers ``wandb`` and ``mlflow`` (:mod:`rlhf_jax.runtime.trackers`). Only
 process 0 writes. Files live in ``trainer.log_dir`` (by default the run's
 ``trainer.default_local_dir``, next to its checkpoints).
 
@@ -87,7 +87,7 @@ class MetricLogger:
                 _move_aside(tb_dir)
             # purge_step: TensorBoard drops the earlier events of the steps this run logs again.
             self._tb = SummaryWriter(tb_dir, purge_step=step + 1 if step else None)
-        from rlhf_jax.train.trackers import TRACKERS
+        from rlhf_jax.runtime.trackers import TRACKERS
 
         self._trackers = [TRACKERS[b](self.log_dir, *self.run) for b in self.backends if b in TRACKERS]
 

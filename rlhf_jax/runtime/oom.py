@@ -1,4 +1,4 @@
-"""An out-of-memory that happens during training anyway (the memory plan, ``train/passes.py``, stops before the
+"""An out-of-memory that happens during training anyway (the memory plan stops before the
 first step for sizes that XLA's estimate says cannot fit): one line naming the keys that lower memory.
 
 XLA reports a failed device (or XLA:CPU host) allocation as a runtime error whose message starts with
@@ -9,7 +9,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlhf_jax.train.passes import memory_hint
+
+def memory_hint(cfg, role: str) -> str:
+    """The other levers that lower a pass's memory, for the error message."""
+    model = cfg.critic.model if role == "critic" else cfg.actor_rollout_ref.model
+    prefix = "critic.model" if role == "critic" else "actor_rollout_ref.model"
+    parts = []
+    if not model.enable_gradient_checkpointing:
+        parts.append(f"set {prefix}.enable_gradient_checkpointing=True")
+    if cfg.actor_rollout_ref.model.compute_dtype == "float32":
+        parts.append("use actor_rollout_ref.model.compute_dtype=bfloat16")
+    parts.append("or shard over more devices (mesh.fsdp)")
+    return ", ".join(parts)
 
 
 def is_out_of_memory(error: BaseException) -> bool:
