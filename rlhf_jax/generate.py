@@ -76,7 +76,7 @@ def generate(cfg, output_path: str) -> list[dict]:
     from rlhf_jax.rollout import Sampler
     from rlhf_jax.parallel.hosts import to_local
     from rlhf_jax.train.engine import Role
-    from rlhf_jax.train.generation import generate_batch, key_function
+    from rlhf_jax.rollout.generation import generate_batch, key_function
     from rlhf_jax.train.setup import (load_policy, load_tokenizer, mesh_and_rules, sampler_graphdef, sampling_params,
                                       tool_schemas)
 
@@ -94,7 +94,7 @@ def generate(cfg, output_path: str) -> list[dict]:
     key = key_function(mesh)(sampling.seed, 0)  # the key of the trainer's validation
     multi_turn = None
     if cfg.actor_rollout_ref.rollout.multi_turn.enable:
-        from rlhf_jax.train.multi_turn import MultiTurnRollout
+        from rlhf_jax.agents.multi_turn import MultiTurnRollout
 
         multi_turn = MultiTurnRollout(cfg, sampler.graphdef, policy.config, tok, mesh, rules, cfg.data.max_prompt_length)
     rows = []

@@ -5,7 +5,8 @@ run concurrently with timeouts (``run_tool_calls``; every fault comes back to th
 ``run_turns`` drives a batch of conversations on a ``rollout.ConversationSampler`` (decode a turn, answer it with
 tool results or an ``Environment``'s observation, continue from the device KV cache). ``ChatClient`` offers
 ``client.chat.completions.create`` over the same sampler for agents written against the OpenAI API
-(``workflows``), recording the exact token ids and log-probs.
+(``workflows``), recording the exact token ids and log-probs. ``multi_turn`` turns a prompt batch into the
+trainer's multi-turn ``RolloutBatch`` with these pieces.
 """
 
 from rlhf_jax.agents.executor import ToolResult, ToolStats, run_tool_calls, tool_message

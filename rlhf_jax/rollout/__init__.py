@@ -4,6 +4,8 @@ High level: ``generate(model, prompt_ids, max_new_tokens=...)`` on lists of toke
 Trainer level: ``Sampler`` (compiled programs keyed by static shapes) turns
 left-padded (B, P) prompt arrays into a ``RolloutBatch`` with ``SamplingParams``
 built by ``SamplingParams.from_config(cfg.actor_rollout_ref.rollout)``.
+Drivers: ``generation`` samples a prompt batch for the trainer and ``python -m rlhf_jax.generate``;
+``dynamic_sampling`` keeps the prompt groups whose scores vary (DAPO).
 """
 
 from rlhf_jax.rollout.api import GenerateOutput, generate, generate_with_params, sampler_for

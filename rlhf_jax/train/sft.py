@@ -40,7 +40,7 @@ from rlhf_jax.data.prompts import pad_token_id_of
 from rlhf_jax.parallel.hosts import gather_all, sum_over_processes, to_global
 from rlhf_jax.runtime.checkpoint import Checkpointer
 from rlhf_jax.train.fit_loop import FitLoop
-from rlhf_jax.train.generation import key_function
+from rlhf_jax.rollout.generation import key_function
 from rlhf_jax.runtime.loggers import MetricLogger
 from rlhf_jax.runtime.preemption import STOP, StepAbandoned, StopRequest
 from rlhf_jax.runtime.profiling import StepProfiler

@@ -49,7 +49,7 @@ from rlhf_jax.train.fit_loop import FitLoop
 from rlhf_jax.train.trainer_checkpoints import CheckpointMixin
 from rlhf_jax.train.trainer_experience import ExperienceMixin
 from rlhf_jax.train.trainer_rollout import RolloutMixin
-from rlhf_jax.train.generation import key_function
+from rlhf_jax.rollout.generation import key_function
 from rlhf_jax.runtime.loggers import MetricLogger, dump_generations
 from rlhf_jax.train.optim import make_optimizer
 from rlhf_jax.runtime.profiling import StepProfiler

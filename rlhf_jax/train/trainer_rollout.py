@@ -24,9 +24,9 @@ from rlhf_jax.rewards.reward_model import decode_responses
 from rlhf_jax.rollout.decode import RolloutBatch
 from rlhf_jax.train import metrics as M
 from rlhf_jax.parallel.hosts import to_global, to_local
-from rlhf_jax.train.dynamic_sampling import ROLLOUT_KEYS, Collected, varied_groups
+from rlhf_jax.rollout.dynamic_sampling import ROLLOUT_KEYS, Collected, varied_groups
 from rlhf_jax.train.experience import Experience
-from rlhf_jax.train.generation import generate_batch
+from rlhf_jax.rollout.generation import generate_batch
 from rlhf_jax.runtime.loggers import dump_generations
 
 
@@ -78,7 +78,7 @@ class RolloutMixin:
         """Multi-turn tool-calling rollouts (train/multi_turn.py) when rollout.multi_turn.enable, else None."""
         if not self.cfg.actor_rollout_ref.rollout.multi_turn.enable:
             return None
-        from rlhf_jax.train.multi_turn import MultiTurnRollout
+        from rlhf_jax.agents.multi_turn import MultiTurnRollout
 
         return MultiTurnRollout(self.cfg, self.sampler.graphdef, self.actor.config, self.tok, self.mesh, self.c.rules,
                                 self.cfg.data.max_prompt_length)

@@ -15,7 +15,7 @@ from rlhf_jax.agents.turns import Trajectory
 from rlhf_jax.config import finalize
 from rlhf_jax.rewards import place_on_last_token
 from rlhf_jax.train import metrics as M
-from rlhf_jax.train.multi_turn import per_turn_rewards
+from rlhf_jax.agents.multi_turn import per_turn_rewards
 from rlhf_jax.train.steps import advantage_stage
 from rlhf_jax.train.trainer import Trainer
 from tests.train.helpers import make_config

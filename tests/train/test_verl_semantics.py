@@ -86,7 +86,7 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 def test_dapo_filter_groups_fills_the_batch_with_varied_groups(tmp_path):
     import numpy as np
 
-    from rlhf_jax.train.dynamic_sampling import Collected, varied_groups
+    from rlhf_jax.rollout.dynamic_sampling import Collected, varied_groups
 
     reward = tmp_path / "reward.py"
     reward.write_text(HALF_FLAT_REWARD)
