@@ -1,4 +1,4 @@
-"""The decoder backbone and its three heads: causal LM, sequence score (reward model), token value (critic).
+"""The decoder layer, the decoder backbone and its three heads: causal LM, sequence score (reward model), token value (critic).
 
 Calling conventions (all int32 inputs of shape (B, T), left padding allowed; ``CausalLM`` and
 ``TokenValueModel`` also take ``positions=None, segment_ids=None``, see packing below):
@@ -28,7 +28,8 @@ from flax import nnx
 
 from rlhf_jax.models.config import TASK_CAUSAL_LM, TASK_CAUSAL_LM_VALUE, TASK_SEQ_CLS, TASK_TOKEN_VALUE, ModelConfig
 from rlhf_jax.models.attention import soft_cap
-from rlhf_jax.models.layers import DecoderLayer, norm, param
+from rlhf_jax.models.layers import MLP, Attention, norm, param
+from rlhf_jax.models.moe import SparseMoeBlock
 from rlhf_jax.models.remat import checkpointed
 
 KVCache = list  # one (k, v) pair per layer: k (B, K, D, S), v (B, K, S, D) (K kv heads, S slots)
@@ -46,6 +47,39 @@ def positions_from_segments(segment_ids_BT: jax.Array) -> jax.Array:
     starts = jnp.concatenate([jnp.ones_like(segment_ids_BT[:, :1], bool),
                               segment_ids_BT[:, 1:] != segment_ids_BT[:, :-1]], axis=1)
     return idx - jax.lax.cummax(jnp.where(starts, idx, 0), axis=1)
+
+
+class DecoderLayer(nnx.Module):
+    """Pre-norm residual block; with ``sandwich_norms`` (Gemma) the attention and MLP outputs are normed too."""
+
+    def __init__(self, cfg: ModelConfig, layer: int = 0, *, rngs: nnx.Rngs | None):
+        E = cfg.hidden_size
+        self.input_layernorm = norm(cfg, E, rngs)
+        self.self_attn = Attention(cfg, window=cfg.window_of(layer), rngs=rngs)
+        # Llama: the norm before the MLP. Gemma: the attention output's norm (transformers' names both ways).
+        self.post_attention_layernorm = norm(cfg, E, rngs)
+        self.sparse = cfg.is_sparse(layer)
+        self.mlp = SparseMoeBlock(cfg, rngs=rngs) if self.sparse else MLP(cfg, rngs=rngs)
+        self.sandwich = cfg.sandwich_norms
+        if self.sandwich:
+            self.pre_feedforward_layernorm = norm(cfg, E, rngs)
+            self.post_feedforward_layernorm = norm(cfg, E, rngs)
+
+    def __call__(self, x_BTE, positions_BT, key_valid_BS, q_slots_BT, cache=None, cache_index=None, segment_ids_BT=None):
+        """(output, new cache); a sparse layer returns (output, new cache, RouterStats or None), the statistics
+        over the real tokens of a whole-sequence pass (``key_valid_BS`` is then the (B, T) token mask)."""
+        attn, new_cache = self.self_attn(
+            self.input_layernorm(x_BTE), positions_BT, key_valid_BS, q_slots_BT, cache, cache_index, segment_ids_BT
+        )
+        if self.sparse:  # Qwen MoE families: pre-norm, no sandwich norms
+            x_BTE = x_BTE + attn
+            out, stats = self.mlp(self.post_attention_layernorm(x_BTE), key_valid_BS if cache is None else None)
+            return x_BTE + out, new_cache, stats
+        if not self.sandwich:
+            x_BTE = x_BTE + attn
+            return x_BTE + self.mlp(self.post_attention_layernorm(x_BTE)), new_cache
+        x_BTE = x_BTE + self.post_attention_layernorm(attn)
+        return x_BTE + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x_BTE))), new_cache
 
 
 def _checkpointed_layer(layer: DecoderLayer, policy: str, x_BTE, *args) -> jax.Array:

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from rlhf_jax.models.attention import attention, soft_cap
-from rlhf_jax.models import lora
+from rlhf_jax.models import lora_layers
 from rlhf_jax.models.config import ModelConfig
 from rlhf_jax.models.rope import apply_rope, rotary_cos_sin
 
@@ -117,7 +117,7 @@ class Attention(nnx.Module):
         if cfg.qk_norm:
             self.q_norm = norm(cfg, D, rngs)
             self.k_norm = norm(cfg, D, rngs)
-        lora.add_adapters(self, cfg, rngs, {
+        lora_layers.add_adapters(self, cfg, rngs, {
             "q_proj": ((E,), (H, D), ("embed",), ("heads", "head_dim")),
             "k_proj": ((E,), (K, D), ("embed",), ("kv_heads", "head_dim")),
             "v_proj": ((E,), (K, D), ("embed",), ("kv_heads", "head_dim")),
@@ -126,7 +126,7 @@ class Attention(nnx.Module):
     def _project(self, x: jax.Array, name: str) -> jax.Array:
         dt = self.cfg.dtype
         y = jnp.einsum("bte,ehd->bthd", x, getattr(self, f"{name}_proj")[...].astype(dt))
-        adapter = lora.low_rank(self, self.cfg, f"{name}_proj", x, 1)
+        adapter = lora_layers.low_rank(self, self.cfg, f"{name}_proj", x, 1)
         if adapter is not None:
             y = y + adapter
         if self.cfg.qkv_bias:
@@ -181,7 +181,7 @@ class Attention(nnx.Module):
         B, T, H, D = out_BTHD.shape
         flat = out_BTHD.astype(dt).reshape(B, T, H * D)
         out = flat @ self.o_proj[...].astype(dt).reshape(H * D, -1)
-        adapter = lora.low_rank(self, self.cfg, "o_proj", flat, 1, in_shape=(H * D,))
+        adapter = lora_layers.low_rank(self, self.cfg, "o_proj", flat, 1, in_shape=(H * D,))
         if adapter is not None:
             out = out + adapter
         if self.cfg.o_bias:
@@ -212,7 +212,7 @@ class MLP(nnx.Module):
             self.gate_bias = param(rngs, (F,), ("mlp",), pd, init="zeros")
             self.up_bias = param(rngs, (F,), ("mlp",), pd, init="zeros")
             self.down_bias = param(rngs, (E,), ("embed",), pd, init="zeros")
-        lora.add_adapters(self, cfg, rngs, {
+        lora_layers.add_adapters(self, cfg, rngs, {
             "gate_proj": ((E,), (F,), ("embed",), ("mlp",)), "up_proj": ((E,), (F,), ("embed",), ("mlp",)),
             "down_proj": ((F,), (E,), ("mlp",), ("embed",))})
 
@@ -228,43 +228,5 @@ class MLP(nnx.Module):
 
     def _adapted(self, y, name: str, x):
         """``y`` plus the LoRA path of projection ``name`` from its input ``x`` (``y`` itself without an adapter)."""
-        adapter = lora.low_rank(self, self.cfg, name, x, 1)
+        adapter = lora_layers.low_rank(self, self.cfg, name, x, 1)
         return y if adapter is None else y + adapter
-
-
-class DecoderLayer(nnx.Module):
-    """Pre-norm residual block; with ``sandwich_norms`` (Gemma) the attention and MLP outputs are normed too."""
-
-    def __init__(self, cfg: ModelConfig, layer: int = 0, *, rngs: nnx.Rngs | None):
-        E = cfg.hidden_size
-        self.input_layernorm = norm(cfg, E, rngs)
-        self.self_attn = Attention(cfg, window=cfg.window_of(layer), rngs=rngs)
-        # Llama: the norm before the MLP. Gemma: the attention output's norm (transformers' names both ways).
-        self.post_attention_layernorm = norm(cfg, E, rngs)
-        self.sparse = cfg.is_sparse(layer)
-        if self.sparse:
-            from rlhf_jax.models.moe import SparseMoeBlock  # moe builds on this module's MLP
-
-            self.mlp = SparseMoeBlock(cfg, rngs=rngs)
-        else:
-            self.mlp = MLP(cfg, rngs=rngs)
-        self.sandwich = cfg.sandwich_norms
-        if self.sandwich:
-            self.pre_feedforward_layernorm = norm(cfg, E, rngs)
-            self.post_feedforward_layernorm = norm(cfg, E, rngs)
-
-    def __call__(self, x_BTE, positions_BT, key_valid_BS, q_slots_BT, cache=None, cache_index=None, segment_ids_BT=None):
-        """(output, new cache); a sparse layer returns (output, new cache, RouterStats or None), the statistics
-        over the real tokens of a whole-sequence pass (``key_valid_BS`` is then the (B, T) token mask)."""
-        attn, new_cache = self.self_attn(
-            self.input_layernorm(x_BTE), positions_BT, key_valid_BS, q_slots_BT, cache, cache_index, segment_ids_BT
-        )
-        if self.sparse:  # Qwen MoE families: pre-norm, no sandwich norms
-            x_BTE = x_BTE + attn
-            out, stats = self.mlp(self.post_attention_layernorm(x_BTE), key_valid_BS if cache is None else None)
-            return x_BTE + out, new_cache, stats
-        if not self.sandwich:
-            x_BTE = x_BTE + attn
-            return x_BTE + self.mlp(self.post_attention_layernorm(x_BTE)), new_cache
-        x_BTE = x_BTE + self.post_attention_layernorm(attn)
-        return x_BTE + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x_BTE))), new_cache

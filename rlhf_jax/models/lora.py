@@ -5,7 +5,8 @@ A projection ``W`` (our layout: input dims..., output dims...) with an adapter c
 ``scale = alpha / r`` (PEFT's ``lora_alpha / r``). ``A`` starts as PEFT's default
 (Kaiming-uniform, bound ``1 / sqrt(fan_in)``) and ``B`` at zero, so a fresh adapter changes
 nothing. The adapters live next to the weight they modify as ``<proj>_lora_a`` / ``<proj>_lora_b``
-and carry its logical axes (rank axis replicated), so they shard like it.
+and carry its logical axes (rank axis replicated), so they shard like it; ``lora_layers`` creates them inside the
+layers and computes their low-rank path.
 
 ``merged_state`` folds the adapters into the weights (``W + scale * A B``) and returns the plain
 model's state: what the sampler and the Hugging Face export use.
@@ -21,9 +22,13 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from rlhf_jax.models.hf_import import build_abstract
+from rlhf_jax.models.lora_layers import SUFFIX_A, SUFFIX_B
+from rlhf_jax.models.sharding import variable_sharding
+from rlhf_jax.parallel.mesh import DEFAULT_RULES
+
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 ALL_LINEAR = "all-linear"
-SUFFIX_A, SUFFIX_B = "_lora_a", "_lora_b"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,39 +57,6 @@ def resolve_targets(target_modules, key: str = "target_modules") -> tuple[str, .
         raise ValueError(f"{key}: no module named {', '.join(map(repr, unknown))} in the decoder; "
                          f"choose all-linear or from {', '.join(PROJECTIONS)}")
     return tuple(n for n in PROJECTIONS if n in names)
-
-
-def add_adapters(module: nnx.Module, cfg, rngs: nnx.Rngs | None, shapes: dict) -> None:
-    """Create the adapter parameters of ``module``'s targeted projections.
-
-    ``shapes``: projection name -> (input shape, output shape, input logical axes, output logical axes).
-    """
-    spec = cfg.lora
-    if spec is None:
-        return
-    for name in spec.targets:
-        if name not in shapes:
-            continue
-        in_shape, out_shape, in_axes, out_axes = shapes[name]
-        bound = 1.0 / math.sqrt(math.prod(in_shape))
-        a = jax.random.uniform(rngs.params(), in_shape + (spec.rank,), cfg.param_dtype, -bound, bound)
-        setattr(module, name + SUFFIX_A, nnx.Param(a, logical_axes=tuple(in_axes) + (None,)))
-        b = jnp.zeros((spec.rank,) + out_shape, cfg.param_dtype)
-        setattr(module, name + SUFFIX_B, nnx.Param(b, logical_axes=(None,) + tuple(out_axes)))
-
-
-def low_rank(module: nnx.Module, cfg, name: str, x: jax.Array, in_ndim: int,
-             in_shape: tuple[int, ...] | None = None) -> jax.Array | None:
-    """``scale * (x A) B`` of projection ``name`` (None when it has no adapter); ``x`` ends in its ``in_ndim`` input
-    dims. ``in_shape``: A's input dims flattened to it first (``x`` flattened the same way)."""
-    if cfg.lora is None or name not in cfg.lora.targets:
-        return None
-    dt = cfg.dtype
-    a, b = getattr(module, name + SUFFIX_A)[...].astype(dt), getattr(module, name + SUFFIX_B)[...].astype(dt)
-    if in_shape is not None:
-        a = a.reshape(in_shape + (a.shape[-1],))
-    h = jnp.tensordot(x, a, axes=in_ndim)
-    return jnp.tensordot(h, b, axes=1) * jnp.asarray(cfg.lora.scale, dt)
 
 
 def is_adapter(path: tuple) -> bool:
@@ -135,8 +107,6 @@ def merged_state(state: nnx.State, spec: LoraSpec, weights: dict[str, jax.Array]
 
 def plain_graphdef(cfg, task: str):
     """The graph of the same model without adapters (the sampler's, the reference's, the export's)."""
-    from rlhf_jax.models.hf_import import build_abstract
-
     graphdef, _ = nnx.split(build_abstract(cfg.replace(lora=None), task))
     return graphdef
 
@@ -151,10 +121,6 @@ def merged_model(model: nnx.Module) -> nnx.Module:
 
 def with_adapters(model: nnx.Module, spec: LoraSpec, mesh, rules=None, seed: int = 0) -> nnx.Module:
     """``model`` (a plain decoder on ``mesh``) with fresh adapters on ``spec.targets``; the base arrays are kept."""
-    from rlhf_jax.models.hf_import import build_abstract
-    from rlhf_jax.models.sharding import variable_sharding
-    from rlhf_jax.parallel.mesh import DEFAULT_RULES
-
     rules = DEFAULT_RULES if rules is None else rules
     cfg = model.config
     if cfg.lora is not None:
