@@ -115,8 +115,7 @@ def import_edges(modules: dict[str, pathlib.Path], package: str = PACKAGE) -> di
                     continue
                 target = _owning_module(name, modules)
                 if target is not None and target != module:
-                    line = edges[module].get(target, node.lineno)
-                    edges[module][target] = min(line, node.lineno)
+                    edges[module][target] = min(edges[module].get(target, node.lineno), node.lineno)
     return dict(edges)
 
 
