@@ -94,7 +94,7 @@ class RewardModelScorer:
     def from_config(cls, reward_cfg: Any, mesh: Any = None, dtype: Any = jnp.float32,
                     rules: Any = None) -> RewardModelScorer:
         """From `cfg.reward_model`: model.path (and revision), micro_batch_size_per_gpu, max_length."""
-        from rlhf_jax.config import resolve_model_path
+        from rlhf_jax.models.hub import resolve_model_path
 
         path = reward_cfg.model.get("path")
         if not path:

@@ -28,7 +28,8 @@ from ml_collections import ConfigDict
 
 from rlhf_jax.algos.dpo import dpo_loss
 from rlhf_jax.batch.trim import trimmed_width
-from rlhf_jax.config import finalize, resolve_model_path
+from rlhf_jax.config import finalize, with_dataset_size
+from rlhf_jax.models.hub import resolve_model_path
 from rlhf_jax.data.loader import PromptLoader
 from rlhf_jax.data.preferences import PreferenceDataset, preference_dataset_from_config
 from rlhf_jax.data.prompts import bucket_length, pad_left, pad_token_id_of, resolve_buckets
@@ -93,13 +94,12 @@ def prepare(cfg: ConfigDict) -> tuple[Components, PreferenceDataset, PreferenceD
     cfg.unlock()
     model_path = resolve_model_path(cfg.actor_rollout_ref.model.path, cfg.actor_rollout_ref.model.revision)
     check_settings(cfg)
-    finalize(cfg, num_devices=jax.device_count(), num_processes=jax.process_count())
+    cfg = finalize(cfg, num_devices=jax.device_count(), num_processes=jax.process_count())  # once, before data
     tokenizer_path = resolve_model_path(cfg.data.tokenizer) if cfg.data.tokenizer else model_path
     tokenizer = load_tokenizer(tokenizer_path, cfg.data.chat_template)
     train = preference_dataset_from_config(cfg.data, tokenizer, "train")
     val = preference_dataset_from_config(cfg.data, tokenizer, "val") if cfg.data.val_files else None
-    cfg = finalize(cfg, num_devices=jax.device_count(), num_processes=jax.process_count(),
-                   train_dataset_size=len(train))
+    cfg = with_dataset_size(cfg, len(train))
     mesh, rules = mesh_and_rules(cfg)
     c = Components(cfg, model_path, tokenizer_path, tokenizer, train.prompts, val.prompts if val else None, mesh, rules,
                    None, None)
