@@ -44,9 +44,9 @@ def render_markdown() -> str:
         typ = "any" if key.value_type is object else key.value_type.__name__
         doc = key.doc + (f" One of: {', '.join(map(str, key.choices))}." if key.choices else "")
         lines.append(f"| `{key.path}` | {_fmt(key.default)} | {typ} | {_cell(doc)} |")
-    lines += _rule_tables()
     lines += ["", "## derived (filled by finalize, read-only)", "", "| key | description |", "|---|---|"]
     lines += [f"| `{k}` | {_cell(v)} |" for k, v in DERIVED_DOCS.items()]
+    lines += _rule_tables()
     lines += ["", "## verl keys accepted with a warning and ignored", "",
               "A verl YAML may contain these; the importer logs one warning per key. Where a condition is",
               "given, other values are an error, because the feature is not implemented.", "",

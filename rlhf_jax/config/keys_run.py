@@ -114,7 +114,7 @@ DATA = (
 
 _C = "critic."
 CRITIC = (
-    Key(_C + "enable", None, "Train a value model; None = only when algorithm.adv_estimator is gae.", type=bool),
+    Key(_C + "enable", None, "Train a value model; None = when the estimator needs one (gae) and algorithm.type=rl.", type=bool),
     Key(_C + "shared_trunk", False, "The value model is a head on the actor's trunk: one forward pass gives log-probs "
         "and values, one loss trains both (seed 000's actor_critic)."),
     Key(_C + "vf_coef", 0.1, "With critic.shared_trunk: weight of the clipped value loss in the joint loss (TRL's)."),

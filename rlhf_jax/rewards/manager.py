@@ -21,12 +21,12 @@ from typing import Any
 
 import numpy as np
 
+from rlhf_jax.config.names import REWARD_MANAGERS
 from rlhf_jax.rewards.custom import ScoreSpec, check_reward_file, normalize_result, spec_from_config
 from rlhf_jax.rewards.pool import Outcome, ProcessPool, guard_os_exit, run_in_threads
 
 log = logging.getLogger(__name__)
 
-REWARD_MANAGERS = ("naive", "prime", "batch", "dapo")
 
 
 class RewardFunctionError(RuntimeError):

@@ -15,14 +15,14 @@ import jax.numpy as jnp
 from ml_collections import ConfigDict
 
 from rlhf_jax import models
-from rlhf_jax.config import finalize, with_dataset_size
+from rlhf_jax.config import finalize, names, with_dataset_size
 from rlhf_jax.models.hub import resolve_model_path
 from rlhf_jax.parallel import make_mesh
 from rlhf_jax.rollout import SamplingParams, eos_token_ids_from_dir
 
 log = logging.getLogger(__name__)
 
-DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+DTYPES = {name: getattr(jnp, name) for name in names.DTYPES}  # the dtype keys' names as jnp types
 
 
 @dataclasses.dataclass
