@@ -88,15 +88,19 @@ DATA = (
     Key("data.system_prompt", None, "System message added to every prompt; None = none.", type=str),
     Key("data.apply_chat_template_kwargs", None, "Keyword arguments of the tokenizer's chat template (native), e.g. "
         "{'enable_thinking': False}; None = none.", type=object),
-    Key("data.max_prompt_length", 128, "Prompt tokens; prompts are left-padded to this (or a bucket).", check=at_least(1)),
-    Key("data.max_response_length", 16, "Response tokens; default for actor_rollout_ref.rollout.response_length.", check=at_least(1)),
+    Key("data.max_prompt_length", 128, "Prompt tokens; prompts are left-padded to this (or a bucket).",
+        check=at_least(1)),
+    Key("data.max_response_length", 16, "Response tokens; default for actor_rollout_ref.rollout.response_length.",
+        check=at_least(1)),
     Key("data.prompt_length_buckets", None,
-        "Padded prompt lengths to compile for (ascending, up to max_prompt_length); None = powers of two from 16.", type=tuple),
+        "Padded prompt lengths to compile for (ascending, up to max_prompt_length); None = powers of two from 16.",
+        type=tuple),
     Key("data.truncation", "error", "Overlong prompts: error, or keep the left end / right end / both ends.",
         choices=PROMPT_TRUNCATION),
     Key("data.filter_overlong_prompts", False, "Drop prompts longer than max_prompt_length instead of truncating."),
     Key("data.train_batch_size", 16, "Prompts per training step (each sampled rollout.n times).", check=at_least(1)),
-    Key("data.val_batch_size", None, "Prompts per validation batch; None = the whole validation set.", type=int, check=at_least(1)),
+    Key("data.val_batch_size", None, "Prompts per validation batch; None = the whole validation set.", type=int,
+        check=at_least(1)),
     Key("data.shuffle", True, "Shuffle training prompts (reshuffled every epoch)."),
     Key("data.seed", 1, "Seed of the data shuffle."),
     # Supervised fine-tuning (algorithm.type=sft), verl's sft_trainer names
@@ -114,7 +118,8 @@ DATA = (
 
 _C = "critic."
 CRITIC = (
-    Key(_C + "enable", None, "Train a value model; None = when the estimator needs one (gae) and algorithm.type=rl.", type=bool),
+    Key(_C + "enable", None, "Train a value model; None = when the estimator needs one (gae) and algorithm.type=rl.",
+        type=bool),
     Key(_C + "shared_trunk", False, "The value model is a head on the actor's trunk: one forward pass gives log-probs "
         "and values, one loss trains both (seed 000's actor_critic)."),
     Key(_C + "vf_coef", 0.1, "With critic.shared_trunk: weight of the clipped value loss in the joint loss (TRL's)."),
@@ -124,25 +129,34 @@ CRITIC = (
     Key(_C + "model.enable_gradient_checkpointing", False, "Rematerialize each critic decoder layer."),
     Key(_C + "model.remat_policy", None, "Critic remat policy (full, dots_saveable); None = the actor's.", type=str,
         choices=REMAT_POLICIES, same_as="actor_rollout_ref.model.remat_policy"),
-    Key(_C + "model.use_remove_padding", None, "Pack sequences in the critic passes; None = the actor's.", type=bool, same_as="actor_rollout_ref.model.use_remove_padding"),
-    Key(_C + "use_dynamic_bsz", None, "Token-budget critic micro-batches; None = actor.use_dynamic_bsz.", type=bool, same_as="actor_rollout_ref.actor.use_dynamic_bsz"),
+    Key(_C + "model.use_remove_padding", None, "Pack sequences in the critic passes; None = the actor's.", type=bool,
+        same_as="actor_rollout_ref.model.use_remove_padding"),
+    Key(_C + "use_dynamic_bsz", None, "Token-budget critic micro-batches; None = actor.use_dynamic_bsz.", type=bool,
+        same_as="actor_rollout_ref.actor.use_dynamic_bsz"),
     Key(_C + "ppo_max_token_len_per_gpu", None,
         "Tokens per critic forward/backward on each shard; None = 2 x the actor's budget (verl)" +
         TOKEN_BUDGET_DOC.format(flag="critic.use_dynamic_bsz"), type=int),
     Key(_C + "forward_max_token_len_per_gpu", None,
-        "Tokens per value forward pass on each shard; None = critic.ppo_max_token_len_per_gpu.", type=int, same_as="critic.ppo_max_token_len_per_gpu"),
-    Key(_C + "ppo_mini_batch_size", None, "Prompts per critic mini-batch (x rollout.n); None = the actor's.", type=int, check=at_least(1), check_if="critic.enable", same_as="actor_rollout_ref.actor.ppo_mini_batch_size"),
+        "Tokens per value forward pass on each shard; None = critic.ppo_max_token_len_per_gpu.", type=int,
+        same_as="critic.ppo_max_token_len_per_gpu"),
+    Key(_C + "ppo_mini_batch_size", None, "Prompts per critic mini-batch (x rollout.n); None = the actor's.",
+        type=int, check=at_least(1), check_if="critic.enable", same_as="actor_rollout_ref.actor.ppo_mini_batch_size"),
     Key(_C + "ppo_micro_batch_size_per_gpu", None,
         "Sequences per critic forward/backward on each data-parallel shard; None = the actor's; -1 = automatic "
-        "(as the actor's).", type=int, check=micro_size(), check_if="critic.enable", same_as="actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"),
+        "(as the actor's).", type=int,
+        check=micro_size(), check_if="critic.enable", same_as="actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"),
     Key(_C + "forward_micro_batch_size_per_gpu", None,
         "Sequences per value forward pass on each data-parallel shard; None = ppo_micro_batch_size_per_gpu.",
         type=int, check=micro_size(), check_if="critic.enable", same_as="critic.ppo_micro_batch_size_per_gpu"),
-    Key(_C + "ppo_epochs", None, "Critic passes over each rollout batch; None = the actor's.", type=int, check=at_least(1), check_if="critic.enable", same_as="actor_rollout_ref.actor.ppo_epochs"),
-    Key(_C + "shuffle", None, "Shuffle between critic epochs; None = the actor's.", type=bool, same_as="actor_rollout_ref.actor.shuffle"),
+    Key(_C + "ppo_epochs", None, "Critic passes over each rollout batch; None = the actor's.", type=int,
+        check=at_least(1), check_if="critic.enable", same_as="actor_rollout_ref.actor.ppo_epochs"),
+    Key(_C + "shuffle", None, "Shuffle between critic epochs; None = the actor's.", type=bool,
+        same_as="actor_rollout_ref.actor.shuffle"),
     Key(_C + "grad_clip", 1.0, "Clip the critic's global gradient norm (<= 0: no clipping)."),
     Key(_C + "cliprange_value", 0.5, "Value clipping range around the old values."),
-    Key(_C + "loss_agg_mode", None, "Aggregation of the value loss; None = the actor's loss_agg_mode.", type=str, same_as="actor_rollout_ref.actor.loss_agg_mode", check=registered(_C + "loss_agg_mode", algos.check_loss_agg_mode)),
+    Key(_C + "loss_agg_mode", None, "Aggregation of the value loss; None = the actor's loss_agg_mode.", type=str,
+        same_as="actor_rollout_ref.actor.loss_agg_mode",
+        check=registered(_C + "loss_agg_mode", algos.check_loss_agg_mode)),
 ) + optim_keys(_C, 1e-5) + checkpoint_keys(_C, exported=False)
 
 _R = "reward_model."
@@ -154,13 +168,15 @@ REWARD = (
     Key(_R + "model.input_tokenizer", None,
         "verl's policy tokenizer for the RM input: responses are always decoded with the policy's and re-tokenized "
         "with the RM's, so None or the policy's.", type=str),
-    Key(_R + "micro_batch_size_per_gpu", 2, "Sequences per reward-model forward pass on each data-parallel shard.", check=at_least(1)),
+    Key(_R + "micro_batch_size_per_gpu", 2, "Sequences per reward-model forward pass on each data-parallel shard.",
+        check=at_least(1)),
     Key(_R + "max_length", None, "Reward-model input length; None = prompt + response length.", type=int),
     Key(_R + "reward_manager", "naive",
         "Rule-based scoring: naive (in-process threads), prime (worker processes), batch (one call per batch with "
         "lists, verl's) or dapo (naive; the penalty is overlong_buffer).", choices=REWARD_MANAGERS),
     Key(_R + "num_workers", 2, "Worker processes of the prime reward manager.", check=at_least(1)),
-    Key(_R + "timeout_s", 10.0, "Seconds one scoring call may take before it scores 0 (or fails, see fail_on_error).", check=above(0)),
+    Key(_R + "timeout_s", 10.0, "Seconds one scoring call may take before it scores 0 (or fails, see fail_on_error).",
+        check=above(0)),
     Key(_R + "scorer_kwargs", None,
         "Options per built-in scorer, e.g. {'arithmetic': {'format_score': 0.0}}; None = their defaults.", type=object),
     Key(_R + "answer_match", "any",
@@ -182,9 +198,10 @@ _G = "algorithm."
 ALGORITHM = (
     Key(_G + "type", "rl", "What the run trains: rl (the RL loop of algorithm.adv_estimator), sft (supervised "
         "fine-tuning), dpo (prompt/chosen/rejected pairs, algorithm.dpo.*).", check=TRAINER_TYPE),
-    Key(_G + "dpo.beta", 0.1, "DPO: beta, the strength of the pull towards the reference (TRL's beta; IPO's tau)."),
+    Key(_G + "dpo.beta", 0.1, "DPO: beta, the strength of the pull towards the reference (TRL's beta; IPO's tau).",
+        check=above(0)),
     Key(_G + "dpo.label_smoothing", 0.0, "DPO (sigmoid loss): the assumed fraction of flipped preference labels, "
-        "in [0, 0.5) (conservative DPO; 0 = plain DPO)."),
+        "in [0, 0.5) (conservative DPO; 0 = plain DPO).", check=Check(lambda v: 0 <= v < 0.5, " must be in [0, 0.5)")),
     Key(_G + "dpo.loss_type", "sigmoid", "DPO pair loss: sigmoid (DPO), hinge (SLiC) or ipo (IPO), as TRL names them.",
         choices=LOSS_TYPES),
     Key(_G + "adv_estimator", "gae",
@@ -195,7 +212,8 @@ ALGORITHM = (
     Key(_G + "norm_adv_by_std_in_grpo", True, "GRPO: divide by the group std; False = Dr.GRPO (mean-centred only)."),
     Key(_G + "use_kl_in_reward", False, "Subtract kl_coef * KL(actor || ref) from token rewards; loads the reference."),
     Key(_G + "kl_penalty", "kl",
-        "KL estimator of the in-reward penalty: kl|k1, abs, mse|k2, low_var_kl|k3 (full is not supported).", check=registered(_G + "kl_penalty", algos.check_kl_kind)),
+        "KL estimator of the in-reward penalty: kl|k1, abs, mse|k2, low_var_kl|k3 (full is not supported).",
+        check=registered(_G + "kl_penalty", algos.check_kl_kind)),
     Key(_G + "filter_groups.enable", False, "DAPO dynamic sampling: drop prompt groups whose metric does not vary and "
         "sample more prompt batches until data.train_batch_size groups remain."),
     Key(_G + "filter_groups.metric", "acc", "What must vary within a group: acc (the reward function's 'acc'), score, "
@@ -227,7 +245,8 @@ ALGORITHM = (
 _T = "trainer."
 TRAINER = (
     Key(_T + "total_epochs", 1, "Passes over the training prompts.", check=at_least(1)),
-    Key(_T + "total_training_steps", None, "Stop after this many steps; None = epochs x batches per epoch.", type=int, check=at_least(1, " (or None)")),
+    Key(_T + "total_training_steps", None, "Stop after this many steps; None = epochs x batches per epoch.", type=int,
+        check=at_least(1, " (or None)")),
     Key(_T + "project_name", "rlhf_jax", "Project name (log and checkpoint directories)."),
     Key(_T + "experiment_name", "default", "Experiment name (log and checkpoint directories)."),
     Key(_T + "logger", ("console", "tensorboard", "jsonl"),
@@ -257,7 +276,8 @@ TRAINER = (
     Key(_T + "max_actor_ckpt_to_keep", None, "Keep at most this many checkpoints; None = all.", type=int),
     Key(_T + "remove_previous_ckpt_in_save", False,
         "Keep only the newest checkpoint: a save removes the older ones once it is complete (max_actor_ckpt_to_keep=1)."),
-    Key(_T + "max_critic_ckpt_to_keep", None, "Critic checkpoints kept: each checkpoint holds actor and critic, so only None or max_actor_ckpt_to_keep is valid.", type=int, same_as=_T + "max_actor_ckpt_to_keep"),
+    Key(_T + "max_critic_ckpt_to_keep", None, "Critic checkpoints kept: each checkpoint holds actor and critic, so only "
+        "None or max_actor_ckpt_to_keep is valid.", type=int, same_as=_T + "max_actor_ckpt_to_keep"),
     Key(_T + "save_hf_checkpoint", "last",
         "Export a Hugging Face directory of the actor with the last step's checkpoint, with every checkpoint, or never.",
         choices=("last", "always", "never")),
@@ -291,13 +311,15 @@ MESH = (
 EXPERIENCE = (
     Key("experience.buffer_size", 1,
         "Rollout batches sampled with one set of weights, then trained on one per step, oldest first (batch i of "
-        "a round trains i updates after its weights); untrained ones are saved with checkpoints.", check=at_least(1, " (1 = train on each batch as it is sampled)")),
+        "a round trains i updates after its weights); untrained ones are saved with checkpoints.",
+        check=at_least(1, " (1 = train on each batch as it is sampled)")),
     Key("experience.overlap", False,
         "Sample the next round on mesh.rollout_devices (required) while the current one trains: a batch trains 1 "
         "update after its weights (K to 2K-1 with buffer_size K); see algorithm.rollout_correction."),
     Key("experience.max_staleness", None,
         "Largest lag (updates between a batch's sampling weights and its training) the run may have; the "
-        "buffer size and overlap must stay within it. None = no bound; 0 = strictly on-policy.", type=int, check=at_least(0, " (0 = strictly on-policy) or None")),
+        "buffer size and overlap must stay within it. None = no bound; 0 = strictly on-policy.", type=int,
+        check=at_least(0, " (0 = strictly on-policy) or None")),
 )
 
 STAGES = (

@@ -17,7 +17,6 @@ CKPT_CONTENTS = ("model", "optimizer", "extra", "hf_model")
 
 # optim.optimizer, compared lower-case (verl writes AdamW): key -> the class's own spelling
 OPTIMIZER_NAMES = {"adamw": "AdamW", "adam": "Adam", "sgd": "SGD", "lion": "Lion", "adafactor": "Adafactor"}
-OPTIMIZERS = tuple(OPTIMIZER_NAMES)
 
 # algorithm.type: the trainers (their classes are registered by these names in the trainer registry)
 TRAINER_TYPES = ("rl", "dpo", "sft")

@@ -8,6 +8,7 @@ key, the rules that check it. Rules about devices, files, placement and the mult
 
 from __future__ import annotations
 
+import fnmatch
 import os
 
 from rlhf_jax import algos
@@ -37,6 +38,43 @@ def checkpoints_kept(cfg, ctx):
         raise ValueError(f"trainer.max_critic_ckpt_to_keep={t.max_critic_ckpt_to_keep} differs from "
                          f"trainer.max_actor_ckpt_to_keep={actor}: one checkpoint holds actor and critic, so leave "
                          "max_critic_ckpt_to_keep unset")
+
+
+# Settings of the RL loop (sampling, rewards, critic, the policy-gradient loss, experience rounds). A DPO run uses
+# none of them, so one changed from its default stops the run by name: a key that is accepted does something.
+RL_ONLY_PATTERNS = (
+    A + "rollout.*", A + "actor.policy_loss.*", A + "actor.clip_ratio*", A + "actor.kl_loss_*",
+    A + "actor.use_kl_loss", A + "actor.entropy_coeff", A + "actor.loss_agg_mode", A + "actor.loss_scale_factor",
+    A + "actor.tis_imp_ratio_cap", A + "actor.ppo_epochs", A + "actor.use_dynamic_bsz",
+    A + "actor.ppo_max_token_len_per_gpu", A + "actor.router_aux_loss_coef", A + "ref.log_prob_use_dynamic_bsz",
+    A + "ref.log_prob_max_token_len_per_gpu", "critic.*", "reward_model.*", "custom_reward_function.*",
+    "experience.*", "algorithm.*", "trainer.critic_warmup", "trainer.log_val_generations", "trainer.rollout_data_dir",
+    "trainer.validation_data_dir", "trainer.max_critic_ckpt_to_keep", "data.ground_truth_key",
+    "data.default_data_source", "mesh.rollout_devices",
+)
+DPO_PATTERNS = ("algorithm.type", "algorithm.dpo.*")
+RL_ONLY = tuple(p for p in schema.key_paths() if any(fnmatch.fnmatchcase(p, q) for q in RL_ONLY_PATTERNS)
+                and not any(fnmatch.fnmatchcase(p, q) for q in DPO_PATTERNS))
+
+
+@rule("algorithm.type", "algorithm.dpo.label_smoothing", "algorithm.dpo.loss_type", A + "model.use_remove_padding",
+      *RL_ONLY, given=True)
+def dpo_settings(cfg, ctx):
+    """algorithm.type=dpo: label smoothing is the sigmoid loss's, rows are padded, the RL loop's keys stay unset."""
+    if cfg.algorithm.type != "dpo":
+        return
+    d = cfg.algorithm.dpo
+    if d.label_smoothing and d.loss_type != "sigmoid":
+        raise ValueError(f"algorithm.dpo.label_smoothing={d.label_smoothing} applies to loss_type=sigmoid, not "
+                         f"{d.loss_type}: set it to 0")
+    if cfg.actor_rollout_ref.model.use_remove_padding:
+        raise ValueError(f"{A}model.use_remove_padding=True: DPO runs padded batches (no packing yet); set it to "
+                         "False")
+    for path in RL_ONLY:
+        value, default = schema.get_path(cfg, path), schema.get_key(path).default
+        if value != default:
+            raise ValueError(f"{path}={value!r} is a setting of the RL loop, which algorithm.type=dpo does not run: "
+                             f"leave it at its default ({default!r})")
 
 
 # Keys read only by the SFT trainer (algorithm.type=sft): set under another type they would do nothing.
