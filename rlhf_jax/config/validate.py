@@ -1,4 +1,4 @@
-"""Finalize a config once per run: check every rule, fill every default, derive the sizes, before anything compiles.
+"""Finalize a config once per run: fill every default, check every rule, derive the sizes, before anything compiles.
 
 :func:`finalize` is a pure function of the config, the device and process counts and (optionally) the training-set
 size; it reads nothing but the model's ``config.json`` and the existence of the files the config names. In order:

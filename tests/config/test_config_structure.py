@@ -70,7 +70,8 @@ def test_rules_and_defaults_name_schema_keys():
 
 def test_docs_list_each_keys_default_source_and_rules():
     text = render_markdown()
-    row = ("| `actor_rollout_ref.actor.clip_ratio_low` | `actor_rollout_ref.actor.clip_ratio` | must be > 0 |  |")
+    row = ("| `actor_rollout_ref.actor.clip_ratio_low` | `actor_rollout_ref.actor.clip_ratio` | must be > 0 | "
+           "`rules.dpo_settings` |")  # default from, its own rule, the rules between keys that read it
     assert row in text
     assert "| `critic.enable` | the estimator needs a value model and algorithm.type=rl |" in text
     lora_alpha = next(line for line in text.splitlines() if line.startswith("| `actor_rollout_ref.model.lora_alpha` |")
