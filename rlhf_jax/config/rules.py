@@ -11,11 +11,13 @@ from __future__ import annotations
 import fnmatch
 import os
 
+from ml_collections import ConfigDict
+
 from rlhf_jax import algos
 from rlhf_jax.algos.rollout_correction import correction_from_config
 from rlhf_jax.config import schema
 from rlhf_jax.config.optimizers import optimizer_settings
-from rlhf_jax.config.rule import rule
+from rlhf_jax.config.rule import Context, rule
 
 A = "actor_rollout_ref."
 
@@ -27,7 +29,7 @@ def _differs(cfg: ConfigDict, path: str):
 
 @rule("trainer.remove_previous_ckpt_in_save", "trainer.max_actor_ckpt_to_keep", "trainer.max_critic_ckpt_to_keep",
       given=True)
-def checkpoints_kept(cfg, ctx):
+def checkpoints_kept(cfg: ConfigDict, ctx: Context) -> None:
     """One checkpoint holds actor and critic: one count of checkpoints kept."""
     t = cfg.trainer
     if t.remove_previous_ckpt_in_save and t.max_actor_ckpt_to_keep not in (None, 1):
@@ -59,7 +61,7 @@ RL_ONLY = tuple(p for p in schema.key_paths() if any(fnmatch.fnmatchcase(p, q) f
 
 @rule("algorithm.type", "algorithm.dpo.label_smoothing", "algorithm.dpo.loss_type", A + "model.use_remove_padding",
       *RL_ONLY, given=True)
-def dpo_settings(cfg, ctx):
+def dpo_settings(cfg: ConfigDict, ctx: Context) -> None:
     """algorithm.type=dpo: label smoothing is the sigmoid loss's, rows are padded, the RL loop's keys stay unset."""
     if cfg.algorithm.type != "dpo":
         return
@@ -83,7 +85,7 @@ SFT_ONLY = ("data.response_key", "data.multiturn.enable", "data.multiturn.messag
 
 
 @rule("algorithm.type", *SFT_ONLY)
-def sft_only_keys(cfg, ctx):
+def sft_only_keys(cfg: ConfigDict, ctx: Context) -> None:
     """Keys only the SFT trainer reads stay unset under another algorithm.type."""
     if cfg.algorithm.type == "sft":
         return
@@ -99,7 +101,7 @@ _OPTIM = tuple(f"{role}optim.{k}" for role in (A + "actor.", "critic.")
 
 
 @rule(*_OPTIM)
-def optimizer_arguments(cfg, ctx):
+def optimizer_arguments(cfg: ConfigDict, ctx: Context) -> None:
     """The optimizer's further arguments have a meaning for it (Adafactor: betas / eps stay unset)."""
     for path, optim in ((A + "actor.optim", cfg.actor_rollout_ref.actor.optim), ("critic.optim", cfg.critic.optim)):
         optimizer_settings(str(optim.optimizer), optim.override_optimizer_config, f"{path}.override_optimizer_config")
@@ -115,7 +117,7 @@ def optimizer_arguments(cfg, ctx):
 @rule("reward_model.enable", "custom_reward_function.path", "reward_model.overlong_buffer.enable",
       "algorithm.filter_groups.enable", "algorithm.filter_groups.metric", "reward_model.model.input_tokenizer",
       "data.tokenizer")
-def reward_model_alone(cfg, ctx):
+def reward_model_alone(cfg: ConfigDict, ctx: Context) -> None:
     """The reward model's score is the reward: rule-based settings stay off, and it reads the policy's text."""
     if cfg.reward_model.enable:
         rm = "reward_model.enable=True scores with the reward model alone (as verl does)"
@@ -140,7 +142,7 @@ def _same_path(a: str, b: str) -> bool:
 
 
 @rule(A + "model.lora_rank", A + "model.lora_alpha", A + "model.lora_adapter_path")
-def lora(cfg, ctx):
+def lora(cfg: ConfigDict, ctx: Context) -> None:
     """LoRA's scale is positive, and an adapter to start from needs a rank."""
     a, model = A + "model.", cfg.actor_rollout_ref.model
     if model.lora_rank and not model.lora_alpha > 0:
@@ -152,7 +154,7 @@ def lora(cfg, ctx):
 
 @rule(A + "rollout.do_sample", A + "rollout.temperature", A + "rollout.val_kwargs.do_sample",
       A + "rollout.val_kwargs.temperature")
-def sampling_temperature(cfg, ctx):
+def sampling_temperature(cfg: ConfigDict, ctx: Context) -> None:
     """Sampling needs a positive temperature (greedy decoding is do_sample=False)."""
     rollout = cfg.actor_rollout_ref.rollout
     for prefix, sampling in (("rollout", rollout), ("rollout.val_kwargs", rollout.val_kwargs)):
@@ -162,7 +164,7 @@ def sampling_temperature(cfg, ctx):
 
 
 @rule("data.prompt_length_buckets", "data.max_prompt_length")
-def prompt_length_buckets(cfg, ctx):
+def prompt_length_buckets(cfg: ConfigDict, ctx: Context) -> None:
     """Prompt buckets ascend and fit in data.max_prompt_length."""
     buckets = cfg.data.prompt_length_buckets
     if buckets and (list(buckets) != sorted(set(buckets)) or buckets[0] < 1
@@ -172,7 +174,7 @@ def prompt_length_buckets(cfg, ctx):
 
 
 @rule("algorithm.kl_penalty", "algorithm.use_kl_in_reward", A + "actor.kl_loss_type", A + "actor.use_kl_loss")
-def kl_full_unsupported(cfg, ctx):
+def kl_full_unsupported(cfg: ConfigDict, ctx: Context) -> None:
     """KL over the whole vocabulary (full) is not computed, as in verl."""
     actor, alg = cfg.actor_rollout_ref.actor, cfg.algorithm
     for path, kind, used in (("algorithm.kl_penalty", alg.kl_penalty, alg.use_kl_in_reward),
@@ -184,7 +186,7 @@ def kl_full_unsupported(cfg, ctx):
 
 
 @rule("algorithm.adv_estimator", A + "rollout.n")
-def group_estimator_needs_samples(cfg, ctx):
+def group_estimator_needs_samples(cfg: ConfigDict, ctx: Context) -> None:
     """A grouped estimator compares the samples of one prompt: rollout.n >= 2."""
     alg, n = cfg.algorithm, cfg.actor_rollout_ref.rollout.n
     if algos.estimator_info(alg.adv_estimator).grouped and n < 2:
@@ -193,7 +195,7 @@ def group_estimator_needs_samples(cfg, ctx):
 
 
 @rule("algorithm.adv_estimator", "critic.enable", "algorithm.type", "trainer.critic_warmup")
-def critic_when_needed(cfg, ctx):
+def critic_when_needed(cfg: ConfigDict, ctx: Context) -> None:
     """An estimator that reads values, and critic warm-up steps, need a critic."""
     alg = cfg.algorithm
     if algos.estimator_info(alg.adv_estimator).needs_critic and not cfg.critic.enable and alg.type == "rl":
@@ -205,7 +207,7 @@ def critic_when_needed(cfg, ctx):
 
 
 @rule("reward_model.overlong_buffer.enable", "reward_model.overlong_buffer.len", A + "rollout.response_length")
-def overlong_buffer_len(cfg, ctx):
+def overlong_buffer_len(cfg: ConfigDict, ctx: Context) -> None:
     """DAPO's overlong buffer lies inside the response length."""
     ob, length = cfg.reward_model.overlong_buffer, cfg.actor_rollout_ref.rollout.response_length
     if ob.enable and not 0 < ob.len < length:
@@ -216,14 +218,14 @@ def overlong_buffer_len(cfg, ctx):
       "algorithm.rollout_correction.rollout_rs", "algorithm.rollout_correction.rollout_rs_threshold",
       "algorithm.rollout_correction.rollout_rs_threshold_lower",
       "algorithm.rollout_correction.rollout_token_veto_threshold", A + "actor.tis_imp_ratio_cap")
-def rollout_correction(cfg, ctx):
+def rollout_correction(cfg: ConfigDict, ctx: Context) -> None:
     """The off-policy correction's levels and thresholds fit together (algos.rollout_correction)."""
     correction_from_config(cfg.algorithm.rollout_correction, cfg.actor_rollout_ref.actor.tis_imp_ratio_cap)
 
 
 @rule("algorithm.filter_groups.enable", "algorithm.adv_estimator", "algorithm.filter_groups.metric",
       "algorithm.use_kl_in_reward")
-def filter_groups(cfg, ctx):
+def filter_groups(cfg: ConfigDict, ctx: Context) -> None:
     """Dynamic sampling regroups one prompt batch: no greedy baseline, and its metric is known before the KL."""
     alg, fg = cfg.algorithm, cfg.algorithm.filter_groups
     if fg.enable and algos.estimator_info(alg.adv_estimator).needs_greedy_baseline:
@@ -235,7 +237,7 @@ def filter_groups(cfg, ctx):
 
 
 @rule("reward_model.reward_manager", "custom_reward_function.path")
-def batch_manager_needs_function(cfg, ctx):
+def batch_manager_needs_function(cfg: ConfigDict, ctx: Context) -> None:
     """The batch reward manager calls a custom function."""
     if cfg.reward_model.reward_manager == "batch" and not cfg.custom_reward_function.path:
         raise ValueError("reward_model.reward_manager=batch calls custom_reward_function once per batch: set "
@@ -244,7 +246,7 @@ def batch_manager_needs_function(cfg, ctx):
 
 
 @rule("trainer.resume_mode", "trainer.resume_from_path")
-def resume_path(cfg, ctx):
+def resume_path(cfg: ConfigDict, ctx: Context) -> None:
     """resume_mode=resume_path names the step to resume from."""
     if cfg.trainer.resume_mode == "resume_path" and not cfg.trainer.resume_from_path:
         raise ValueError("trainer.resume_mode=resume_path needs trainer.resume_from_path (a checkpoint step directory)")
@@ -261,7 +263,7 @@ _BUDGETS = ((A + "actor.use_dynamic_bsz", (A + "actor.ppo_max_token_len_per_gpu"
 
 @rule(*(k for flag, budgets, packing in _BUDGETS for k in (flag, *budgets, packing)), "critic.enable",
       "data.max_prompt_length", A + "rollout.response_length")
-def token_budgets(cfg, ctx):
+def token_budgets(cfg: ConfigDict, ctx: Context) -> None:
     """Token-budget micro-batches need packing, and a budget holds the longest possible sequence."""
     longest = cfg.data.max_prompt_length + cfg.actor_rollout_ref.rollout.response_length
     for flag, budgets, packing in _BUDGETS if cfg.critic.enable else _BUDGETS[:-1]:

@@ -11,17 +11,19 @@ from __future__ import annotations
 
 import os
 
+from ml_collections import ConfigDict
+
 from rlhf_jax import algos
 from rlhf_jax.config import builtin, schema
 from rlhf_jax.config.names import BUILTIN_DATASETS, BUILTIN_MODELS
-from rlhf_jax.config.rule import rule
+from rlhf_jax.config.rule import Context, rule
 
 _MT = "actor_rollout_ref.rollout.multi_turn."
 
 
 @rule("experience.buffer_size", "experience.overlap", "experience.max_staleness", "mesh.rollout_devices",
       "algorithm.filter_groups.enable")
-def experience_schedule(cfg, ctx):
+def experience_schedule(cfg: ConfigDict, ctx: Context) -> None:
     """The experience schedule (buffer, overlap) has devices to overlap on and stays within the staleness bound."""
     e = cfg.experience
     if e.overlap and cfg.mesh.rollout_devices == 0:
@@ -43,7 +45,7 @@ SEPARATE_CRITIC_ONLY = ("critic.optim.lr", "critic.optim.weight_decay", "critic.
 
 @rule("critic.shared_trunk", "critic.enable", "critic.model.path", "actor_rollout_ref.model.path",
       "actor_rollout_ref.model.lora_rank", *SEPARATE_CRITIC_ONLY)
-def shared_trunk(cfg, ctx):
+def shared_trunk(cfg: ConfigDict, ctx: Context) -> None:
     """critic.shared_trunk: a value head on the actor; the settings of a separate critic stay unset."""
     c = cfg.critic
     if not c.shared_trunk:
@@ -66,7 +68,7 @@ def shared_trunk(cfg, ctx):
 
 @rule("data.train_files", "data.val_files", "actor_rollout_ref.model.path", "critic.model.path", "critic.enable",
       "reward_model.enable", "reward_model.model.path", "custom_reward_function.path")
-def files_exist(cfg, ctx):
+def files_exist(cfg: ConfigDict, ctx: Context) -> None:
     """The data files, model directories and reward function the config names exist (skipped by check_paths=False)."""
     if not ctx.check_paths:
         return
@@ -101,7 +103,7 @@ def files_exist(cfg, ctx):
 
 
 @rule("algorithm.filter_groups.enable")
-def filter_groups_one_process(cfg, ctx):
+def filter_groups_one_process(cfg: ConfigDict, ctx: Context) -> None:
     """Dynamic sampling regroups the batch on the host: one process."""
     if cfg.algorithm.filter_groups.enable and ctx.num_processes > 1:
         raise ValueError("algorithm.filter_groups runs in one process (it regroups the batch on the host); "
@@ -109,7 +111,7 @@ def filter_groups_one_process(cfg, ctx):
 
 
 @rule(_MT + "enable", "algorithm.filter_groups.enable", "mesh.rollout_devices", "algorithm.adv_estimator")
-def multi_turn_combinations(cfg, ctx):
+def multi_turn_combinations(cfg: ConfigDict, ctx: Context) -> None:
     """Multi-turn rollouts run in one process on the training mesh, without group filtering or a greedy baseline."""
     if not cfg.actor_rollout_ref.rollout.multi_turn.enable:
         return
@@ -128,7 +130,7 @@ def multi_turn_combinations(cfg, ctx):
 
 @rule(_MT + "enable", _MT + "tools", _MT + "tool_config_path", _MT + "environment", _MT + "workflow",
       _MT + "per_turn_rewards", _MT + "workflow_args")
-def multi_turn_driver(cfg, ctx):
+def multi_turn_driver(cfg: ConfigDict, ctx: Context) -> None:
     """A trajectory is driven by tools, one environment or one workflow, and their options need their driver."""
     mt = cfg.actor_rollout_ref.rollout.multi_turn
     if not mt.enable:
