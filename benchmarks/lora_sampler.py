@@ -28,7 +28,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from rlhf_jax.config import resolve_model_path  # noqa: E402
+from rlhf_jax.models.hub import resolve_model_path  # noqa: E402
 from rlhf_jax.models import from_pretrained, lora  # noqa: E402
 from rlhf_jax.parallel import make_mesh  # noqa: E402
 from rlhf_jax.rollout import Sampler, SamplingParams, rollout_key  # noqa: E402

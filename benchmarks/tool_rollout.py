@@ -37,7 +37,7 @@ from transformers import AutoTokenizer  # noqa: E402
 from rlhf_jax.agents import Tool  # noqa: E402
 from rlhf_jax.agents.tool_calls import ParsedCalls, ToolCall, register_parser  # noqa: E402
 from rlhf_jax.agents.turns import TurnSettings, run_turns  # noqa: E402
-from rlhf_jax.config import resolve_model_path  # noqa: E402
+from rlhf_jax.models.hub import resolve_model_path  # noqa: E402
 from rlhf_jax.models import from_pretrained  # noqa: E402
 from rlhf_jax.rollout import SamplingParams, generate, rollout_key  # noqa: E402
 from rlhf_jax.rollout.conversation_sampler import ConversationSampler  # noqa: E402

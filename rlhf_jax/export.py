@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from rlhf_jax.config.names import DTYPES
 from rlhf_jax.models import lora
 from rlhf_jax.models.config import from_hf_dict
 from rlhf_jax.models.lora_peft import ADAPTER_DIR, save_adapter
@@ -29,7 +30,7 @@ from rlhf_jax.models.hf_import import build_abstract, from_pretrained
 from rlhf_jax.parallel.mesh import single_device_mesh
 from rlhf_jax.runtime.checkpoint import Checkpointer
 
-_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+_DTYPES = {name: getattr(jnp, name) for name in DTYPES}
 
 
 def locate(checkpoint: str, step: int | None) -> tuple[str, int]:

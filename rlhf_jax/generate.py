@@ -70,7 +70,8 @@ def generate(cfg, output_path: str) -> list[dict]:
     import jax
     import pandas as pd
 
-    from rlhf_jax.config import finalize, resolve_model_path
+    from rlhf_jax.config import finalize
+    from rlhf_jax.models.hub import resolve_model_path
     from rlhf_jax.data import dataset_from_config, loader_from_config
     from rlhf_jax.rewards.reward_model import decode_responses
     from rlhf_jax.rollout import Sampler

@@ -24,6 +24,7 @@ from rlhf_jax.agents.executor import ToolResult, ToolStats, run_tool_calls, tool
 from rlhf_jax.agents.render import tool_suffix_ids
 from rlhf_jax.agents.tool_calls import parse_tool_calls
 from rlhf_jax.agents.tools import Tool
+from rlhf_jax.config.names import TOOL_RESPONSE_TRUNCATION
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,7 +45,7 @@ class TurnSettings:
     def __post_init__(self):
         if self.max_assistant_turns < 1:
             raise ValueError(f"max_assistant_turns must be >= 1, got {self.max_assistant_turns}")
-        if self.tool_response_truncate_side not in ("left", "right", "middle"):
+        if self.tool_response_truncate_side not in TOOL_RESPONSE_TRUNCATION:
             raise ValueError(f"tool_response_truncate_side must be left, right or middle, got "
                              f"{self.tool_response_truncate_side!r}")
 

@@ -32,8 +32,10 @@ from .policy_losses import check_policy_loss, effective_loss_agg_mode, policy_lo
 from .registry import (
     ADV_ESTIMATORS,
     KL_ESTIMATORS,
+    EstimatorInfo,
     POLICY_LOSSES,
     Registry,
+    estimator_info,
     register_adv_estimator,
     register_kl_estimator,
     register_policy_loss,
@@ -42,6 +44,7 @@ from .value_loss import value_loss
 
 __all__ = [
     "ADV_ESTIMATORS",
+    "EstimatorInfo",
     "KL_ESTIMATORS",
     "LOSS_AGG_MODES",
     "POLICY_LOSSES",
@@ -56,6 +59,7 @@ __all__ = [
     "dense_group_index",
     "effective_loss_agg_mode",
     "entropy_from_logits",
+    "estimator_info",
     "full_kl_from_logits",
     "group_stats",
     "init_kl_controller",

@@ -53,7 +53,7 @@ def _scores(token_level_rewards: Array) -> Array:
 
 
 # ----------------------------------------------------------------------------- estimators
-@register_adv_estimator("gae")
+@register_adv_estimator("gae", needs_critic=True)
 def gae(*, token_level_rewards: Array, response_mask: Array, values: Array | None = None,
         gamma: float = 1.0, lam: float = 1.0, **_: Any) -> tuple[Array, Array]:
     """GAE; the recursion only advances on response tokens (M=1), then advantages are masked-whitened."""
@@ -79,7 +79,7 @@ def gae(*, token_level_rewards: Array, response_mask: Array, values: Array | Non
     return masked_whiten(adv, response_mask), returns
 
 
-@register_adv_estimator("grpo")
+@register_adv_estimator("grpo", grouped=True)
 def grpo(*, token_level_rewards: Array, response_mask: Array, group_ids: Array | None = None,
          norm_adv_by_std_in_grpo: bool = True, epsilon: float = 1e-6, **_: Any) -> tuple[Array, Array]:
     """(s - mean_g) / (std_g + eps); a group of one uses mean 0, std 1. Without std: Dr.GRPO."""
@@ -94,7 +94,7 @@ def grpo(*, token_level_rewards: Array, response_mask: Array, group_ids: Array |
     return adv, adv
 
 
-@register_adv_estimator("rloo")
+@register_adv_estimator("rloo", grouped=True)
 def rloo(*, token_level_rewards: Array, response_mask: Array, group_ids: Array | None = None,
          **_: Any) -> tuple[Array, Array]:
     """s_i - mean of the other samples of the group = (n s_i - sum_g) / (n - 1); n = 1 keeps s_i."""
@@ -125,7 +125,7 @@ def reinforce_plus_plus(*, token_level_rewards: Array, response_mask: Array, gam
     return adv, returns
 
 
-@register_adv_estimator("reinforce_plus_plus_baseline")
+@register_adv_estimator("reinforce_plus_plus_baseline", grouped=True)
 def reinforce_plus_plus_baseline(*, token_level_rewards: Array, response_mask: Array,
                                  group_ids: Array | None = None, **_: Any) -> tuple[Array, Array]:
     """(s - group mean) broadcast over tokens, whitened over the batch's response tokens."""
@@ -138,7 +138,7 @@ def reinforce_plus_plus_baseline(*, token_level_rewards: Array, response_mask: A
     return adv, adv
 
 
-@register_adv_estimator("remax")
+@register_adv_estimator("remax", needs_greedy_baseline=True)
 def remax(*, token_level_rewards: Array, response_mask: Array, reward_baselines: Array | None = None,
           **_: Any) -> tuple[Array, Array]:
     """Reward-to-go minus the greedy rollout's score b (option reward_baselines, (batch,))."""
@@ -150,7 +150,7 @@ def remax(*, token_level_rewards: Array, response_mask: Array, reward_baselines:
     return adv, returns
 
 
-@register_adv_estimator("opo")
+@register_adv_estimator("opo", grouped=True)
 def opo(*, token_level_rewards: Array, response_mask: Array, group_ids: Array | None = None,
         **_: Any) -> tuple[Array, Array]:
     """s_i - length-weighted group mean sum(|y| s) / sum(|y|); a group of one has baseline 0."""
@@ -164,7 +164,7 @@ def opo(*, token_level_rewards: Array, response_mask: Array, group_ids: Array | 
     return adv, adv
 
 
-@register_adv_estimator("gpg")
+@register_adv_estimator("gpg", grouped=True)
 def gpg(*, token_level_rewards: Array, response_mask: Array, group_ids: Array | None = None,
         f_norm: float = 1.0, **_: Any) -> tuple[Array, Array]:
     """alpha (s - group mean) / f_norm with alpha = batch / max(1, #nonzero scores)."""
@@ -178,7 +178,7 @@ def gpg(*, token_level_rewards: Array, response_mask: Array, group_ids: Array | 
     return adv, adv
 
 
-@register_adv_estimator("grpo_passk")
+@register_adv_estimator("grpo_passk", grouped=True)
 def grpo_passk(*, token_level_rewards: Array, response_mask: Array, group_ids: Array | None = None,
                norm_adv_by_std_in_grpo: bool = True, epsilon: float = 1e-6, **_: Any) -> tuple[Array, Array]:
     """Only the best sample of each group gets r_max - r_second (divided by std_g + eps if normalising).

@@ -12,6 +12,7 @@ name without computing anything, so a config can be checked before compilation.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, TypeVar
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -74,9 +75,28 @@ KL_ESTIMATORS = Registry(
 )
 
 
-def register_adv_estimator(name: str, *, overwrite: bool = False) -> Callable[[F], F]:
-    """Register an advantage estimator ``fn(*, token_level_rewards, response_mask, group_ids, values, gamma, lam, **options) -> (advantages, returns)``."""
-    return ADV_ESTIMATORS.register(name, overwrite=overwrite)
+@dataclasses.dataclass(frozen=True)
+class EstimatorInfo:
+    """What an advantage estimator needs from the rest of the loop (asked by config checks and the trainer)."""
+
+    grouped: bool = False  # compares the samples of one prompt: rollout.n >= 2, else every advantage is 0
+    needs_critic: bool = False  # reads values: a value model is trained (critic.enable defaults to this)
+    needs_greedy_baseline: bool = False  # reads reward_baselines: one greedy rollout per prompt batch (ReMax)
+
+
+def register_adv_estimator(name: str, *, overwrite: bool = False, grouped: bool = False, needs_critic: bool = False,
+                           needs_greedy_baseline: bool = False) -> Callable[[F], F]:
+    """Register an advantage estimator ``fn(*, token_level_rewards, response_mask, group_ids, values, gamma, lam, **options) -> (advantages, returns)``.
+
+    ``grouped``, ``needs_critic`` and ``needs_greedy_baseline`` describe what it needs (:class:`EstimatorInfo`).
+    """
+    info = EstimatorInfo(grouped=grouped, needs_critic=needs_critic, needs_greedy_baseline=needs_greedy_baseline)
+    return ADV_ESTIMATORS.register(name, overwrite=overwrite, info=info)
+
+
+def estimator_info(name: str) -> EstimatorInfo:
+    """What the registered estimator ``name`` needs; ValueError naming algorithm.adv_estimator if unknown."""
+    return ADV_ESTIMATORS.meta(name)["info"]
 
 
 def register_policy_loss(name: str, *, overwrite: bool = False, agg_mode: str | None = None) -> Callable[[F], F]:

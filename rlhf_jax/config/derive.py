@@ -112,7 +112,9 @@ def derive_batches(
         _supervised(d, train, dp)
     else:
         _rl_splits(d, cfg, train, n, dp)
-    _steps(d, cfg, train, train_dataset_size)
+    derive_steps(d, cfg, train_dataset_size)
+    d.model_max_position_embeddings = -1  # read from the model's config.json by finalize
+    d.model_vocab_size = -1
     return d
 
 
@@ -160,8 +162,9 @@ def _rl_splits(d: ConfigDict, cfg: ConfigDict, train: int, n: int, dp: int) -> N
     d.critic_forward_micro_batches, d.critic_updates_per_step = c_fwd, c_updates
 
 
-def _steps(d: ConfigDict, cfg: ConfigDict, train: int, train_dataset_size: int | None) -> None:
-    actor, critic = cfg.actor_rollout_ref.actor, cfg.critic
+def derive_steps(d: ConfigDict, cfg: ConfigDict, train_dataset_size: int | None) -> None:
+    """Steps per epoch, steps to run and warmup steps into ``d`` (-1 where the training set's size is needed)."""
+    actor, critic, train = cfg.actor_rollout_ref.actor, cfg.critic, cfg.data.train_batch_size
     if train_dataset_size is not None:
         d.steps_per_epoch = train_dataset_size // train
         if d.steps_per_epoch == 0:
@@ -178,5 +181,3 @@ def _steps(d: ConfigDict, cfg: ConfigDict, train: int, train_dataset_size: int |
     total = d.total_training_steps
     d.actor_lr_warmup_steps = _warmup(actor.optim.lr_warmup_steps, actor.optim.lr_warmup_steps_ratio, total)
     d.critic_lr_warmup_steps = _warmup(critic.optim.lr_warmup_steps, critic.optim.lr_warmup_steps_ratio, total)
-    d.model_max_position_embeddings = -1
-    d.model_vocab_size = -1

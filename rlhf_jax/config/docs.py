@@ -46,6 +46,7 @@ def render_markdown() -> str:
         lines.append(f"| `{key.path}` | {_fmt(key.default)} | {typ} | {_cell(doc)} |")
     lines += ["", "## derived (filled by finalize, read-only)", "", "| key | description |", "|---|---|"]
     lines += [f"| `{k}` | {_cell(v)} |" for k, v in DERIVED_DOCS.items()]
+    lines += _rule_tables()
     lines += ["", "## verl keys accepted with a warning and ignored", "",
               "A verl YAML may contain these; the importer logs one warning per key. Where a condition is",
               "given, other values are an error, because the feature is not implemented.", "",
@@ -67,10 +68,34 @@ def render_markdown() -> str:
     return "\n".join(lines) + "\n"
 
 
+def _rule_tables() -> list[str]:
+    """For each key, the rules that check it (its own, and the named rules between keys), then those rules."""
+    from rlhf_jax.config import validate  # noqa: F401  (imports the rule modules, which register their rules)
+    from rlhf_jax.config.defaults import default_source
+    from rlhf_jax.config.rule import GIVEN_RULES, RULES, rules_of
+
+    lines = ["", "## checks per key", "",
+             "Checked by `finalize` before anything is built, in this order: the rules on the config as written, the "
+             "defaults filled (`None` = another key's value or a computed one), each key's own rule (declared with "
+             "the key in `rlhf_jax/config/keys_*.py`), then the rules between keys, named functions of "
+             "`rlhf_jax/config/rules.py` and `rules_run.py` (listed after this table). Each failure is one line "
+             "naming the key.", "",
+             "| key | default from | its own rule | rules between keys |", "|---|---|---|---|"]
+    for key in schema.KEYS:
+        own, cross, source = key.rules(), rules_of(key.path), default_source(key.path)
+        if own or cross or source:
+            lines.append(f"| `{key.path}` | {_cell(source or '')} | {_cell('; '.join(own))} | "
+                         f"{', '.join(f'`{r.module}.{r.name}`' for r in cross)} |")
+    lines += ["", "## rules between keys", "", "| rule | on | what it asks |", "|---|---|---|"]
+    lines += [f"| `{r.module}.{r.name}` | {'the config as written' if r in GIVEN_RULES else 'the complete config'} | "
+              f"{_cell(r.doc)} |" for r in GIVEN_RULES + RULES]
+    return lines
+
+
 def _optimizer_arguments() -> list[str]:
     """``optim.override_optimizer_config``: what each optimizer reads from it, from the code that checks it."""
-    from rlhf_jax.train.optim import (ADAFACTOR_DEFAULTS, ADAFACTOR_MEANING, IMPLEMENTATION_ONLY, ONLY_AT,
-                                      OPTIMIZER_NAMES)
+    from rlhf_jax.config.names import OPTIMIZER_NAMES
+    from rlhf_jax.config.optimizers import ADAFACTOR_DEFAULTS, ADAFACTOR_MEANING, IMPLEMENTATION_ONLY, ONLY_AT
 
     lines = ["", "## optimizer arguments", "",
              "`*.optim.override_optimizer_config` holds the optimizer class's further keyword arguments, named as in "

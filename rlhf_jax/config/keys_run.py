@@ -3,8 +3,58 @@
 
 from __future__ import annotations
 
-from rlhf_jax.config.key import Key
-from rlhf_jax.config.keys_policy import REMAT_POLICIES, TOKEN_BUDGET_DOC, checkpoint_keys, optim_keys
+import importlib
+
+from rlhf_jax import algos
+from rlhf_jax.algos.dpo import LOSS_TYPES
+from rlhf_jax.algos.kl import KL_CTRL_TYPES
+from rlhf_jax.algos.rollout_correction import IS_LEVELS, RS_LEVELS
+from rlhf_jax.config.key import Check, Key, above, at_least, micro_size, registered, step_numbers, within
+from rlhf_jax.config.keys_policy import TOKEN_BUDGET_DOC, checkpoint_keys, optim_keys
+from rlhf_jax.config.names import (ANSWER_MATCH_MODES, FILTER_GROUP_METRICS, LOGGERS, PROMPT_TRUNCATION, REMAT_POLICIES,
+                                   RESUME_MODES, REWARD_MANAGERS, TRAINER_TYPES)
+
+MESH_AXES = ("data", "fsdp", "tensor", "expert")
+# trainer.logger entries that are optional packages: name -> (module, pip command)
+OPTIONAL_TRACKERS = {"wandb": ("wandb", "pip install wandb"), "mlflow": ("mlflow", "pip install mlflow")}
+
+
+def _missing_tracker(backends: tuple) -> str | None:
+    """A missing wandb / mlflow package stops the run before anything is built, with the pip command."""
+    for name in backends:
+        if name not in OPTIONAL_TRACKERS:
+            continue
+        module, pip = OPTIONAL_TRACKERS[name]
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            return (f"trainer.logger includes {name!r} but the {module} package is not installed: {pip} "
+                    f"(or pip install 'rlhf_jax[{name}]'), or remove {name!r} from trainer.logger")
+    return None
+
+
+def _axis_rules_problem(rules: tuple) -> str | None:
+    seen = set()
+    for rule in rules:
+        if not (isinstance(rule, tuple) and len(rule) == 2 and isinstance(rule[0], str)):
+            return f"mesh.logical_axis_rules: each rule is (logical_name, mesh_axes), got {rule!r}"
+        name, axes = rule
+        if name in seen:
+            return f"mesh.logical_axis_rules: logical axis {name!r} appears twice"
+        seen.add(name)
+        for ax in () if axes is None else (axes,) if isinstance(axes, str) else axes:
+            if ax not in MESH_AXES:
+                return f"mesh.logical_axis_rules: {name!r} -> {ax!r} is not a mesh axis ({', '.join(MESH_AXES)})"
+    return None
+
+
+TRACKERS_INSTALLED = Check(lambda v: _missing_tracker(v) is None, ": the optional packages named are installed",
+                           _missing_tracker)
+AXIS_RULES = Check(lambda v: _axis_rules_problem(v) is None, ": (logical name, mesh axes) pairs over the mesh's "
+                   "axes, each name once", _axis_rules_problem)
+
+# algorithm.type: the message names the trainers (as a stage override's check does, names.check_type)
+TRAINER_TYPE = Check(lambda v: v in TRAINER_TYPES, f" is not valid: choose one of {', '.join(sorted(TRAINER_TYPES))}")
 
 DATA = (
     Key("data.train_files", ("builtin:arithmetic",),
@@ -38,15 +88,19 @@ DATA = (
     Key("data.system_prompt", None, "System message added to every prompt; None = none.", type=str),
     Key("data.apply_chat_template_kwargs", None, "Keyword arguments of the tokenizer's chat template (native), e.g. "
         "{'enable_thinking': False}; None = none.", type=object),
-    Key("data.max_prompt_length", 128, "Prompt tokens; prompts are left-padded to this (or a bucket)."),
-    Key("data.max_response_length", 16, "Response tokens; default for actor_rollout_ref.rollout.response_length."),
+    Key("data.max_prompt_length", 128, "Prompt tokens; prompts are left-padded to this (or a bucket).",
+        check=at_least(1)),
+    Key("data.max_response_length", 16, "Response tokens; default for actor_rollout_ref.rollout.response_length.",
+        check=at_least(1)),
     Key("data.prompt_length_buckets", None,
-        "Padded prompt lengths to compile for (ascending, up to max_prompt_length); None = powers of two from 16.", type=tuple),
+        "Padded prompt lengths to compile for (ascending, up to max_prompt_length); None = powers of two from 16.",
+        type=tuple),
     Key("data.truncation", "error", "Overlong prompts: error, or keep the left end / right end / both ends.",
-        choices=("error", "left", "right", "middle")),
+        choices=PROMPT_TRUNCATION),
     Key("data.filter_overlong_prompts", False, "Drop prompts longer than max_prompt_length instead of truncating."),
-    Key("data.train_batch_size", 16, "Prompts per training step (each sampled rollout.n times)."),
-    Key("data.val_batch_size", None, "Prompts per validation batch; None = the whole validation set.", type=int),
+    Key("data.train_batch_size", 16, "Prompts per training step (each sampled rollout.n times).", check=at_least(1)),
+    Key("data.val_batch_size", None, "Prompts per validation batch; None = the whole validation set.", type=int,
+        check=at_least(1)),
     Key("data.shuffle", True, "Shuffle training prompts (reshuffled every epoch)."),
     Key("data.seed", 1, "Seed of the data shuffle."),
     # Supervised fine-tuning (algorithm.type=sft), verl's sft_trainer names
@@ -64,36 +118,46 @@ DATA = (
 
 _C = "critic."
 CRITIC = (
-    Key(_C + "enable", None, "Train a value model; None = only when algorithm.adv_estimator is gae.", type=bool),
+    Key(_C + "enable", None, "Train a value model; None = when the estimator needs one (gae) and algorithm.type=rl.",
+        type=bool),
     Key(_C + "shared_trunk", False, "The value model is a head on the actor's trunk: one forward pass gives log-probs "
         "and values, one loss trains both (seed 000's actor_critic)."),
     Key(_C + "vf_coef", 0.1, "With critic.shared_trunk: weight of the clipped value loss in the joint loss (TRL's)."),
     Key(_C + "model.path", None, "Critic initialisation checkpoint (a directory or Hub id); None = "
-        "actor_rollout_ref.model.path.", type=str),
+        "actor_rollout_ref.model.path.", type=str, same_as="actor_rollout_ref.model.path"),
     Key(_C + "model.revision", None, "Hub revision of a Hub id critic.model.path; None = main.", type=str),
     Key(_C + "model.enable_gradient_checkpointing", False, "Rematerialize each critic decoder layer."),
     Key(_C + "model.remat_policy", None, "Critic remat policy (full, dots_saveable); None = the actor's.", type=str,
-        choices=REMAT_POLICIES),
-    Key(_C + "model.use_remove_padding", None, "Pack sequences in the critic passes; None = the actor's.", type=bool),
-    Key(_C + "use_dynamic_bsz", None, "Token-budget critic micro-batches; None = actor.use_dynamic_bsz.", type=bool),
+        choices=REMAT_POLICIES, same_as="actor_rollout_ref.model.remat_policy"),
+    Key(_C + "model.use_remove_padding", None, "Pack sequences in the critic passes; None = the actor's.", type=bool,
+        same_as="actor_rollout_ref.model.use_remove_padding"),
+    Key(_C + "use_dynamic_bsz", None, "Token-budget critic micro-batches; None = actor.use_dynamic_bsz.", type=bool,
+        same_as="actor_rollout_ref.actor.use_dynamic_bsz"),
     Key(_C + "ppo_max_token_len_per_gpu", None,
         "Tokens per critic forward/backward on each shard; None = 2 x the actor's budget (verl)" +
         TOKEN_BUDGET_DOC.format(flag="critic.use_dynamic_bsz"), type=int),
     Key(_C + "forward_max_token_len_per_gpu", None,
-        "Tokens per value forward pass on each shard; None = critic.ppo_max_token_len_per_gpu.", type=int),
-    Key(_C + "ppo_mini_batch_size", None, "Prompts per critic mini-batch (x rollout.n); None = the actor's.", type=int),
+        "Tokens per value forward pass on each shard; None = critic.ppo_max_token_len_per_gpu.", type=int,
+        same_as="critic.ppo_max_token_len_per_gpu"),
+    Key(_C + "ppo_mini_batch_size", None, "Prompts per critic mini-batch (x rollout.n); None = the actor's.",
+        type=int, check=at_least(1), check_if="critic.enable", same_as="actor_rollout_ref.actor.ppo_mini_batch_size"),
     Key(_C + "ppo_micro_batch_size_per_gpu", None,
         "Sequences per critic forward/backward on each data-parallel shard; None = the actor's; -1 = automatic "
-        "(as the actor's).", type=int),
+        "(as the actor's).", type=int,
+        check=micro_size(), check_if="critic.enable", same_as="actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"),
     Key(_C + "forward_micro_batch_size_per_gpu", None,
         "Sequences per value forward pass on each data-parallel shard; None = ppo_micro_batch_size_per_gpu.",
-        type=int),
-    Key(_C + "ppo_epochs", None, "Critic passes over each rollout batch; None = the actor's.", type=int),
-    Key(_C + "shuffle", None, "Shuffle between critic epochs; None = the actor's.", type=bool),
+        type=int, check=micro_size(), check_if="critic.enable", same_as="critic.ppo_micro_batch_size_per_gpu"),
+    Key(_C + "ppo_epochs", None, "Critic passes over each rollout batch; None = the actor's.", type=int,
+        check=at_least(1), check_if="critic.enable", same_as="actor_rollout_ref.actor.ppo_epochs"),
+    Key(_C + "shuffle", None, "Shuffle between critic epochs; None = the actor's.", type=bool,
+        same_as="actor_rollout_ref.actor.shuffle"),
     Key(_C + "grad_clip", 1.0, "Clip the critic's global gradient norm (<= 0: no clipping)."),
     Key(_C + "cliprange_value", 0.5, "Value clipping range around the old values."),
-    Key(_C + "loss_agg_mode", None, "Aggregation of the value loss; None = the actor's loss_agg_mode.", type=str),
-) + optim_keys(_C, 1e-5) + checkpoint_keys(_C)
+    Key(_C + "loss_agg_mode", None, "Aggregation of the value loss; None = the actor's loss_agg_mode.", type=str,
+        same_as="actor_rollout_ref.actor.loss_agg_mode",
+        check=registered(_C + "loss_agg_mode", algos.check_loss_agg_mode)),
+) + optim_keys(_C, 1e-5) + checkpoint_keys(_C, exported=False)
 
 _R = "reward_model."
 REWARD = (
@@ -104,18 +168,20 @@ REWARD = (
     Key(_R + "model.input_tokenizer", None,
         "verl's policy tokenizer for the RM input: responses are always decoded with the policy's and re-tokenized "
         "with the RM's, so None or the policy's.", type=str),
-    Key(_R + "micro_batch_size_per_gpu", 2, "Sequences per reward-model forward pass on each data-parallel shard."),
+    Key(_R + "micro_batch_size_per_gpu", 2, "Sequences per reward-model forward pass on each data-parallel shard.",
+        check=at_least(1)),
     Key(_R + "max_length", None, "Reward-model input length; None = prompt + response length.", type=int),
     Key(_R + "reward_manager", "naive",
         "Rule-based scoring: naive (in-process threads), prime (worker processes), batch (one call per batch with "
-        "lists, verl's) or dapo (naive; the penalty is overlong_buffer).", choices=("naive", "prime", "batch", "dapo")),
-    Key(_R + "num_workers", 2, "Worker processes of the prime reward manager."),
-    Key(_R + "timeout_s", 10.0, "Seconds one scoring call may take before it scores 0 (or fails, see fail_on_error)."),
+        "lists, verl's) or dapo (naive; the penalty is overlong_buffer).", choices=REWARD_MANAGERS),
+    Key(_R + "num_workers", 2, "Worker processes of the prime reward manager.", check=at_least(1)),
+    Key(_R + "timeout_s", 10.0, "Seconds one scoring call may take before it scores 0 (or fails, see fail_on_error).",
+        check=above(0)),
     Key(_R + "scorer_kwargs", None,
         "Options per built-in scorer, e.g. {'arithmetic': {'format_score': 0.0}}; None = their defaults.", type=object),
     Key(_R + "answer_match", "any",
         "Scorer of data sources with no scorer of their own: the response matches the ground truth exactly, "
-        "as a number, by its last number, or any.", choices=("any", "exact", "numeric", "last_number")),
+        "as a number, by its last number, or any.", choices=ANSWER_MATCH_MODES),
     Key(_R + "fail_on_error", False, "Stop training when a scorer raises or times out; False = score 0 and count it."),
     Key(_R + "overlong_buffer.enable", False, "DAPO overlong penalty on responses near the length limit."),
     Key(_R + "overlong_buffer.len", 4, "Buffer length L_buf before the limit where the penalty ramps up."),
@@ -131,58 +197,61 @@ CUSTOM_REWARD = (
 _G = "algorithm."
 ALGORITHM = (
     Key(_G + "type", "rl", "What the run trains: rl (the RL loop of algorithm.adv_estimator), sft (supervised "
-        "fine-tuning), dpo (prompt/chosen/rejected pairs, algorithm.dpo.*), or a trainer of train/tasks.py."),
-    Key(_G + "dpo.beta", 0.1, "DPO: beta, the strength of the pull towards the reference (TRL's beta; IPO's tau)."),
+        "fine-tuning), dpo (prompt/chosen/rejected pairs, algorithm.dpo.*).", check=TRAINER_TYPE),
+    Key(_G + "dpo.beta", 0.1, "DPO: beta, the strength of the pull towards the reference (TRL's beta; IPO's tau).",
+        check=above(0)),
     Key(_G + "dpo.label_smoothing", 0.0, "DPO (sigmoid loss): the assumed fraction of flipped preference labels, "
-        "in [0, 0.5) (conservative DPO; 0 = plain DPO)."),
+        "in [0, 0.5) (conservative DPO; 0 = plain DPO).", check=Check(lambda v: 0 <= v < 0.5, " must be in [0, 0.5)")),
     Key(_G + "dpo.loss_type", "sigmoid", "DPO pair loss: sigmoid (DPO), hinge (SLiC) or ipo (IPO), as TRL names them.",
-        choices=("sigmoid", "hinge", "ipo")),
+        choices=LOSS_TYPES),
     Key(_G + "adv_estimator", "gae",
         "Advantage estimator: gae, grpo, rloo, reinforce_plus_plus, reinforce_plus_plus_baseline, remax, opo, gpg, "
-        "grpo_passk, or a registered name."),
-    Key(_G + "gamma", 1.0, "Discount factor."),
-    Key(_G + "lam", 1.0, "GAE lambda (bias/variance trade-off)."),
+        "grpo_passk, or a registered name.", check=registered(_G + "adv_estimator", algos.check_adv_estimator)),
+    Key(_G + "gamma", 1.0, "Discount factor.", check=within(0, 1)),
+    Key(_G + "lam", 1.0, "GAE lambda (bias/variance trade-off).", check=within(0, 1)),
     Key(_G + "norm_adv_by_std_in_grpo", True, "GRPO: divide by the group std; False = Dr.GRPO (mean-centred only)."),
     Key(_G + "use_kl_in_reward", False, "Subtract kl_coef * KL(actor || ref) from token rewards; loads the reference."),
     Key(_G + "kl_penalty", "kl",
-        "KL estimator of the in-reward penalty: kl|k1, abs, mse|k2, low_var_kl|k3 (full is not supported)."),
+        "KL estimator of the in-reward penalty: kl|k1, abs, mse|k2, low_var_kl|k3 (full is not supported).",
+        check=registered(_G + "kl_penalty", algos.check_kl_kind)),
     Key(_G + "filter_groups.enable", False, "DAPO dynamic sampling: drop prompt groups whose metric does not vary and "
         "sample more prompt batches until data.train_batch_size groups remain."),
     Key(_G + "filter_groups.metric", "acc", "What must vary within a group: acc (the reward function's 'acc'), score, "
         "seq_reward (the score) or seq_final_reward (the score; no in-reward KL).",
-        choices=("acc", "score", "seq_reward", "seq_final_reward")),
+        choices=FILTER_GROUP_METRICS),
     Key(_G + "filter_groups.max_num_gen_batches", 0,
         "Stop with an error after this many prompt batches in one step without a full batch; <= 0 = no limit."),
     Key(_G + "rollout_correction.rollout_is", None, "Off-policy correction: importance weights trainer/sampler "
         "probability per token or per sequence (product), truncated (TIS); None = off.", type=str,
-        choices=("token", "sequence")),
+        choices=IS_LEVELS),
     Key(_G + "rollout_correction.rollout_is_threshold", 2.0, "Truncation cap of the importance weights."),
     Key(_G + "rollout_correction.rollout_is_batch_normalize", False, "Divide the truncated weights by their batch "
         "mean (per token or per sequence, as rollout_is)."),
     Key(_G + "rollout_correction.rollout_rs", None, "Rejection: drop tokens (token) or responses (sequence: product "
         "of ratios; geometric: their geometric mean) whose ratio is outside the thresholds; None = off.", type=str,
-        choices=("token", "sequence", "geometric")),
+        choices=RS_LEVELS),
     Key(_G + "rollout_correction.rollout_rs_threshold", None, "Upper ratio kept by rollout_rs (required with it).",
         type=float),
     Key(_G + "rollout_correction.rollout_rs_threshold_lower", None, "Lower ratio kept by rollout_rs; None = "
         "1 / rollout_rs_threshold.", type=float),
     Key(_G + "rollout_correction.rollout_token_veto_threshold", None, "Drop every response with a token whose ratio "
         "is below this; None = off.", type=float),
-    Key(_G + "kl_ctrl.type", "fixed", "In-reward KL coefficient controller.", choices=("fixed", "adaptive")),
-    Key(_G + "kl_ctrl.kl_coef", 0.001, "(Initial) in-reward KL coefficient beta."),
+    Key(_G + "kl_ctrl.type", "fixed", "In-reward KL coefficient controller.", choices=KL_CTRL_TYPES),
+    Key(_G + "kl_ctrl.kl_coef", 0.001, "(Initial) in-reward KL coefficient beta.", check=at_least(0)),
     Key(_G + "kl_ctrl.horizon", 10000, "Adaptive controller horizon."),
     Key(_G + "kl_ctrl.target_kl", 0.1, "Adaptive controller target KL."),
 )
 
 _T = "trainer."
 TRAINER = (
-    Key(_T + "total_epochs", 1, "Passes over the training prompts."),
-    Key(_T + "total_training_steps", None, "Stop after this many steps; None = epochs x batches per epoch.", type=int),
+    Key(_T + "total_epochs", 1, "Passes over the training prompts.", check=at_least(1)),
+    Key(_T + "total_training_steps", None, "Stop after this many steps; None = epochs x batches per epoch.", type=int,
+        check=at_least(1, " (or None)")),
     Key(_T + "project_name", "rlhf_jax", "Project name (log and checkpoint directories)."),
     Key(_T + "experiment_name", "default", "Experiment name (log and checkpoint directories)."),
     Key(_T + "logger", ("console", "tensorboard", "jsonl"),
         "Metric sinks; wandb (WANDB_MODE=offline works) and mlflow (MLFLOW_TRACKING_URI, else log_dir/mlruns) are "
-        "optional packages.", choices=("console", "tensorboard", "jsonl", "wandb", "mlflow")),
+        "optional packages.", choices=LOGGERS, check=TRACKERS_INSTALLED),
     Key(_T + "log_dir", "${trainer.default_local_dir}",
         "Directory of metrics.jsonl, tensorboard events and val_generations.jsonl; default: the run's directory."),
     Key(_T + "rollout_data_dir", None, "Write every step's training rollouts to <dir>/<step>.jsonl (input, output, gts, "
@@ -201,18 +270,19 @@ TRAINER = (
     Key(_T + "critic_warmup", 0, "Steps at the start that update only the critic."),
     Key(_T + "resume_mode", "auto",
         "auto (latest checkpoint in default_local_dir, if any), disable, or resume_path (resume_from_path).",
-        choices=("auto", "disable", "resume_path")),
+        choices=RESUME_MODES),
     Key(_T + "resume_from_path", None, "Checkpoint step directory to resume from when resume_mode=resume_path.",
         type=str),
     Key(_T + "max_actor_ckpt_to_keep", None, "Keep at most this many checkpoints; None = all.", type=int),
     Key(_T + "remove_previous_ckpt_in_save", False,
         "Keep only the newest checkpoint: a save removes the older ones once it is complete (max_actor_ckpt_to_keep=1)."),
-    Key(_T + "max_critic_ckpt_to_keep", None, "Critic checkpoints kept: each checkpoint holds actor and critic, so only None or max_actor_ckpt_to_keep is valid.", type=int),
+    Key(_T + "max_critic_ckpt_to_keep", None, "Critic checkpoints kept: each checkpoint holds actor and critic, so only "
+        "None or max_actor_ckpt_to_keep is valid.", type=int, same_as=_T + "max_actor_ckpt_to_keep"),
     Key(_T + "save_hf_checkpoint", "last",
         "Export a Hugging Face directory of the actor with the last step's checkpoint, with every checkpoint, or never.",
         choices=("last", "always", "never")),
     Key(_T + "profile_steps", None, "Steps (1-based, as logged) recorded with jax.profiler, one trace directory each "
-        "under profile_dir (TensorBoard's profile tab, Perfetto); None = none.", type=tuple),
+        "under profile_dir (TensorBoard's profile tab, Perfetto); None = none.", type=tuple, check=step_numbers()),
     Key(_T + "profile_dir", "${trainer.default_local_dir}/profile", "Where the profile_steps traces are written."),
     Key(_T + "nnodes", None, "Hosts of the run (one JAX process each); must equal the number of processes. None = "
         "that number.", type=int),
@@ -235,19 +305,21 @@ MESH = (
     Key("mesh.logical_axis_rules",
         (("batch", ("data", "fsdp", "expert")), ("embed", "fsdp"), ("mlp", "tensor"), ("heads", "tensor"),
          ("kv_heads", "tensor"), ("vocab", "tensor"), ("expert", "expert")),
-        "(logical axis name, mesh axis or axes or None) pairs; names not listed are replicated."),
+        "(logical axis name, mesh axis or axes or None) pairs; names not listed are replicated.", check=AXIS_RULES),
 )
 
 EXPERIENCE = (
     Key("experience.buffer_size", 1,
         "Rollout batches sampled with one set of weights, then trained on one per step, oldest first (batch i of "
-        "a round trains i updates after its weights); untrained ones are saved with checkpoints."),
+        "a round trains i updates after its weights); untrained ones are saved with checkpoints.",
+        check=at_least(1, " (1 = train on each batch as it is sampled)")),
     Key("experience.overlap", False,
         "Sample the next round on mesh.rollout_devices (required) while the current one trains: a batch trains 1 "
         "update after its weights (K to 2K-1 with buffer_size K); see algorithm.rollout_correction."),
     Key("experience.max_staleness", None,
         "Largest lag (updates between a batch's sampling weights and its training) the run may have; the "
-        "buffer size and overlap must stay within it. None = no bound; 0 = strictly on-policy.", type=int),
+        "buffer size and overlap must stay within it. None = no bound; 0 = strictly on-policy.", type=int,
+        check=at_least(0, " (0 = strictly on-policy) or None")),
 )
 
 STAGES = (

@@ -1,35 +1,41 @@
-"""Checks of algorithm names (estimators, losses, KL estimators, aggregation modes) before compilation.
+"""Every closed list of names a config key may take, once.
 
-The registries of :mod:`rlhf_jax.algos` are the source of truth, so names a
-user registers with a decorator pass too. Each error names the exact config key.
+The key table (``keys_*.py``) uses these as ``choices``; the modules that act on a name (the attention
+dispatcher, the optimizer builder, the reward managers, the loggers, the data generators, the trainers)
+import their list from here, so a name cannot be accepted by the config and unknown to the code, or the
+other way round. Open lists that users extend with a decorator (advantage estimators, policy losses, KL
+estimators, tool-call parsers, tools) live in their registries instead.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+DTYPES = ("float32", "bfloat16", "float16")  # model.dtype, model.compute_dtype, rollout.dtype
+REMAT_POLICIES = ("full", "dots_saveable")
+ATTN_IMPLEMENTATIONS = ("auto", "dense", "blockwise", "cudnn", "splash")
+WARMUP_STYLES = ("constant", "cosine", "linear", "wsd")
+CKPT_CONTENTS = ("model", "optimizer", "extra", "hf_model")
 
-# Estimators that compare the n samples of one prompt; with rollout.n == 1 every advantage is 0.
-GROUP_ESTIMATORS = ("grpo", "rloo", "opo", "gpg", "grpo_passk", "reinforce_plus_plus_baseline")
+# optim.optimizer, compared lower-case (verl writes AdamW): key -> the class's own spelling
+OPTIMIZER_NAMES = {"adamw": "AdamW", "adam": "Adam", "sgd": "SGD", "lion": "Lion", "adafactor": "Adafactor"}
+
+# algorithm.type: the trainers (their classes are registered by these names in the trainer registry)
+TRAINER_TYPES = ("rl", "dpo", "sft")
+
+REWARD_MANAGERS = ("naive", "prime", "batch", "dapo")
+ANSWER_MATCH_MODES = ("any", "exact", "numeric", "last_number")
+LOGGERS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
+PROMPT_TRUNCATION = ("error", "left", "right", "middle")  # data.truncation
+TOOL_RESPONSE_TRUNCATION = ("left", "right", "middle")
+FILTER_GROUP_METRICS = ("acc", "score", "seq_reward", "seq_final_reward")
+RESUME_MODES = ("auto", "disable", "resume_path")
+
+# builtin:<name> models and synthetic data sets (built or generated on first use, never downloaded)
+BUILTIN_MODELS = ("tiny", "smollm2")
+BUILTIN_DATASETS = ("arithmetic", "countdown", "word_problems", "arithmetic_preferences", "guess_number",
+                    "calculator_demos")
 
 
-def _checkers() -> dict[str, Callable[[str], None]]:
-    from rlhf_jax import algos
-
-    return {
-        "adv_estimator": algos.check_adv_estimator,
-        "policy_loss": algos.check_policy_loss,
-        "kl": algos.check_kl_kind,
-        "loss_agg_mode": algos.check_loss_agg_mode,
-    }
-
-
-def check_name(kind: str, name: str, key: str) -> None:
-    """Raise ValueError ``"<key>=<name>: <registry message>"`` if ``name`` is not registered for ``kind``.
-
-    ``kind`` is one of adv_estimator, policy_loss, kl, loss_agg_mode.
-    """
-    check = _checkers()[kind]
-    try:
-        check(name)
-    except (ValueError, KeyError) as e:
-        raise ValueError(f"{key}={name!r} is not valid: {e}") from None
+def check_type(name: str, key: str = "algorithm.type") -> None:
+    """Raise ValueError naming ``key`` when ``name`` is no trainer."""
+    if name not in TRAINER_TYPES:
+        raise ValueError(f"{key}={name!r} is not valid: choose one of {', '.join(sorted(TRAINER_TYPES))}")

@@ -28,12 +28,12 @@ READERS: dict[str, tuple[str, ...]] = {
         _A + "model.lora_rank", _A + "model.lora_alpha", _A + "model.target_modules", _A + "model.lora_adapter_path",
         "mesh.rollout_devices", "trainer.n_gpus_per_node", _A + "rollout.dtype",
     ),
-    "rlhf_jax.config.validate": (
-        # read to fill or check other keys: the sampler's length, the clip bounds, the checkpoint count, the mesh
-        "data.max_response_length", _A + "actor.clip_ratio", "trainer.remove_previous_ckpt_in_save",
-        "trainer.max_critic_ckpt_to_keep", "mesh.data", "mesh.fsdp", "mesh.tensor", "mesh.expert",
-    ),
-    "rlhf_jax.config.placement": ("experience.max_staleness", "trainer.nnodes", "trainer.n_gpus_per_node"),
+    "rlhf_jax.config.validate": ("mesh.data", "mesh.fsdp", "mesh.tensor", "mesh.expert"),
+    # read as the default of other keys (same_as): the sampler's length, the clip bounds
+    "rlhf_jax.config.keys_policy": ("data.max_response_length", _A + "actor.clip_ratio"),
+    "rlhf_jax.config.defaults": ("trainer.remove_previous_ckpt_in_save",),
+    "rlhf_jax.config.rules_run": ("experience.max_staleness",),
+    "rlhf_jax.config.placement": ("trainer.nnodes", "trainer.n_gpus_per_node"),
     "rlhf_jax.config.derive": (
         _A + "actor.ppo_mini_batch_size", _A + "actor.ppo_micro_batch_size_per_gpu", _A + "actor.ppo_epochs",
         _A + "ref.log_prob_micro_batch_size_per_gpu", _A + "rollout.log_prob_micro_batch_size_per_gpu",
@@ -73,8 +73,8 @@ READERS: dict[str, tuple[str, ...]] = {
         "trainer.default_local_dir", "trainer.log_dir", "trainer.save_freq", "trainer.test_freq",
         "trainer.val_before_train", "trainer.val_only", "trainer.save_hf_checkpoint",
     ),
-    "rlhf_jax.train.loggers": ("trainer.logger", "trainer.log_dir"),
-    "rlhf_jax.train.multi_turn": (_A + "rollout.multi_turn.enable", _A + "rollout.multi_turn.workflow_args",
+    "rlhf_jax.runtime.loggers": ("trainer.logger", "trainer.log_dir"),
+    "rlhf_jax.agents.multi_turn": (_A + "rollout.multi_turn.enable", _A + "rollout.multi_turn.workflow_args",
                                   _A + "rollout.multi_turn.per_turn_rewards"),
     "rlhf_jax.agents.settings": tuple(_A + "rollout.multi_turn." + k for k in (
         "max_assistant_turns", "max_user_turns", "max_tokens_per_turn", "tools", "tool_config_path", "format",
@@ -83,7 +83,7 @@ READERS: dict[str, tuple[str, ...]] = {
     "rlhf_jax.data.sft": ("data.response_key", "data.multiturn.*", "data.max_length"),
     "rlhf_jax.train.sft": ("data.micro_batch_size_per_gpu", "trainer.val_accuracy"),
     "rlhf_jax.train.stages": ("stages",),
-    "rlhf_jax.train.trackers": ("trainer.project_name", "trainer.experiment_name"),
+    "rlhf_jax.runtime.trackers": ("trainer.project_name", "trainer.experiment_name"),
     "rlhf_jax.rollout.params": tuple(_A + "rollout." + k for k in (  # SamplingParams.from_config
         "n", "temperature", "top_k", "top_p", "do_sample", "response_length", "ignore_eos", "min_new_tokens", "seed",
         "max_num_seqs", "val_kwargs.*")),
@@ -102,7 +102,7 @@ READERS: dict[str, tuple[str, ...]] = {
     # the RolloutCorrection dataclass's fields are the section's keys (correction_from_config)
     "rlhf_jax.algos.rollout_correction": ("algorithm.rollout_correction.*",),
     # Accepted only when it names the policy's tokenizer (what responses are decoded with here, as in verl).
-    "rlhf_jax.config.consistency": ("reward_model.model.input_tokenizer",),
+    "rlhf_jax.config.rules": ("reward_model.model.input_tokenizer", "trainer.max_critic_ckpt_to_keep"),
 }
 
 # Keys read under a computed name ({which}_files, ...): the text the module must contain instead of the last name.

@@ -201,37 +201,37 @@ class PromptLoader:
         self._grain_iterator.set_state(state)
 
 
-def _cfg_get(section: Any, key: str, default: Any = None) -> Any:
-    value = section.get(key, default) if hasattr(section, "get") else getattr(section, key, default)
-    return default if value is None else value
+def media_keys(data_cfg: Any) -> tuple[str, ...]:
+    """The columns whose images or videos refuse a row (data.image_key, data.video_key; None = not checked)."""
+    return tuple(k for k in (data_cfg.image_key, data_cfg.video_key) if k)
 
 
 def dataset_from_config(data_cfg: Any, tokenizer: Any, which: str = "train",
                         tools: list[dict] | None = None) -> PromptDataset:
-    """Build the train or val PromptDataset from a `cfg.data` section (verl key names); ``tools`` (function
-    schemas) reach the chat template, which lists them in the prompt (multi-turn tool calling)."""
+    """Build the train or val PromptDataset from the `data` section of a config (the key table's names and
+    defaults); ``tools`` (function schemas) reach the chat template, which lists them in the prompt (multi-turn tool
+    calling)."""
     if which not in ("train", "val"):
         raise ValueError(f"which must be 'train' or 'val', got {which!r}")
-    files = _cfg_get(data_cfg, f"{which}_files")
+    d = data_cfg
+    files = d[f"{which}_files"]
     if not files:
         raise DataError(f"data.{which}_files is not set")
     return build_dataset(
         list(files) if not isinstance(files, str) else files, tokenizer,
-        split=_cfg_get(data_cfg, f"{which}_split", "train" if which == "train" else "test"),
-        prompt_key=_cfg_get(data_cfg, "prompt_key"),  # None: recognised by name
-        ground_truth_key=data_cfg.get("ground_truth_key"),  # None: recognised by name; "": none
-        default_data_source=_cfg_get(data_cfg, "default_data_source"),
-        max_prompt_length=int(_cfg_get(data_cfg, "max_prompt_length", 512)),
-        prompt_template=_cfg_get(data_cfg, "prompt_template", "native"),
-        system_prompt=_cfg_get(data_cfg, "system_prompt") or None,
-        truncation=_cfg_get(data_cfg, "truncation", "error"),
-        filter_overlong_prompts=bool(_cfg_get(data_cfg, "filter_overlong_prompts", False)),
-        max_samples=int(_cfg_get(data_cfg, f"{which}_max_samples", -1)),
-        chat_template_kwargs={**dict(_cfg_get(data_cfg, "apply_chat_template_kwargs", None) or {}),
-                              **({"tools": tools} if tools else {})},
-        media_keys=tuple(k for k in (data_cfg.get("image_key", "images"), data_cfg.get("video_key", "videos")) if k),
-        sample_seed=int(_cfg_get(data_cfg, "seed", 0)) if which == "train" and _cfg_get(data_cfg, "shuffle", True)
-        else None,
+        split=d[f"{which}_split"],
+        prompt_key=d.prompt_key,  # None: recognised by name
+        ground_truth_key=d.ground_truth_key,  # None: recognised by name; "": none
+        default_data_source=d.default_data_source,
+        max_prompt_length=int(d.max_prompt_length),
+        prompt_template=d.prompt_template,
+        system_prompt=d.system_prompt or None,
+        truncation=d.truncation,
+        filter_overlong_prompts=bool(d.filter_overlong_prompts),
+        max_samples=int(d[f"{which}_max_samples"]),
+        chat_template_kwargs={**dict(d.apply_chat_template_kwargs or {}), **({"tools": tools} if tools else {})},
+        media_keys=media_keys(d),
+        sample_seed=int(d.seed) if which == "train" and d.shuffle else None,
     )
 
 
@@ -247,14 +247,13 @@ def loader_from_config(
 ) -> PromptLoader:
     """Train loader (shuffled per data.shuffle, full batches) or val loader (in order, one pass, all rows)."""
     dataset = dataset if dataset is not None else dataset_from_config(data_cfg, tokenizer, which)
+    d = data_cfg
     common = dict(
-        pad_token_id=pad_token_id_of(tokenizer), max_prompt_length=int(_cfg_get(data_cfg, "max_prompt_length", 512)),
-        buckets=_cfg_get(data_cfg, "prompt_length_buckets"), seed=int(_cfg_get(data_cfg, "seed", 0)),
-        process_index=process_index, process_count=process_count,
+        pad_token_id=pad_token_id_of(tokenizer), max_prompt_length=int(d.max_prompt_length),
+        buckets=d.prompt_length_buckets, seed=int(d.seed), process_index=process_index, process_count=process_count,
     )
     if which == "train":
-        batch_size = int(_cfg_get(data_cfg, "train_batch_size", 0))
-        return PromptLoader(dataset, batch_size, shuffle=bool(_cfg_get(data_cfg, "shuffle", True)),
-                            num_epochs=num_epochs, drop_remainder=True, **common)
-    batch_size = int(_cfg_get(data_cfg, "val_batch_size", 0)) or len(dataset)
+        return PromptLoader(dataset, int(d.train_batch_size), shuffle=bool(d.shuffle), num_epochs=num_epochs,
+                            drop_remainder=True, **common)
+    batch_size = int(d.val_batch_size) if d.val_batch_size is not None else len(dataset)  # None = the whole set
     return PromptLoader(dataset, batch_size, shuffle=False, num_epochs=1, drop_remainder=False, **common)

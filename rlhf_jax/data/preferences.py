@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from rlhf_jax.data.loader import PromptDataset, _cfg_get
+from rlhf_jax.data.loader import PromptDataset, media_keys
 from rlhf_jax.data.prompts import chat_messages, tokenize_examples
 from rlhf_jax.data.records import Example, Messages, to_example
 from rlhf_jax.data.sources import DataError, Row, get_path, read_files
@@ -158,25 +158,25 @@ def build_preference_dataset(
 
 
 def preference_dataset_from_config(data_cfg: Any, tokenizer: Any, which: str = "train") -> PreferenceDataset:
-    """The train or val preference pairs of a ``cfg.data`` section."""
-    files = _cfg_get(data_cfg, f"{which}_files")
+    """The train or val preference pairs of the ``data`` section of a config."""
+    d = data_cfg
+    files = d[f"{which}_files"]
     if not files:
         raise DataError(f"data.{which}_files is not set")
     return build_preference_dataset(
         list(files) if not isinstance(files, str) else files, tokenizer,
-        split=_cfg_get(data_cfg, f"{which}_split", "train" if which == "train" else "test"),
-        prompt_key=_cfg_get(data_cfg, "prompt_key"),
-        chosen_key=_cfg_get(data_cfg, "chosen_key", "chosen"),
-        rejected_key=_cfg_get(data_cfg, "rejected_key", "rejected"),
-        max_prompt_length=int(_cfg_get(data_cfg, "max_prompt_length", 512)),
-        max_response_length=int(_cfg_get(data_cfg, "max_response_length", 512)),
-        prompt_template=_cfg_get(data_cfg, "prompt_template", "native"),
-        system_prompt=_cfg_get(data_cfg, "system_prompt") or None,
-        truncation=_cfg_get(data_cfg, "truncation", "error"),
-        filter_overlong_prompts=bool(_cfg_get(data_cfg, "filter_overlong_prompts", False)),
-        max_samples=int(_cfg_get(data_cfg, f"{which}_max_samples", -1)),
-        chat_template_kwargs=dict(_cfg_get(data_cfg, "apply_chat_template_kwargs", None) or {}),
-        media_keys=tuple(k for k in (data_cfg.get("image_key", "images"), data_cfg.get("video_key", "videos")) if k),
-        sample_seed=int(_cfg_get(data_cfg, "seed", 0)) if which == "train" and _cfg_get(data_cfg, "shuffle", True)
-        else None,
+        split=d[f"{which}_split"],
+        prompt_key=d.prompt_key,
+        chosen_key=d.chosen_key,
+        rejected_key=d.rejected_key,
+        max_prompt_length=int(d.max_prompt_length),
+        max_response_length=int(d.max_response_length),
+        prompt_template=d.prompt_template,
+        system_prompt=d.system_prompt or None,
+        truncation=d.truncation,
+        filter_overlong_prompts=bool(d.filter_overlong_prompts),
+        max_samples=int(d[f"{which}_max_samples"]),
+        chat_template_kwargs=dict(d.apply_chat_template_kwargs or {}),
+        media_keys=media_keys(d),
+        sample_seed=int(d.seed) if which == "train" and d.shuffle else None,
     )

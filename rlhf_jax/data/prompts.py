@@ -25,12 +25,13 @@ from typing import Any
 
 import numpy as np
 
+from rlhf_jax.config.names import PROMPT_TRUNCATION
 from rlhf_jax.data.records import Example, Messages
 from rlhf_jax.data.sources import DataError
 
 log = logging.getLogger(__name__)
 
-TRUNCATION_MODES = ("error", "left", "right", "middle")
+TRUNCATION_MODES = PROMPT_TRUNCATION
 
 
 def _messages_text(messages: Messages) -> str:

@@ -34,6 +34,7 @@ import random
 from fractions import Fraction
 from typing import Any
 
+from rlhf_jax.config.names import BUILTIN_DATASETS
 from rlhf_jax.data import word_problems
 from rlhf_jax.rewards.expression import evaluate
 
@@ -246,6 +247,8 @@ def make_guess_number(n: int, seed: int = 0, *, max_value: int = 100, max_steps:
 GENERATORS = {"arithmetic": make_arithmetic, "countdown": make_countdown, "word_problems": make_word_problems,
               "arithmetic_preferences": make_arithmetic_preferences, "guess_number": make_guess_number,
               "calculator_demos": make_calculator_demos}
+if tuple(GENERATORS) != BUILTIN_DATASETS:  # the names the config accepts as builtin:<name>
+    raise RuntimeError(f"rlhf_jax.config.names.BUILTIN_DATASETS {BUILTIN_DATASETS} != the generators {tuple(GENERATORS)}")
 
 
 def generate(task: str, out_dir: str, *, train_size: int, test_size: int, seed: int, **knobs: Any) -> list[str]:

@@ -34,13 +34,14 @@ import logging
 import jax
 import jax.numpy as jnp
 
+from rlhf_jax.config.names import ATTN_IMPLEMENTATIONS
 from rlhf_jax.models import attention_kernels
 from rlhf_jax.models.dots import einsum_f32
 from rlhf_jax.models.blockwise import DEFAULT_BLOCK, blockwise_attention, soft_cap, visible
 
 log = logging.getLogger(__name__)
 
-IMPLEMENTATIONS = ("auto", "dense", "blockwise", "cudnn", "splash")
+IMPLEMENTATIONS = ATTN_IMPLEMENTATIONS  # model.attn_implementation
 
 # Query x key pairs up to which "auto" keeps the dense formula. Measured on a 2-core CPU with
 # SmolLM2 heads (H=9, K=3, D=64): attention alone, batch 1, the two tie at T = 64 and 128 and

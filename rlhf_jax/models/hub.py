@@ -5,14 +5,18 @@ is fetched with ``huggingface_hub.snapshot_download``, limited to what the
 loaders read (config, safetensors weights, tokenizer and chat-template
 files), at a ``revision`` (branch, tag or commit). With ``HF_HUB_OFFLINE=1``
 only the local cache is consulted; online, a failed download falls back to
-the cache. When neither gives a snapshot, one line says what was tried.
+the cache. When neither gives a snapshot, one line says what was tried. :func:`resolve_model_path` turns any model
+path of a config (builtin name, hub id, directory) into a local directory, building builtin models on first use.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import re
+
+from rlhf_jax.config.builtin import (PREFIX, builtin_name, cached_file, hub_cache_dir, is_builtin,  # noqa: F401
+                                     is_repo_id, looks_local)
+from rlhf_jax.config.names import BUILTIN_MODELS
 
 log = logging.getLogger(__name__)
 
@@ -21,8 +25,6 @@ log = logging.getLogger(__name__)
 # chat_template.jinja. No PyTorch .bin / .pt weights, no GGUF, no ONNX.
 ALLOW_PATTERNS = ("*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "*.tiktoken")
 
-# huggingface_hub's repo-id rule: one optional "org/" then a name of letters, digits, '-', '_', '.'.
-_REPO_ID = re.compile(r"^(?:[A-Za-z0-9][A-Za-z0-9._-]*/)?[A-Za-z0-9][A-Za-z0-9._-]*$")
 _TRUE = {"1", "on", "yes", "true"}
 
 
@@ -30,26 +32,12 @@ class HubError(FileNotFoundError):
     """A hub id that could be neither downloaded nor found in the local cache (one-line message)."""
 
 
-def is_repo_id(path: str) -> bool:
-    """True if ``path`` reads as a hub repo id and names no existing local file or directory."""
-    return (isinstance(path, str) and bool(_REPO_ID.match(path)) and ".." not in path
-            and not os.path.exists(os.path.expanduser(path)))
-
-
 def offline() -> bool:
     """HF_HUB_OFFLINE as set now (huggingface_hub reads it once, at import)."""
     return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in _TRUE
 
 
-def cache_dir() -> str:
-    """The hub cache directory as the environment says now (HF_HUB_CACHE, else HF_HOME/hub, else the default)."""
-    if os.environ.get("HF_HUB_CACHE"):
-        return os.path.expanduser(os.environ["HF_HUB_CACHE"])
-    if os.environ.get("HF_HOME"):
-        return os.path.join(os.path.expanduser(os.environ["HF_HOME"]), "hub")
-    from huggingface_hub import constants
-
-    return constants.HF_HUB_CACHE
+cache_dir = hub_cache_dir
 
 
 def _short(error: Exception) -> str:
@@ -57,17 +45,6 @@ def _short(error: Exception) -> str:
     text = str(error).strip().splitlines()
     first = text[0].removeprefix("Got: ") if text else ""
     return f"{type(error).__name__}: {first}" if first else type(error).__name__
-
-
-def cached_file(repo_id: str, filename: str, revision: str | None = None) -> str | None:
-    """Path of ``filename`` in the cached snapshot of ``repo_id`` at ``revision``; None if not cached (no network)."""
-    from huggingface_hub import try_to_load_from_cache
-
-    try:
-        found = try_to_load_from_cache(repo_id, filename, cache_dir=cache_dir(), revision=revision)
-    except Exception:  # an invalid id or revision is reported by resolve(); here it only means "not cached"
-        return None
-    return found if isinstance(found, str) else None
 
 
 def resolve(repo_id: str, revision: str | None = None) -> str:
@@ -101,3 +78,27 @@ def resolve(repo_id: str, revision: str | None = None) -> str:
                        f"`hf download {repo_id}`)")
     raise HubError(f"model {where} is not a local directory; downloading it from the Hugging Face Hub failed "
                    f"({_short(download_error)}) and it is not in the local cache ({cache})")
+
+
+def resolve_model_path(path: str, revision: str | None = None) -> str:
+    """A local directory for ``path``: ``builtin:tiny`` is built on first use; a Hugging Face Hub id
+    (``org/name``, not an existing path) is downloaded at ``revision`` or found in the local HF cache
+    (:func:`resolve`); other paths are expanded.
+
+    A path that is none of these is returned unchanged (the loader reports it).
+    """
+    if is_builtin(path):
+        name = builtin_name(path)
+        if name not in BUILTIN_MODELS:
+            raise ValueError(f"unknown builtin model {path!r}; available: {', '.join(PREFIX + n for n in BUILTIN_MODELS)}")
+        if name == "smollm2":
+            from rlhf_jax.tools import smollm2
+
+            return smollm2.ensure()
+        from rlhf_jax.tools import tiny
+
+        return tiny.ensure()
+    if is_repo_id(path) and not looks_local(path):
+        return resolve(path, revision)
+    expanded = os.path.expanduser(path)
+    return os.path.abspath(expanded) if os.path.isdir(expanded) else path

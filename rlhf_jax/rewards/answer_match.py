@@ -18,9 +18,10 @@ from __future__ import annotations
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
+from rlhf_jax.config.names import ANSWER_MATCH_MODES
 from rlhf_jax.rewards.gsm8k import extract_solution, normalize_number
 
-MODES = ("any", "exact", "numeric", "last_number")
+MODES = ANSWER_MATCH_MODES
 
 
 def _text(value: Any) -> str:

@@ -161,13 +161,9 @@ def normalize_result(result: Any) -> tuple[float, dict[str, float]]:
     return score, extras
 
 
-def spec_from_config(custom_cfg: Any = None, reward_cfg: Any = None) -> ScoreSpec:
-    """ScoreSpec from `cfg.custom_reward_function` (path, name) and `cfg.reward_model` (scorer_kwargs, answer_match)."""
-    path = custom_cfg.get("path") if custom_cfg is not None else None
-    name = (custom_cfg.get("name") if custom_cfg is not None else None) or "compute_score"
-    kwargs = reward_cfg.get("scorer_kwargs") if reward_cfg is not None else None
-    kwargs = {k: dict(v) for k, v in dict(kwargs or {}).items()}
-    mode = reward_cfg.get("answer_match") if reward_cfg is not None else None
-    if mode:
-        kwargs.setdefault("answer_match", {}).setdefault("mode", mode)
-    return ScoreSpec(path=path or None, name=name, scorer_kwargs=kwargs)
+def spec_from_config(custom_cfg: Any, reward_cfg: Any) -> ScoreSpec:
+    """ScoreSpec from a finalized config's `custom_reward_function` (path, name) and `reward_model` (scorer_kwargs,
+    answer_match)."""
+    kwargs = {k: dict(v) for k, v in dict(reward_cfg.scorer_kwargs or {}).items()}  # None = every scorer's defaults
+    kwargs.setdefault("answer_match", {}).setdefault("mode", reward_cfg.answer_match)
+    return ScoreSpec(path=custom_cfg.path or None, name=custom_cfg.name, scorer_kwargs=kwargs)

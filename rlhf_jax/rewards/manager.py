@@ -21,12 +21,12 @@ from typing import Any
 
 import numpy as np
 
+from rlhf_jax.config.names import REWARD_MANAGERS
 from rlhf_jax.rewards.custom import ScoreSpec, check_reward_file, normalize_result, spec_from_config
 from rlhf_jax.rewards.pool import Outcome, ProcessPool, guard_os_exit, run_in_threads
 
 log = logging.getLogger(__name__)
 
-REWARD_MANAGERS = ("naive", "prime", "batch", "dapo")
 
 
 class RewardFunctionError(RuntimeError):
@@ -189,20 +189,18 @@ class RewardManager:
 
     @classmethod
     def from_config(
-        cls, reward_cfg: Any, custom_cfg: Any = None, max_response_length: int | None = None
+        cls, reward_cfg: Any, custom_cfg: Any, max_response_length: int | None = None
     ) -> RewardManager:
-        """From `cfg.reward_model` (reward_manager, num_workers, timeout_s, fail_on_error, scorer_kwargs,
-        overlong_buffer.{enable,len,penalty_factor}) and `cfg.custom_reward_function` (path, name)."""
-        get = reward_cfg.get
-        overlong = get("overlong_buffer") or {}
-        enabled = bool(overlong.get("enable", False))
+        """From a finalized config's `reward_model` (reward_manager, num_workers, timeout_s, fail_on_error,
+        scorer_kwargs, overlong_buffer.{enable,len,penalty_factor}) and `custom_reward_function` (path, name)."""
+        r, overlong = reward_cfg, reward_cfg.overlong_buffer
         return cls(
             spec_from_config(custom_cfg, reward_cfg),
-            reward_manager=get("reward_manager") or "naive",
-            num_workers=int(get("num_workers") or 4),
-            timeout_s=get("timeout_s", 10.0),
-            fail_on_error=bool(get("fail_on_error") or False),
-            overlong_buffer_len=int(overlong.get("len", 0)) if enabled else 0,
-            overlong_penalty_factor=float(overlong.get("penalty_factor", 1.0)),
+            reward_manager=r.reward_manager,
+            num_workers=int(r.num_workers),
+            timeout_s=float(r.timeout_s),
+            fail_on_error=bool(r.fail_on_error),
+            overlong_buffer_len=int(overlong.len) if overlong.enable else 0,
+            overlong_penalty_factor=float(overlong.penalty_factor),
             max_response_length=max_response_length,
         )

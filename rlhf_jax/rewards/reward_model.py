@@ -93,16 +93,16 @@ class RewardModelScorer:
     @classmethod
     def from_config(cls, reward_cfg: Any, mesh: Any = None, dtype: Any = jnp.float32,
                     rules: Any = None) -> RewardModelScorer:
-        """From `cfg.reward_model`: model.path (and revision), micro_batch_size_per_gpu, max_length."""
-        from rlhf_jax.config import resolve_model_path
+        """From a finalized config's `reward_model`: model.path (and revision), micro_batch_size_per_gpu,
+        max_length."""
+        from rlhf_jax.models.hub import resolve_model_path
 
-        path = reward_cfg.model.get("path")
+        path = reward_cfg.model.path
         if not path:
             raise ValueError("reward_model.enable is set but reward_model.model.path is empty")
         return cls.from_pretrained(
-            resolve_model_path(path, reward_cfg.model.get("revision")), mesh=mesh, rules=rules, dtype=dtype,
-            micro_batch_size=int(reward_cfg.get("micro_batch_size_per_gpu") or 8),
-            max_length=reward_cfg.get("max_length"),
+            resolve_model_path(path, reward_cfg.model.revision), mesh=mesh, rules=rules, dtype=dtype,
+            micro_batch_size=int(reward_cfg.micro_batch_size_per_gpu), max_length=reward_cfg.max_length,
         )
 
     def encode(self, prompts: Sequence[str | Messages], responses: Sequence[str]) -> list[list[int]]:

@@ -89,44 +89,27 @@ class SamplingParams:
         rollout: Any,
         *,
         validation: bool = False,
-        response_length: int | None = None,
         eos_token_ids: Iterable[int] = (),
         pad_token_id: int = 0,
-        seed: int | None = None,
     ) -> "SamplingParams":
-        """Build from an ``actor_rollout_ref.rollout`` ConfigDict section.
+        """Build from the ``actor_rollout_ref.rollout`` section of a finalized config (every default filled there).
 
-        ``validation=True`` overrides temperature/top_k/top_p/n/do_sample with
-        ``val_kwargs``. ``response_length`` and ``seed`` are the fallbacks for the
-        keys left as None (``data.max_response_length`` and ``trainer.seed``).
+        ``validation=True`` takes temperature/top_k/top_p/n/do_sample from ``val_kwargs``.
         """
-
-        def get(section: Any, key: str, default: Any) -> Any:
-            value = section.get(key, default) if hasattr(section, "get") else getattr(section, key, default)
-            return default if value is None else value
-
-        length = get(rollout, "response_length", response_length)
-        if length is None:
-            raise ValueError(f"{_ROLLOUT}.response_length is None and no data.max_response_length was given")
-        source = rollout
-        if validation:
-            source = get(rollout, "val_kwargs", None)
-            if source is None:
-                raise ValueError(f"{_ROLLOUT}.val_kwargs is missing; validation sampling needs it")
-        base_seed = get(rollout, "seed", seed if seed is not None else 0)
+        source = rollout.val_kwargs if validation else rollout
         return cls(
-            max_new_tokens=int(length),
-            min_new_tokens=int(get(rollout, "min_new_tokens", 0)),
-            temperature=float(get(source, "temperature", 1.0)),
-            top_k=int(get(source, "top_k", -1)),
-            top_p=float(get(source, "top_p", 1.0)),
-            n=int(get(source, "n", 1)),
-            do_sample=bool(get(source, "do_sample", True)),
-            ignore_eos=bool(get(rollout, "ignore_eos", False)),
-            seed=int(base_seed),
+            max_new_tokens=int(rollout.response_length),
+            min_new_tokens=int(rollout.min_new_tokens),
+            temperature=float(source.temperature),
+            top_k=int(source.top_k),
+            top_p=float(source.top_p),
+            n=int(source.n),
+            do_sample=bool(source.do_sample),
+            ignore_eos=bool(rollout.ignore_eos),
+            seed=int(rollout.seed),
             eos_token_ids=tuple(eos_token_ids),
             pad_token_id=int(pad_token_id),
-            max_num_seqs=get(rollout, "max_num_seqs", None),
+            max_num_seqs=rollout.max_num_seqs,
         )
 
 

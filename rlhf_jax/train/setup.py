@@ -15,13 +15,14 @@ import jax.numpy as jnp
 from ml_collections import ConfigDict
 
 from rlhf_jax import models
-from rlhf_jax.config import finalize, resolve_model_path
+from rlhf_jax.config import finalize, names, with_dataset_size
+from rlhf_jax.models.hub import resolve_model_path
 from rlhf_jax.parallel import make_mesh
 from rlhf_jax.rollout import SamplingParams, eos_token_ids_from_dir
 
 log = logging.getLogger(__name__)
 
-DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+DTYPES = {name: getattr(jnp, name) for name in names.DTYPES}  # the dtype keys' names as jnp types
 
 
 @dataclasses.dataclass
@@ -60,14 +61,14 @@ def load_tokenizer(path: str, chat_template: str | None = None):
 
 
 def tool_schemas(cfg: ConfigDict) -> list[dict] | None:
-    """The function schemas of the multi-turn tools (listed in every prompt by the chat template), or None."""
+    """The function schemas of the multi-turn tools of a finalized config (listed in every prompt by the chat template),
+    or None."""
     mt = cfg.actor_rollout_ref.rollout.multi_turn
     if not mt.enable:
         return None
     from rlhf_jax.agents.settings import turn_settings
 
-    length = cfg.actor_rollout_ref.rollout.response_length or cfg.data.max_response_length  # before finalize
-    return [t.schema() for t in turn_settings(mt, int(length)).tools]
+    return [t.schema() for t in turn_settings(mt, cfg.actor_rollout_ref.rollout.response_length).tools]
 
 
 def prepare(cfg: ConfigDict) -> Components:
@@ -77,15 +78,14 @@ def prepare(cfg: ConfigDict) -> Components:
     cfg = ConfigDict(cfg.to_dict()) if cfg.is_locked else cfg
     cfg.unlock()
     model_path = resolve_model_path(cfg.actor_rollout_ref.model.path, cfg.actor_rollout_ref.model.revision)
-    # Validation that needs no data (keys, choices, batch arithmetic, file paths) first.
-    finalize(cfg, num_devices=jax.device_count(), num_processes=jax.process_count())
+    # Every check that needs no data (keys, rules, batch arithmetic, file paths) first, once.
+    cfg = finalize(cfg, num_devices=jax.device_count(), num_processes=jax.process_count())
     tokenizer_path = resolve_model_path(cfg.data.tokenizer) if cfg.data.tokenizer else model_path
     tokenizer = load_tokenizer(tokenizer_path, cfg.data.chat_template)
     tools = tool_schemas(cfg)
     train_dataset = dataset_from_config(cfg.data, tokenizer, "train", tools)
     val_dataset = dataset_from_config(cfg.data, tokenizer, "val", tools) if cfg.data.val_files else None
-    cfg = finalize(cfg, num_devices=jax.device_count(), num_processes=jax.process_count(),
-                   train_dataset_size=len(train_dataset))
+    cfg = with_dataset_size(cfg, len(train_dataset))
     _note_fallback_scorer(cfg, train_dataset, val_dataset)
     mesh, rules = mesh_and_rules(cfg)
     sampling = sampling_params(cfg, model_path, tokenizer)
@@ -120,9 +120,9 @@ def mesh_and_rules(cfg: ConfigDict) -> tuple[Any, tuple]:
 
 def sampling_params(cfg: ConfigDict, model_path: str, tokenizer, *, validation: bool = False) -> SamplingParams:
     """Training (rollout.*) or validation (rollout.val_kwargs.*) sampling settings of a finalized config."""
-    common = dict(response_length=cfg.data.max_response_length, eos_token_ids=eos_token_ids_from_dir(model_path, tokenizer),
-                  pad_token_id=tokenizer.pad_token_id, seed=cfg.trainer.seed)
-    return SamplingParams.from_config(cfg.actor_rollout_ref.rollout, validation=validation, **common)
+    return SamplingParams.from_config(cfg.actor_rollout_ref.rollout, validation=validation,
+                                      eos_token_ids=eos_token_ids_from_dir(model_path, tokenizer),
+                                      pad_token_id=tokenizer.pad_token_id)
 
 
 def _note_fallback_scorer(cfg: ConfigDict, *datasets) -> None:

@@ -28,7 +28,8 @@ import numpy as np
 from ml_collections import ConfigDict
 
 from rlhf_jax import models
-from rlhf_jax.config import finalize, resolve_model_path
+from rlhf_jax.config import finalize, with_dataset_size
+from rlhf_jax.models.hub import resolve_model_path
 from rlhf_jax.data import dataset_from_config
 from rlhf_jax.data.sft import SFTBatch, max_length_of, sft_dataset_from_config, sft_loader
 from rlhf_jax.models import lora
@@ -88,7 +89,7 @@ def prepare_sft(cfg: ConfigDict) -> SFTComponents:
     cfg = ConfigDict(cfg.to_dict()) if cfg.is_locked else cfg
     cfg.unlock()
     model_path = resolve_model_path(cfg.actor_rollout_ref.model.path, cfg.actor_rollout_ref.model.revision)
-    checked = finalize(cfg, num_devices=jax.device_count(), num_processes=jax.process_count())
+    checked = finalize(cfg, num_devices=jax.device_count(), num_processes=jax.process_count())  # once, before data
     context = int(models.load_hf_config(model_path).get("max_position_embeddings") or 0)
     if context and max_length_of(checked.data) > context:
         raise ValueError(f"data.max_length={max_length_of(checked.data)} exceeds the model's context of {context} "
@@ -98,8 +99,7 @@ def prepare_sft(cfg: ConfigDict) -> SFTComponents:
     tools = tool_schemas(checked)  # the multi-turn rollout's tools, rendered into SFT conversations alike
     train = sft_dataset_from_config(checked.data, tokenizer, "train", tools)
     val = sft_dataset_from_config(checked.data, tokenizer, "val", tools) if checked.data.val_files else None
-    cfg = finalize(cfg, num_devices=jax.device_count(), num_processes=jax.process_count(),
-                   train_dataset_size=len(train))
+    cfg = with_dataset_size(checked, len(train))
     val_prompts = _wants_accuracy(cfg, tokenizer)
     mesh, rules = mesh_and_rules(cfg)
     if cfg.mesh.rollout_devices:

@@ -136,20 +136,20 @@ def advantage_stage(token_scores, response_mask, group_ids, old_log_probs, ref_l
 
 @dataclasses.dataclass(frozen=True)
 class ActorLossSpec:
-    """Static settings of the actor loss (hashable: part of the jit cache key)."""
+    """Static settings of the actor loss (hashable: part of the jit cache key), from a finalized config."""
 
-    loss_mode: str = "vanilla"
-    loss_agg_mode: str = "token-mean"
-    clip_ratio_low: float = 0.2
-    clip_ratio_high: float = 0.2
-    clip_ratio_c: float = 3.0
-    entropy_coeff: float = 0.0
-    use_kl_loss: bool = False
-    kl_loss_coef: float = 0.001
-    kl_loss_type: str = "low_var_kl"
-    temperature: float = 1.0
-    use_old_log_probs: bool = True  # False: one mini-batch x one epoch, old = current (ratio 1)
-    norm_constant: float | None = None
+    loss_mode: str
+    loss_agg_mode: str
+    clip_ratio_low: float
+    clip_ratio_high: float
+    clip_ratio_c: float
+    entropy_coeff: float
+    use_kl_loss: bool
+    kl_loss_coef: float
+    kl_loss_type: str
+    temperature: float
+    use_old_log_probs: bool  # False: one mini-batch x one epoch, old = current (ratio 1)
+    norm_constant: float | None
     options: tuple[tuple[str, Any], ...] = ()  # extra policy-loss options, e.g. (("clip_cov_ratio", 2e-4),)
     # Mixture-of-Experts actor: weight of the router load-balancing loss (0: router metrics only); None: dense actor.
     router_aux_loss_coef: float | None = None
@@ -161,9 +161,11 @@ class ActorLossSpec:
 
 @dataclasses.dataclass(frozen=True)
 class CriticLossSpec:
-    cliprange_value: float = 0.5
-    loss_agg_mode: str = "token-mean"
-    norm_constant: float | None = None
+    """Static settings of the value loss, from a finalized config."""
+
+    cliprange_value: float
+    loss_agg_mode: str
+    norm_constant: float | None
 
 
 # Metrics that are losses already divided by the mini-batch denominator (or weighted by the micro-batch's

@@ -1,7 +1,8 @@
 """Which trainer runs a config: ``algorithm.type`` names it.
 
 ``rl`` is the online RL loop (its estimator is ``algorithm.adv_estimator``);
-other training kinds register their trainer class here by dotted path, so
+other training kinds register their trainer class here by dotted path (and their name in
+``rlhf_jax.config.names.TRAINER_TYPES``), so
 importing this module stays cheap and a stage list can name any of them. A config
 with ``stages`` runs them in order (train/stages.py).
 Every trainer offers the same three calls to ``main``: ``plan_memory()``,
@@ -12,17 +13,15 @@ from __future__ import annotations
 
 import importlib
 
+from rlhf_jax.config.names import TRAINER_TYPES, check_type
+
 TRAINERS: dict[str, str] = {
     "rl": "rlhf_jax.train.trainer:Trainer",
     "dpo": "rlhf_jax.train.dpo:DPOTrainer",
     "sft": "rlhf_jax.train.sft:SFTTrainer",
 }
-
-
-def check_type(name: str, key: str = "algorithm.type") -> None:
-    """Raise ValueError naming ``key`` when ``name`` is no registered trainer."""
-    if name not in TRAINERS:
-        raise ValueError(f"{key}={name!r} is not valid: choose one of {', '.join(sorted(TRAINERS))}")
+if tuple(TRAINERS) != TRAINER_TYPES:  # the names algorithm.type accepts
+    raise RuntimeError(f"rlhf_jax.config.names.TRAINER_TYPES {TRAINER_TYPES} != the trainers {tuple(TRAINERS)}")
 
 
 def trainer_for(cfg) -> type:

@@ -32,7 +32,7 @@ from ml_collections import ConfigDict
 
 from rlhf_jax import algos
 from rlhf_jax.algos.rollout_correction import correction_from_config, rollout_correction
-from rlhf_jax.config import resolve_model_path
+from rlhf_jax.models.hub import resolve_model_path
 from rlhf_jax.data import PromptBatch, loader_from_config
 
 from rlhf_jax.models import TASK_TOKEN_VALUE
@@ -89,8 +89,7 @@ def actor_loss_spec(cfg: ConfigDict, recompute_old: bool, temperature: float, mo
     return ActorLossSpec(
         router_aux_loss_coef=router_aux_loss_coef(cfg, model_cfg),
         loss_mode=pl.loss_mode, loss_agg_mode=a.loss_agg_mode,
-        clip_ratio_low=a.clip_ratio_low if a.clip_ratio_low is not None else a.clip_ratio,
-        clip_ratio_high=a.clip_ratio_high if a.clip_ratio_high is not None else a.clip_ratio,
+        clip_ratio_low=a.clip_ratio_low, clip_ratio_high=a.clip_ratio_high,
         clip_ratio_c=a.clip_ratio_c, entropy_coeff=a.entropy_coeff, use_kl_loss=a.use_kl_loss,
         kl_loss_coef=a.kl_loss_coef, kl_loss_type=a.kl_loss_type, temperature=temperature,
         use_old_log_probs=recompute_old, norm_constant=a.loss_scale_factor,

@@ -17,6 +17,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding
 
+from rlhf_jax import algos
 from rlhf_jax.data import PromptBatch
 from rlhf_jax.models import lora
 from rlhf_jax.parallel import batch_sharding
@@ -181,7 +182,7 @@ class RolloutMixin:
             out, scores = self._rollout(pb, timer, out_metrics, self._rollout_key(self.c.sampling.seed, step), step,
                                         abandonable=abandonable, weights=weights, version=version)
         baselines = None
-        if self.cfg.algorithm.adv_estimator == "remax":
+        if algos.estimator_info(self.cfg.algorithm.adv_estimator).needs_greedy_baseline:
             with timer("gen_max"):  # verl's name for ReMax's greedy baseline rollout
                 baselines = self._greedy_baselines(pb, self.c.sampling.n, step, weights)
         with timer("reward"):

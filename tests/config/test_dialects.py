@@ -9,6 +9,7 @@ import os
 
 import pytest
 
+from rlhf_jax.agents.settings import turn_settings
 from rlhf_jax.config import finalize
 from rlhf_jax.config.__main__ import convert
 from rlhf_jax.config.yaml_import import load_yaml
@@ -189,7 +190,7 @@ def test_trinity_workflow_type_and_args_name_one_of_our_workflows():
     single = load_yaml(head + "  explorer_input:\n    default_workflow_type: math_workflow\n")
     assert not single.actor_rollout_ref.rollout.multi_turn.enable
     with pytest.raises(ValueError, match=r"multi_turn\.workflow='my_agent' is not a registered workflow"):
-        finalize(load_yaml(head + taskset), num_devices=8, check_paths=False)
+        turn_settings(mt, response_length=16)  # what preparing the run looks up, before any model loads
     with pytest.raises(ValueError, match=r"default_eval_workflow_type.*validation runs the training workflow"):
         load_yaml(head + taskset + "    default_eval_workflow_type: math_workflow\n")
 

@@ -3,11 +3,11 @@
 import json
 
 import grain
-import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
+from rlhf_jax.config import base_config
 from rlhf_jax.data.loader import PromptLoader, build_dataset, loader_from_config
 from rlhf_jax.data.sources import DataError
 
@@ -125,19 +125,26 @@ def test_process_shards_are_disjoint_and_cover(dataset, procs):
     assert len(set(epoch0)) == 20  # 2 global batches of 10 per epoch from 23 rows
 
 
+def _data(**keys):
+    """A ``data`` section with the key table's defaults and ``keys`` set."""
+    section = base_config().data
+    section.update(keys)
+    return section
+
+
 def test_validation_loader_from_config(tok, tmp_path):
     path = tmp_path / "qa.json"
     path.write_text(json.dumps({
         "train": [{"Question": f"q{i}", "Answer": str(i)} for i in range(12)],
         "test": [{"Question": f"t{i}", "Answer": str(i)} for i in range(7)],
     }))
-    cfg = ml_collections.ConfigDict(dict(
-        train_files=[str(path)], val_files=str(path), train_split="train", val_split="test",
+    cfg = _data(
+        train_files=(str(path),), val_files=(str(path),), train_split="train", val_split="test",
         prompt_key="Question", ground_truth_key="Answer", default_data_source="qa",
         prompt_template="native", system_prompt=None, max_prompt_length=48, truncation="error",
         filter_overlong_prompts=False, prompt_length_buckets=None, train_batch_size=4, val_batch_size=None,
         shuffle=True, seed=1,
-    ))
+    )
     train = loader_from_config(cfg, tok, "train", num_epochs=2, process_index=0, process_count=1)
     # Prompts of ~30 tokens land in the 32 bucket of the default (16, 32, 48).
     assert len(train) == 6 and all(b.input_ids.shape[0] == 4 and b.input_ids.shape[1] in (32, 48) for b in train)
@@ -165,7 +172,7 @@ def test_max_samples_keeps_a_seeded_subset_or_the_first_rows(tok, tmp_path):
     base = dict(train_files=(str(path),), val_files=(str(path),), max_prompt_length=64, seed=3)
 
     def indices(which, **kw):
-        ds = dataset_from_config(ml_collections.ConfigDict({**base, **kw}), tok, which)
+        ds = dataset_from_config(_data(**{**base, **kw}), tok, which)
         return [int(e.ground_truth) for e in ds.examples]
 
     assert indices("val", val_max_samples=5) == [0, 1, 2, 3, 4]
@@ -185,7 +192,7 @@ def test_rows_with_images_or_videos_are_refused_by_their_columns(tok, tmp_path):
     rows[2]["pics"] = ["cat.png"]
     path.write_text("\n".join(json.dumps(r) for r in rows))
     base = dict(val_files=(str(path),), max_prompt_length=64)
-    assert len(dataset_from_config(ml_collections.ConfigDict(base), tok, "val").examples) == 4  # empty images
+    assert len(dataset_from_config(_data(**base), tok, "val").examples) == 4  # empty images
     with pytest.raises(DataError, match=r"mm\.jsonl.*row 2.*column 'pics' holds images/videos"):
-        dataset_from_config(ml_collections.ConfigDict({**base, "image_key": "pics"}), tok, "val")
-    assert len(dataset_from_config(ml_collections.ConfigDict({**base, "image_key": None}), tok, "val").examples) == 4
+        dataset_from_config(_data(**base, image_key="pics"), tok, "val")
+    assert len(dataset_from_config(_data(**base, image_key=None), tok, "val").examples) == 4

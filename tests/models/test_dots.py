@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rlhf_jax.config import resolve_model_path
+from rlhf_jax.models.hub import resolve_model_path
 from rlhf_jax.models import from_pretrained
 from rlhf_jax.models.dots import einsum_f32
 from rlhf_jax.rollout import generate

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from rlhf_jax.config import resolve_model_path
+from rlhf_jax.models.hub import resolve_model_path
 from rlhf_jax.config.builtin import model_hf_config
 from rlhf_jax.models import hub
 from tests.train.helpers import cli_args, run_main

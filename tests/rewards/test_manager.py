@@ -4,10 +4,10 @@ import os
 import textwrap
 import time
 
-import ml_collections
 import numpy as np
 import pytest
 
+from rlhf_jax.config import base_config
 from rlhf_jax.rewards import RewardFunctionError, RewardLoadError, RewardManager, ScoreSpec, load_function_from_file
 
 CUSTOM = textwrap.dedent(
@@ -101,20 +101,20 @@ def test_fail_on_error(reward_file, kind):
 
 
 def test_builtin_scorers_through_prime_and_config(reward_file):
-    cfg = ml_collections.ConfigDict(dict(
-        reward_manager="prime", num_workers=2, timeout_s=5.0, fail_on_error=False,
-        scorer_kwargs={"arithmetic": {"format_score": 0.2}},
-        overlong_buffer=dict(enable=True, len=4, penalty_factor=1.0),
-    ))
-    with RewardManager.from_config(cfg, ml_collections.ConfigDict(dict(path=None, name="compute_score")),
-                                   max_response_length=16) as mgr:
+    cfg = base_config()  # the key table's defaults, with what this test varies
+    r = cfg.reward_model
+    r.reward_manager, r.num_workers, r.timeout_s = "prime", 2, 5.0
+    r.scorer_kwargs = {"arithmetic": {"format_score": 0.2}}
+    r.overlong_buffer.enable, r.overlong_buffer.len, r.overlong_buffer.penalty_factor = True, 4, 1.0
+    with RewardManager.from_config(r, cfg.custom_reward_function, max_response_length=16) as mgr:
         result = mgr.score(["arithmetic", "openai/gsm8k", "arithmetic"], ["7", "#### 3", "8"], ["7", "3", "7"],
                            None, response_lengths=[4, 14, 16])
     # scores 1.0, 1.0, 0.2 plus DAPO penalty min(-(L - 12)/4, 0): 0, -0.5, -1
     np.testing.assert_allclose(result.scores, [1.0, 0.5, -0.8], rtol=0, atol=1e-6)
     np.testing.assert_allclose(result.overlong_penalty, [0.0, -0.5, -1.0], atol=1e-7)
-    other = RewardManager.from_config(ml_collections.ConfigDict(dict(reward_manager="naive")),
-                                      ml_collections.ConfigDict(dict(path=reward_file, name="other")))
+    cfg = base_config()
+    cfg.custom_reward_function.path, cfg.custom_reward_function.name = reward_file, "other"
+    other = RewardManager.from_config(cfg.reward_model, cfg.custom_reward_function)
     assert other.score(["x"], ["y"], ["z"]).scores.tolist() == [7.0]
 
 

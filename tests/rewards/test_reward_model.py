@@ -2,11 +2,11 @@
 
 import string
 
-import ml_collections
 import numpy as np
 import pytest
 import torch
 
+from rlhf_jax.config import base_config
 from rlhf_jax.rewards.reward_model import RewardModelScorer, decode_responses
 
 TOL = 1e-4
@@ -92,7 +92,8 @@ def test_score_texts_with_rm_template_and_policy_decode(rm, smollm2_dir):
 
 def test_max_length_keeps_the_end_and_from_config(rm):
     path, torch_model, rm_tok = rm
-    cfg = ml_collections.ConfigDict(dict(model=dict(path=path), micro_batch_size_per_gpu=4, max_length=24))
+    cfg = base_config().reward_model  # the key table's defaults, with what this test varies
+    cfg.model.path, cfg.micro_batch_size_per_gpu, cfg.max_length = path, 4, 24
     scorer = RewardModelScorer.from_config(cfg)
     prompt, response = "x" * 40, "the end"
     ids = scorer.encode([prompt], [response])[0]

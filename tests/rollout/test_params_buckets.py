@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from rlhf_jax.config import base_config
+from rlhf_jax.config import base_config, finalize
 from rlhf_jax.rollout import SamplingParams, bucket_batch, bucket_length, eos_token_ids_from_dir, left_pad
 
 
@@ -29,12 +29,12 @@ def test_from_config_reads_train_and_validation_settings():
     assert SamplingParams.from_config(r, validation=True).max_num_seqs == 32
 
 
-def test_from_config_fallbacks_and_errors():
-    r = base_config().actor_rollout_ref.rollout  # response_length and seed default to None
-    with pytest.raises(ValueError, match="response_length"):
-        SamplingParams.from_config(r)
-    p = SamplingParams.from_config(r, response_length=16, seed=3)
-    assert p.max_new_tokens == 16 and p.seed == 3
+def test_from_config_reads_the_defaults_finalize_filled_and_errors():
+    cfg = base_config()
+    cfg.data.max_response_length, cfg.trainer.seed = 24, 3  # rollout.response_length and seed default to these
+    r = finalize(cfg, num_devices=1, check_paths=False).actor_rollout_ref.rollout
+    p = SamplingParams.from_config(r)
+    assert p.max_new_tokens == 24 and p.seed == 3
     for bad in (dict(top_p=0.0), dict(temperature=-1.0), dict(top_k=-2), dict(n=0), dict(max_new_tokens=0),
                 dict(max_num_seqs=0)):
         with pytest.raises(ValueError, match="actor_rollout_ref.rollout"):

@@ -115,3 +115,19 @@ def tiny_hf_checkpoint(config_cls: str, model_cls: str, out: str, **config_kwarg
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"):
         shutil.copy(os.path.join(source, name), out)
     return out
+
+
+def loss_specs(**actor_changes):
+    """(ActorLossSpec, CriticLossSpec) of the default config (the key table's defaults), the actor's with
+    ``actor_changes``: tests state what they vary and take every other setting from the one source of defaults."""
+    import dataclasses
+
+    from rlhf_jax.config import base_config, finalize
+    from rlhf_jax.train.steps import CriticLossSpec
+    from rlhf_jax.train.trainer import actor_loss_spec
+
+    cfg = finalize(base_config(), num_devices=1, check_paths=False)
+    actor = actor_loss_spec(cfg, recompute_old=True, temperature=cfg.actor_rollout_ref.rollout.temperature)
+    critic = CriticLossSpec(cfg.critic.cliprange_value, cfg.critic.loss_agg_mode,
+                            cfg.actor_rollout_ref.actor.loss_scale_factor)
+    return dataclasses.replace(actor, **actor_changes), critic

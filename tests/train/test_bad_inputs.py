@@ -189,7 +189,7 @@ def test_broken_reward_file_stops_before_training(tmp_path, finished_run, case):
 
 # ---------------------------------------------------------------------------------------------- bad config
 def _model_without_weights(tmp_path) -> str:
-    from rlhf_jax.config import resolve_model_path
+    from rlhf_jax.models.hub import resolve_model_path
 
     out = tmp_path / "no_weights"
     shutil.copytree(resolve_model_path("builtin:tiny"), out)
@@ -200,7 +200,7 @@ def _model_without_weights(tmp_path) -> str:
 
 
 def _model_without_chat_template(tmp_path) -> str:
-    from rlhf_jax.config import resolve_model_path
+    from rlhf_jax.models.hub import resolve_model_path
 
     out = tmp_path / "no_template"
     shutil.copytree(resolve_model_path("builtin:tiny"), out)

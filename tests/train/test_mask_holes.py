@@ -17,7 +17,9 @@ from rlhf_jax import algos
 from rlhf_jax.rewards.shaping import place_on_last_token
 from rlhf_jax.rollout.decode import RolloutBatch
 from rlhf_jax.parallel.hosts import to_global
-from rlhf_jax.train.steps import ActorLossSpec, actor_denominators, actor_loss
+from rlhf_jax.train.steps import actor_denominators, actor_loss
+
+from tests.train.helpers import loss_specs
 
 from .test_packing import DP, N, R, _micros, _role, assert_grads_close, ragged_batch
 
@@ -55,8 +57,8 @@ def test_tool_positions_get_zero_gradient_and_denominators_count_trained_tokens(
            + rng.normal(scale=0.3, size=(B, T)))
     ref = old + rng.normal(scale=0.3, size=(B, T))
     adv = rng.normal(size=(B, T))
-    spec = ActorLossSpec(loss_agg_mode=agg, entropy_coeff=0.05, use_kl_loss=True, kl_loss_coef=0.2,
-                         clip_ratio_low=0.1, clip_ratio_high=0.1)
+    spec = loss_specs(loss_agg_mode=agg, entropy_coeff=0.05, use_kl_loss=True, kl_loss_coef=0.2,
+                      clip_ratio_low=0.1, clip_ratio_high=0.1)[0]
     m = {"old_log_probs": jnp.asarray(old, jnp.float32), "ref_log_probs": jnp.asarray(ref, jnp.float32),
          "advantages": jnp.asarray(adv * trained, jnp.float32)}
     mask = jnp.asarray(trained)
@@ -165,8 +167,8 @@ def test_old_log_probs_on_sequences_with_holes_packed_equal_padded(setup):
 def test_actor_update_with_holes_packed_equals_padded(setup):
     path, mesh, host = setup
     g = lambda x: to_global(mesh, x)  # noqa: E731
-    spec = ActorLossSpec(loss_agg_mode="token-mean", use_kl_loss=True, kl_loss_coef=0.04, entropy_coeff=0.01,
-                         temperature=0.7, clip_ratio_low=0.05, clip_ratio_high=0.05)
+    spec = loss_specs(loss_agg_mode="token-mean", use_kl_loss=True, kl_loss_coef=0.04, entropy_coeff=0.01,
+                      temperature=0.7, clip_ratio_low=0.05, clip_ratio_high=0.05)[0]
     key = jax.random.key(3)
     results = []
     for packed in (False, True):

@@ -10,6 +10,7 @@ import pytest
 from rlhf_jax.agents import Tool, register_tool
 from rlhf_jax.agents.tool_calls import ParsedCalls, ToolCall, register_parser
 from rlhf_jax.config import finalize
+from rlhf_jax.train.setup import tool_schemas
 from rlhf_jax.train.trainer import Trainer
 from tests.train.helpers import cli_args, make_config, read_metrics, run_main
 
@@ -133,10 +134,11 @@ def test_grpo_trains_a_workflow_agent_written_against_the_openai_client(tmp_path
     ({MT + "format": "xml"}, "multi_turn.format='xml' is not a registered tool-call parser"),
     ({"algorithm.filter_groups.enable": True}, "multi_turn.enable=True with algorithm.filter_groups"),
 ])
-def test_bad_multi_turn_settings_stop_finalize_by_name(tmp_path, overrides, message):
+def test_bad_multi_turn_settings_stop_before_any_model_by_name(tmp_path, overrides, message):
+    """finalize checks the values; the names a user's file may register are looked up when the run is prepared."""
     cfg = make_config(str(tmp_path), "grpo", **{**TURNS, **overrides})
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        finalize(cfg, num_devices=8)
+        tool_schemas(finalize(cfg, num_devices=8))
 
 
 def test_tool_config_file_naming_a_missing_tool_is_one_line_from_the_cli(tmp_path):

@@ -8,13 +8,21 @@ import optax
 import pytest
 import torch
 
+from rlhf_jax.config import base_config
 from rlhf_jax.train.optim import make_optimizer
 
 STEPS, LR, WD, BETAS, EPS = 3, 1e-2, 0.1, (0.9, 0.95), 1e-8
 
 
+def _optim(**keys):
+    """An ``optim`` section with the key table's defaults and ``keys`` set."""
+    section = base_config().actor_rollout_ref.actor.optim
+    section.update(keys)
+    return section
+
+
 def _ours(name, p0, grads):
-    cfg = dict(optimizer=name, lr=LR, weight_decay=WD, betas=BETAS, eps=EPS, lr_warmup_steps=0)
+    cfg = _optim(optimizer=name, lr=LR, weight_decay=WD, betas=BETAS, eps=EPS, lr_warmup_steps=0)
     tx, _ = make_optimizer(cfg, grad_clip=0.0, total_steps=STEPS, updates_per_step=1)
     params, state = jnp.asarray(p0), None
     state = tx.init(params)
@@ -75,7 +83,7 @@ def _adafactor_pair(shapes, settings, seed, steps=4):
     p0 = [rng.standard_normal(s).astype(np.float32) for s in shapes]
     grads = [[(rng.standard_normal(s) * 10.0 ** rng.uniform(-3, 0)).astype(np.float32) for s in shapes]
              for _ in range(steps)]
-    cfg = dict(optimizer="Adafactor", lr=LR, weight_decay=WD, lr_warmup_steps=0, override_optimizer_config=settings)
+    cfg = _optim(optimizer="Adafactor", lr=LR, weight_decay=WD, lr_warmup_steps=0, override_optimizer_config=settings)
     tx, _ = make_optimizer(cfg, grad_clip=0.0, total_steps=steps, updates_per_step=1)
     params = [jnp.asarray(p) for p in p0]
     state = tx.init(params)
@@ -145,7 +153,7 @@ def test_adafactor_state_on_a_sharded_model_gives_the_unsharded_update(tmp_path)
     build_hf_checkpoint("llama", str(tmp_path / "llama"))
     mesh = make_mesh(2, 2, 2)
     model = models.from_pretrained(str(tmp_path / "llama"), mesh=mesh, dtype=jnp.float32, param_dtype=jnp.float32)
-    cfg = dict(optimizer="Adafactor", lr=LR, weight_decay=WD, lr_warmup_steps=0,
+    cfg = _optim(optimizer="Adafactor", lr=LR, weight_decay=WD, lr_warmup_steps=0,
                override_optimizer_config={"beta1": 0.9})
     tx, lr_fn = make_optimizer(cfg, grad_clip=1.0, total_steps=2, updates_per_step=1)
     role = Role(model, mesh, tx, lr_fn)

@@ -22,7 +22,8 @@ from rlhf_jax.batch.packing import BRANCH_BITS, MAX_BRANCHES, logit_list_size
 from rlhf_jax.parallel import make_mesh
 from rlhf_jax.parallel.hosts import to_global
 from rlhf_jax.train.engine import Role
-from rlhf_jax.train.steps import ActorLossSpec, CriticLossSpec
+from rlhf_jax.train.steps import ActorLossSpec
+from tests.train.helpers import loss_specs
 
 N, P, R, DP = 16, 12, 10, 4
 
@@ -192,9 +193,9 @@ def _grad_step(role, spec, mesh, host, packed: bool, key):
 @pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
 def test_packed_actor_loss_and_gradients_equal_padded(setup, agg):
     path, mesh, host = setup
-    spec = ActorLossSpec(loss_agg_mode=agg, use_kl_loss=True, kl_loss_coef=0.04, kl_loss_type="low_var_kl",
-                         entropy_coeff=0.01, temperature=0.7, norm_constant=float(R), clip_ratio_low=0.05,
-                         clip_ratio_high=0.05)
+    spec = loss_specs(loss_agg_mode=agg, use_kl_loss=True, kl_loss_coef=0.04, kl_loss_type="low_var_kl",
+                      entropy_coeff=0.01, temperature=0.7, norm_constant=float(R), clip_ratio_low=0.05,
+                         clip_ratio_high=0.05)[0]
     key = jax.random.key(3)
     m_pad, g_pad = _grad_step(_role(path, mesh), spec, mesh, host, False, key)
     role = _role(path, mesh)
@@ -207,7 +208,7 @@ def test_packed_actor_loss_and_gradients_equal_padded(setup, agg):
 
 def test_packed_critic_loss_and_gradients_equal_padded(setup):
     path, mesh, host = setup
-    spec = CriticLossSpec(cliprange_value=0.05, loss_agg_mode="token-mean")
+    spec = dataclasses.replace(loss_specs()[1], cliprange_value=0.05, loss_agg_mode="token-mean")
     m_pad, g_pad = _grad_step(_role(path, mesh, task=models.TASK_TOKEN_VALUE), spec, mesh, host, False, None)
     role = _role(path, mesh, task=models.TASK_TOKEN_VALUE)
     m_packed, g_packed = _grad_step(role, spec, mesh, host, True, None)
@@ -219,7 +220,7 @@ def test_packed_critic_loss_and_gradients_equal_padded(setup):
 def test_gspo_sequence_ratio_packed_equals_padded(setup):
     """A sequence-level policy loss (GSPO's per-sequence ratio) sees whole sequences in the grid."""
     path, mesh, host = setup
-    spec = dataclasses.replace(ActorLossSpec(loss_mode="gspo", loss_agg_mode="seq-mean-token-mean", temperature=1.0))
+    spec = loss_specs(loss_mode="gspo", loss_agg_mode="seq-mean-token-mean", temperature=1.0)[0]
     key = jax.random.key(4)
     m_pad, g_pad = _grad_step(_role(path, mesh), spec, mesh, host, False, key)
     role = _role(path, mesh)
@@ -232,7 +233,7 @@ def test_bfloat16_compute_with_float32_master_weights_matches_float32(setup):
     """compute_dtype=bfloat16 keeps float32 parameters (so float32 optimizer state and updates); the loss and the
     gradient agree with float32 compute within bfloat16 precision (8-bit mantissa, 2 layers)."""
     path, mesh, host = setup
-    spec = ActorLossSpec(use_kl_loss=True, kl_loss_coef=0.04, temperature=1.0)
+    spec = loss_specs(use_kl_loss=True, kl_loss_coef=0.04, temperature=1.0)[0]
     key = jax.random.key(5)
     m32, g32 = _grad_step(_role(path, mesh), spec, mesh, host, True, key)
     role16 = _role(path, mesh, dtype=jnp.bfloat16)

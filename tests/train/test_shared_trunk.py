@@ -16,7 +16,7 @@ from rlhf_jax.train import steps
 from rlhf_jax.train.setup import prepare
 from rlhf_jax.train.trainer import Trainer
 from tests.conftest import left_padded_batch
-from tests.train.helpers import make_config, read_metrics
+from tests.train.helpers import loss_specs, make_config, read_metrics
 
 
 def _shared_and_separate(path):
@@ -65,8 +65,8 @@ def test_the_joint_loss_is_the_sum_of_both_losses_from_one_forward_pass(hf_check
              "old_log_probs": rng.normal(-2, 0.3, (N, R)), "advantages": rng.normal(0, 1, (N, R)),
              "values": rng.normal(0, 0.5, (N, R)), "returns": rng.normal(0, 1, (N, R))}
     batch = {k: jnp.asarray(v, jnp.float32 if v.dtype == np.float64 else jnp.int32) for k, v in batch.items()}
-    critic_spec = steps.CriticLossSpec(cliprange_value=0.2)
-    spec = steps.ActorLossSpec(value=critic_spec, vf_coef=0.3)
+    critic_spec = dataclasses.replace(loss_specs()[1], cliprange_value=0.2)
+    spec = loss_specs(value=critic_spec, vf_coef=0.3)[0]
     graphdef, params = nnx.split(shared)
 
     calls = []

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from rlhf_jax.config.dialects.rules import Rule, get
-from rlhf_jax.train.optim import optimizer_settings
+from rlhf_jax.config.optimizers import optimizer_settings
 
 MARKERS = ("tokenizer", "train")
 MODELS = ("actor", "critic", "ref_model", "reward_model")

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from rlhf_jax.config.dialects.rules import Rule, get
+from rlhf_jax.config.dialects.rules import needs_critic as _needs_critic
 
 MARKERS = ("actor_train", "actor_infer", "rollout_batch_size", "num_return_sequences_in_group", "pretrain")
 
@@ -330,5 +331,5 @@ def finish(full: dict, values: dict[str, Any]) -> None:
     """Checks between keys once every rule has run."""
     if not get(full, "response_length") and not get(full, "sequence_length"):
         raise ValueError("ROLL needs response_length or sequence_length")
-    if "critic.model.path" in values and values["algorithm.adv_estimator"] != "gae":
+    if "critic.model.path" in values and not _needs_critic(values["algorithm.adv_estimator"]):
         values.pop("critic.model.path")  # ROLL loads the critic only for GAE

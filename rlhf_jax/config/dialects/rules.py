@@ -7,6 +7,7 @@ import fnmatch
 from collections.abc import Callable
 from typing import Any
 
+from rlhf_jax import algos
 from rlhf_jax.config.interpolation import InterpolationError, has_reference, resolve
 
 
@@ -142,3 +143,8 @@ def translate(mapping: dict, rules: tuple[Rule, ...], defaults: dict[str, Any], 
     if finish is not None:
         finish(full, values)
     return values, ignored
+
+
+def needs_critic(estimator: Any) -> bool:
+    """Whether our estimator ``estimator`` trains a value model (False for a name no estimator has)."""
+    return estimator in algos.ADV_ESTIMATORS and algos.estimator_info(estimator).needs_critic

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from rlhf_jax.config.dialects.rules import Rule, get
+from rlhf_jax.config.dialects.rules import needs_critic as _needs_critic
 
 MARKERS = ("buffer", "explorer", "synchronizer", "mode", "checkpoint_root_dir")
 
@@ -331,5 +332,5 @@ DEFAULTS: dict[str, Any] = {
 
 def finish(full: dict, values: dict[str, Any]) -> None:
     """Checks between keys once every rule has run."""
-    if values.get("algorithm.adv_estimator") != "gae":
-        values.pop("critic.model.path", None)  # the critic exists only for GAE
+    if not _needs_critic(values.get("algorithm.adv_estimator")):
+        values.pop("critic.model.path", None)  # the critic exists only for an estimator that reads values

@@ -1,0 +1,148 @@
+"""Rules about the run rather than the algorithm: processes, the files the config names, the experience schedule, the
+shared trunk and the multi-turn loop. Same form as :mod:`rlhf_jax.config.rules` (each named, each one line naming the
+key); they run after those.
+
+What needs the registries of the multi-turn loop (tools, tool-call parsers, environments, workflows: names a user's
+file may register) is checked by ``rlhf_jax.agents.settings.turn_settings`` when the run is prepared, before any
+data or model is read.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ml_collections import ConfigDict
+
+from rlhf_jax import algos
+from rlhf_jax.config import builtin, schema
+from rlhf_jax.config.names import BUILTIN_DATASETS, BUILTIN_MODELS
+from rlhf_jax.config.rule import Context, rule
+
+_MT = "actor_rollout_ref.rollout.multi_turn."
+
+
+@rule("experience.buffer_size", "experience.overlap", "experience.max_staleness", "mesh.rollout_devices",
+      "algorithm.filter_groups.enable")
+def experience_schedule(cfg: ConfigDict, ctx: Context) -> None:
+    """The experience schedule (buffer, overlap) has devices to overlap on and stays within the staleness bound."""
+    e = cfg.experience
+    if e.overlap and cfg.mesh.rollout_devices == 0:
+        raise ValueError("experience.overlap=True samples while the training devices update, so the rollout needs "
+                         "devices of its own: set mesh.rollout_devices (e.g. half of the devices)")
+    lag = 2 * e.buffer_size - 1 if e.overlap else e.buffer_size - 1
+    if e.max_staleness is not None and lag > e.max_staleness:
+        raise ValueError(f"experience.max_staleness={e.max_staleness}: experience.buffer_size={e.buffer_size} with "
+                         f"experience.overlap={e.overlap} trains batches up to {lag} updates after their weights")
+    if (e.buffer_size > 1 or e.overlap) and cfg.algorithm.filter_groups.enable:
+        raise ValueError("algorithm.filter_groups.enable=True samples extra batches within a step; it needs "
+                         "experience.buffer_size=1 and experience.overlap=False")
+
+
+# Critic settings a shared trunk does not use: the actor's model, optimizer and mini-batches train the value head.
+SEPARATE_CRITIC_ONLY = ("critic.optim.lr", "critic.optim.weight_decay", "critic.optim.optimizer", "critic.grad_clip",
+                        "critic.model.enable_gradient_checkpointing", "trainer.critic_warmup")
+
+
+@rule("critic.shared_trunk", "critic.enable", "critic.model.path", "actor_rollout_ref.model.path",
+      "actor_rollout_ref.model.lora_rank", *SEPARATE_CRITIC_ONLY)
+def shared_trunk(cfg: ConfigDict, ctx: Context) -> None:
+    """critic.shared_trunk: a value head on the actor; the settings of a separate critic stay unset."""
+    c = cfg.critic
+    if not c.shared_trunk:
+        return
+    if not c.enable:
+        raise ValueError("critic.shared_trunk=True puts a value head on the actor, but no value model is trained "
+                         f"(critic.enable=False, algorithm.adv_estimator={cfg.algorithm.adv_estimator}): use gae")
+    if c.model.path != cfg.actor_rollout_ref.model.path:
+        raise ValueError(f"critic.model.path={c.model.path!r}: with critic.shared_trunk the value head sits on the "
+                         "actor's trunk; leave critic.model.path unset")
+    if cfg.actor_rollout_ref.model.lora_rank:
+        raise ValueError("critic.shared_trunk=True with actor_rollout_ref.model.lora_rank > 0 is not supported "
+                         "(the value head would train through frozen weights): use a separate critic")
+    for path in SEPARATE_CRITIC_ONLY:
+        value = schema.get_path(cfg, path)
+        if value != schema.get_key(path).default:
+            raise ValueError(f"{path}={value!r} applies to a separate critic; with critic.shared_trunk the actor's "
+                             "optimizer, mini-batches and remat train the value head (set the actor's keys)")
+
+
+@rule("data.train_files", "data.val_files", "actor_rollout_ref.model.path", "critic.model.path", "critic.enable",
+      "reward_model.enable", "reward_model.model.path", "custom_reward_function.path")
+def files_exist(cfg: ConfigDict, ctx: Context) -> None:
+    """The data files, model directories and reward function the config names exist (skipped by check_paths=False)."""
+    if not ctx.check_paths:
+        return
+    for which in ("train_files", "val_files"):
+        files = cfg.data[which]
+        if not files:
+            raise ValueError(f"data.{which} is empty: give at least one file or builtin:<name>")
+        for f in files:
+            if builtin.is_builtin(f):
+                if builtin.builtin_name(f) not in BUILTIN_DATASETS:
+                    raise ValueError(f"data.{which}: unknown builtin data set {f!r}; available: "
+                                     f"{', '.join(builtin.PREFIX + d for d in sorted(BUILTIN_DATASETS))}")
+            elif not os.path.exists(os.path.expanduser(f)):
+                raise ValueError(f"data.{which}: file {f!r} does not exist; fix the path or use builtin:arithmetic")
+    models = [("actor_rollout_ref.model.path", cfg.actor_rollout_ref.model.path)]
+    if cfg.critic.enable:
+        models.append(("critic.model.path", cfg.critic.model.path))
+    if cfg.reward_model.enable:
+        if not cfg.reward_model.model.path:
+            raise ValueError("reward_model.enable=True needs reward_model.model.path (a reward-model directory)")
+        models.append(("reward_model.model.path", cfg.reward_model.model.path))
+    for key, path in models:
+        if builtin.is_builtin(path):
+            if builtin.builtin_name(path) not in BUILTIN_MODELS:
+                raise ValueError(f"{key}: unknown builtin model {path!r}; available: "
+                                 + ", ".join(builtin.PREFIX + n for n in BUILTIN_MODELS))
+        elif builtin.looks_local(path) and not os.path.isfile(os.path.join(os.path.expanduser(path), "config.json")):
+            raise ValueError(f"{key}: {path!r} is not a Hugging Face model directory (no config.json)")
+    custom = cfg.custom_reward_function.path
+    if custom and not os.path.isfile(os.path.expanduser(custom)):
+        raise ValueError(f"custom_reward_function.path: file {custom!r} does not exist")
+
+
+@rule("algorithm.filter_groups.enable")
+def filter_groups_one_process(cfg: ConfigDict, ctx: Context) -> None:
+    """Dynamic sampling regroups the batch on the host: one process."""
+    if cfg.algorithm.filter_groups.enable and ctx.num_processes > 1:
+        raise ValueError("algorithm.filter_groups runs in one process (it regroups the batch on the host); "
+                         f"this run has {ctx.num_processes}")
+
+
+@rule(_MT + "enable", "algorithm.filter_groups.enable", "mesh.rollout_devices", "algorithm.adv_estimator")
+def multi_turn_combinations(cfg: ConfigDict, ctx: Context) -> None:
+    """Multi-turn rollouts run in one process on the training mesh, without group filtering or a greedy baseline."""
+    if not cfg.actor_rollout_ref.rollout.multi_turn.enable:
+        return
+    key = _MT + "enable=True"
+    if cfg.algorithm.filter_groups.enable:
+        raise ValueError(f"{key} with algorithm.filter_groups.enable is not supported: switch one off")
+    if cfg.mesh.rollout_devices:
+        raise ValueError(f"{key} with mesh.rollout_devices is not supported: multi-turn rollouts run on the "
+                         "training mesh (set mesh.rollout_devices=0)")
+    if ctx.num_processes > 1:
+        raise ValueError(f"{key} runs in one process; this run has {ctx.num_processes}")
+    if algos.estimator_info(cfg.algorithm.adv_estimator).needs_greedy_baseline:
+        raise ValueError(f"{key} with algorithm.adv_estimator={cfg.algorithm.adv_estimator} is not supported (its "
+                         "greedy baseline is a single-turn rollout)")
+
+
+@rule(_MT + "enable", _MT + "tools", _MT + "tool_config_path", _MT + "environment", _MT + "workflow",
+      _MT + "per_turn_rewards", _MT + "workflow_args")
+def multi_turn_driver(cfg: ConfigDict, ctx: Context) -> None:
+    """A trajectory is driven by tools, one environment or one workflow, and their options need their driver."""
+    mt = cfg.actor_rollout_ref.rollout.multi_turn
+    if not mt.enable:
+        return
+    k = _MT.rstrip(".")
+    if mt.environment and mt.workflow:
+        raise ValueError(f"{k}.environment and {k}.workflow are both set: a trajectory is driven by one of them")
+    if not (mt.environment or mt.workflow or mt.tools or mt.tool_config_path):
+        raise ValueError(f"{k}.enable=True needs tools: set {k}.tools (e.g. ['calculator']) or {k}.tool_config_path, "
+                         f"or an environment ({k}.environment) or a workflow ({k}.workflow)")
+    if mt.per_turn_rewards and not mt.environment:
+        raise ValueError(f"{k}.per_turn_rewards=True needs an environment ({k}.environment): tool calls and "
+                         "workflows give one reward per trajectory")
+    if mt.workflow_args and not mt.workflow:
+        raise ValueError(f"{k}.workflow_args is set but {k}.workflow is not: the arguments are a workflow's")
