@@ -45,16 +45,6 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 # Imports that break the rules today and are being removed, by (importing module, imported module). Each must still
 # exist (test_pending_imports_are_still_there), so the list stays exact: delete an entry once its import is gone.
 PENDING: dict[tuple[str, str], str] = {
-    # config imports nothing but algos once built-in paths, optimizer names and trainer names have their own homes
-    ("rlhf_jax.config.builtin", "rlhf_jax.data.synthetic"): "config reads data",
-    ("rlhf_jax.config.builtin", "rlhf_jax.models.hub"): "config reads models",
-    ("rlhf_jax.config.builtin", "rlhf_jax.tools.smollm2"): "config builds checkpoints",
-    ("rlhf_jax.config.builtin", "rlhf_jax.tools.tiny"): "config builds checkpoints",
-    ("rlhf_jax.config.consistency", "rlhf_jax.train.optim"): "config reads the optimizer table",
-    ("rlhf_jax.config.dialects.atorch", "rlhf_jax.train.optim"): "config reads the optimizer table",
-    ("rlhf_jax.config.docs", "rlhf_jax.train.optim"): "config reads the optimizer table",
-    ("rlhf_jax.config.validate", "rlhf_jax.agents.settings"): "config reads the multi-turn settings",
-    ("rlhf_jax.config.validate", "rlhf_jax.train.tasks"): "config reads the trainer names (closes a cycle)",
     # the trainer registry and the stage runner import each other
     ("rlhf_jax.train.tasks", "rlhf_jax.train.stages"): "cycle tasks -> stages -> tasks",
 }
