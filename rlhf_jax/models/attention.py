@@ -20,8 +20,8 @@ itself padding (its own slot invalid, or segment 0) gets zeros from them, wherea
 ``dense`` and ``blockwise`` follow the rule above for it too. Being self-attention,
 the kernels read the query segment ids for both sides (they are the same tokens).
 
-The one-token decode step over the KV cache is not here: it lives in
-``layers.Attention`` as a fused multiply-reduce.
+The one-token decode step over the KV cache is ``decode_attention.py``; which of its
+implementations runs is chosen here too (``select_decode_implementation``).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import logging
 import jax
 import jax.numpy as jnp
 
-from rlhf_jax.models import attention_kernels
+from rlhf_jax.models import attention_kernels, decode_kernels
 from rlhf_jax.models.dots import einsum_f32
 from rlhf_jax.models.blockwise import DEFAULT_BLOCK, blockwise_attention, soft_cap, visible
 
@@ -101,6 +101,34 @@ def select_implementation(requested: str, backend: str, call: CallShape, *, spla
     return _xla_choice(call), reason
 
 
+DECODE_IMPLEMENTATIONS = ("auto", "dense", "pallas_tpu", "pallas_gpu")
+
+
+def select_decode_implementation(requested: str, backend: str, head_dim: int, *, interpret: bool = False
+                                 ) -> tuple[str, str]:
+    """(implementation, reason) of the one-token decode step over the KV cache.
+
+    "auto" is the Pallas kernel of the backend (TPU, GPU), which reads only the cache blocks a query
+    sees, and the dense multiply-reduce on CPU: there XLA fuses it into one pass over the cache, and
+    every HLO formulation of a per-row prefix was slower. The GPU kernel's Triton tiles need a
+    power-of-two head_dim >= 16; other head sizes take the dense path. A kernel requested for another
+    backend runs only in Pallas interpret mode (``interpret``, for tests), else falls back to dense.
+    """
+    if requested not in DECODE_IMPLEMENTATIONS:
+        raise ValueError(f"unknown decode attention implementation {requested!r}; expected one of "
+                         f"{DECODE_IMPLEMENTATIONS}")
+    if requested == "dense":
+        return "dense", "requested"
+    want = requested if requested != "auto" else {"tpu": "pallas_tpu", "gpu": "pallas_gpu"}.get(backend)
+    if want is None:
+        return "dense", f"{backend}: XLA's fused multiply-reduce over the whole cache"
+    if want == "pallas_gpu" and not decode_kernels.gpu_head_dim_fits(head_dim):
+        return "dense", f"the GPU decode kernel needs a power-of-two head_dim >= 16, not {head_dim}"
+    if not interpret and backend != want.removeprefix("pallas_"):
+        return "dense", f"{want} compiles only for its platform, not {backend} (interpret mode runs it anywhere)"
+    return want, backend
+
+
 @functools.cache
 def _splash_importable() -> bool:
     try:  # finding the module imports its parent packages, which may fail on a build without Pallas TPU
@@ -110,7 +138,7 @@ def _splash_importable() -> bool:
 
 
 @functools.cache
-def _warn_fallback(requested: str, chosen: str, reason: str) -> None:
+def warn_fallback(requested: str, chosen: str, reason: str) -> None:
     log.warning("attention implementation %r cannot run here (%s); using %r", requested, reason, chosen)
 
 
@@ -152,7 +180,7 @@ def attention(q_BTHD, k_BSKD, v_BSKD, *, q_slots_BT=None, key_valid_BS=None, q_s
     if softcap is not None and chosen in ("cudnn", "splash"):  # the kernel wrappers do not cap scores
         chosen, reason = _xla_choice(call), "the fused kernels do not soft-cap attention scores"
     if implementation not in ("auto", chosen):
-        _warn_fallback(implementation, chosen, reason)
+        warn_fallback(implementation, chosen, reason)
 
     key_valid = jnp.ones((B, S), bool) if key_valid_BS is None else key_valid_BS.astype(bool)
     if chosen == "cudnn":

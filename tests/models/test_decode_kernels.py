@@ -1,0 +1,128 @@
+"""The Pallas decode kernels (TPU and GPU, in interpret mode on CPU) against the dense decode path.
+
+Cache shapes are tiny (interpret mode runs the kernel's grid step by step) but cover: ragged fills of
+prompt and response, holes in a prompt's mask, grouped-query heads, sliding windows (counted in valid
+keys), a last block that reaches past the cache, and refilled slots whose stale columns past their
+fill hold old values (finite) or NaN (in blocks the kernel must not read).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rlhf_jax.models import decode_kernels
+from rlhf_jax.models.attention import select_decode_implementation
+from rlhf_jax.models.decode_attention import attention_weights_mask, decode_attention, dense_decode_attention
+
+KERNELS = {"pallas_tpu": 128, "pallas_gpu": 32}  # implementation: block of cache columns (several blocks per row)
+
+
+def slot_cache(rng, *, B=5, K=2, G=3, D=16, P=24, S=301, dtype=jnp.float32):
+    """A decode step's inputs as the sampler lays them out: prompts left-padded in [0, P), response t at P + t,
+    the query's token staged in the last column. Row 0 is a refilled slot: a short new sample over the long
+    response its previous sample left behind. Row 1 has a hole in its prompt, row 2 an empty prompt."""
+    q = rng.normal(size=(B, K * G, D))
+    k = rng.normal(size=(B, K, D, S))
+    v = rng.normal(size=(B, K, S, D))
+    valid = np.zeros((B, S), bool)
+    for b in range(B):
+        plen = [P, int(rng.integers(3, P)), 0][b] if b < 3 else int(rng.integers(1, P + 1))
+        fill = [2, int(rng.integers(0, S - P - 1)), 5][b] if b < 3 else int(rng.integers(0, S - P - 1))
+        valid[b, P - plen:P] = True
+        valid[b, P:P + fill] = True
+    valid[1, P - 2] = False
+    valid[:, S - 1] = True
+    cast = lambda x: jnp.asarray(x, jnp.float32).astype(dtype)  # noqa: E731
+    return cast(q), cast(k), cast(v), jnp.asarray(valid), jnp.full((B,), S - 1, jnp.int32)
+
+
+def run_kernel(name, q, k, v, valid, q_slot, window, *, scale, softcap=None):
+    B, H, D = q.shape
+    K = k.shape[1]
+    visible = attention_weights_mask(q_slot[:, None], valid, window)[:, 0]
+    fn = decode_kernels.tpu_decode_attention if name == "pallas_tpu" else decode_kernels.gpu_decode_attention
+    out = fn(q.reshape(B, K, H // K, D), k, v, visible, q_slot, scale=scale, softcap=softcap, block=KERNELS[name],
+             interpret=True)
+    return out.reshape(B, H, D)
+
+
+@pytest.mark.parametrize("name", sorted(KERNELS))
+@pytest.mark.parametrize("window", [None, 1, 9, 150])
+def test_kernel_matches_dense_fp32(name, window):
+    rng = np.random.default_rng()
+    q, k, v, valid, q_slot = slot_cache(rng)
+    softcap = 3.0 if window == 9 else None
+    ref = dense_decode_attention(q, k, v, q_slot, valid, jnp.float32, window, 0.3, softcap)
+    out = run_kernel(name, q, k, v, valid, q_slot, window, scale=0.3, softcap=softcap)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(ref), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("name", sorted(KERNELS))
+def test_kernel_matches_dense_bf16(name):
+    rng = np.random.default_rng()
+    q, k, v, valid, q_slot = slot_cache(rng, dtype=jnp.bfloat16)
+    ref = dense_decode_attention(q, k, v, q_slot, valid, jnp.bfloat16, 9, None, None)
+    exact = dense_decode_attention(*(x.astype(jnp.float32) for x in (q, k, v)), q_slot, valid, jnp.float32, 9)
+    out = run_kernel(name, q, k, v, valid, q_slot, 9, scale=16**-0.5)
+    assert out.dtype == jnp.bfloat16
+    # Both round the probabilities and the output to bf16 (8 bits of mantissa), in different orders:
+    # each is within 2e-2 of the float32 result on outputs of size about 1.
+    for got in (out, ref):
+        np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(exact), atol=2e-2, rtol=0)
+
+
+@pytest.mark.parametrize("name", sorted(KERNELS))
+def test_kernel_reads_only_the_visited_blocks(name):
+    """NaN in every block a row does not need leaves its output finite and equal to the clean cache's."""
+    rng = np.random.default_rng()
+    q, k, v, valid, q_slot = slot_cache(rng)
+    block = KERNELS[name]
+    ref = dense_decode_attention(q, k, v, q_slot, valid, jnp.float32, None, 0.25)
+    lo_blk, main, q_blk, visits = (np.asarray(x) for x in decode_kernels.block_plan(valid, q_slot, block))
+    needed = np.zeros(valid.shape, bool)
+    for b in range(valid.shape[0]):
+        for j in range(visits[b]):
+            blk = lo_blk[b] + j if j < main[b] else q_blk[b]
+            needed[b, blk * block:(blk + 1) * block] = True
+    assert (~needed).sum() > valid.shape[1]  # rows 0 and 2 skip most of their cache
+    assert not np.any(np.asarray(valid) & ~needed)
+    poison = jnp.asarray(~needed)
+    k_bad = jnp.where(poison[:, None, None, :], jnp.nan, k)
+    v_bad = jnp.where(poison[:, None, :, None], jnp.nan, v)
+    out = run_kernel(name, q, k_bad, v_bad, valid, q_slot, None, scale=0.25)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(ref), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("name", sorted(KERNELS))
+def test_kernel_when_the_cache_is_one_block_and_heads_are_not_grouped(name):
+    rng = np.random.default_rng()
+    q, k, v, valid, q_slot = slot_cache(rng, B=3, K=4, G=1, D=32, P=8, S=20)
+    ref = dense_decode_attention(q, k, v, q_slot, valid, jnp.float32, 4)
+    out = decode_attention(q, k, v, q_slot, valid, jnp.float32, 4, implementation=name, interpret=True)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(ref), atol=1e-5, rtol=0)
+
+
+def test_decode_selection_by_platform():
+    assert select_decode_implementation("auto", "cpu", 64)[0] == "dense"
+    assert select_decode_implementation("auto", "tpu", 80)[0] == "pallas_tpu"
+    assert select_decode_implementation("auto", "gpu", 128)[0] == "pallas_gpu"
+    gpu_odd = select_decode_implementation("auto", "gpu", 80)
+    assert gpu_odd[0] == "dense" and "power-of-two" in gpu_odd[1]
+    assert select_decode_implementation("pallas_tpu", "cpu", 64)[0] == "dense"  # cannot compile here
+    assert select_decode_implementation("pallas_tpu", "cpu", 64, interpret=True)[0] == "pallas_tpu"
+    assert select_decode_implementation("dense", "tpu", 64)[0] == "dense"
+    with pytest.raises(ValueError, match="unknown decode attention implementation 'paged'"):
+        select_decode_implementation("paged", "tpu", 64)
+
+
+def test_cpu_default_is_the_dense_path():
+    """On CPU the layer's decode step is exactly the dense function (the same HLO)."""
+    rng = np.random.default_rng()
+    q, k, v, valid, q_slot = slot_cache(rng, B=2, S=40, P=8)
+    args = (q, k, v, q_slot, valid, jnp.float32, 5)
+    auto = jax.jit(lambda *a: decode_attention(*a[:5], jnp.float32, 5)).lower(*args[:5]).as_text()
+    dense = jax.jit(lambda *a: dense_decode_attention(*a[:5], jnp.float32, 5)).lower(*args[:5]).as_text()
+    assert auto == dense
