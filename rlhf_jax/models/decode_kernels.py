@@ -112,10 +112,11 @@ def _tpu_kernel(lo_ref, main_ref, qblk_ref, visits_ref, q_ref, k_ref, v_ref, vis
 
 
 def tpu_decode_attention(q_BKGD, k_BKDS, v_BKSD, visible_BS, q_slot_B, *, scale: float, softcap: float | None = None,
-                         block: int = TPU_BLOCK, interpret: bool = False) -> jax.Array:
+                         block: int | None = None, interpret: bool = False) -> jax.Array:
     """(B, K, G, D) attention output of one query per row over the visible cache columns, TPU kernel."""
     B, K, G, D = q_BKGD.shape
     S = k_BKDS.shape[3]
+    block = block or TPU_BLOCK
     block = S if S <= block else block  # a block is a multiple of 128 columns or the whole cache
     plan = block_plan(visible_BS, q_slot_B, block)
 
@@ -179,11 +180,12 @@ def _gpu_kernel(lo_ref, main_ref, qblk_ref, visits_ref, q_ref, k_ref, v_ref, vis
 
 
 def gpu_decode_attention(q_BKGD, k_BKDS, v_BKSD, visible_BS, q_slot_B, *, scale: float, softcap: float | None = None,
-                         block: int = GPU_BLOCK, interpret: bool = False) -> jax.Array:
+                         block: int | None = None, interpret: bool = False) -> jax.Array:
     """(B, K, G, D) attention output of one query per row over the visible cache columns, GPU (Triton) kernel."""
     from jax.experimental.pallas import triton as plgpu
 
     B, K, G, D = q_BKGD.shape
+    block = block or GPU_BLOCK
     S = k_BKDS.shape[3]
     if not gpu_head_dim_fits(D):
         raise ValueError(f"the GPU decode kernel needs a power-of-two head_dim >= 16, got {D}")
