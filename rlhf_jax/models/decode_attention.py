@@ -10,6 +10,8 @@ the blocks that hold visible columns.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -54,20 +56,42 @@ def dense_decode_attention(q_BHD, k_BKDS, v_BKSD, q_slot_B, key_valid_BS, dtype,
     return out.reshape(B, H, D)
 
 
+# lax.platform_dependent's platform names and the backends select_decode_implementation knows them by
+PLATFORMS = {"cpu": "cpu", "tpu": "tpu", "cuda": "gpu"}
+
+
 def decode_attention(q_BHD, k_BKDS, v_BKSD, q_slot_B, key_valid_BS, dtype, window: int | None = None,
                      scale: float | None = None, softcap: float | None = None, *, implementation: str = "auto",
                      interpret: bool = False) -> jax.Array:
     """(B, H, D) output of one query per row (at cache slot ``q_slot_B``, itself valid) over the cache.
 
     ``implementation`` is one of ``attention.DECODE_IMPLEMENTATIONS``; ``interpret`` runs a Pallas
-    kernel in interpret mode (any backend; slow, for tests).
+    kernel in interpret mode (any backend; slow, for tests). The choice is made per platform when the
+    program is lowered (``lax.platform_dependent``), not from the backend this process runs on, so a
+    program compiled here for a TPU or a GPU (ahead of time) gets that platform's kernel.
     """
-    B, H, D = q_BHD.shape
-    chosen, reason = select_decode_implementation(implementation, jax.default_backend(), D, interpret=interpret)
-    if implementation not in ("auto", chosen):
-        warn_fallback(implementation, chosen, reason)
+    D = q_BHD.shape[-1]
+    choices = {p: select_decode_implementation(implementation, b, D, interpret=interpret) for p, b in PLATFORMS.items()}
+    here = choices.get({"gpu": "cuda"}.get(jax.default_backend(), jax.default_backend()), ("dense", "other platform"))
+    if implementation not in ("auto", here[0]):
+        warn_fallback(implementation, here[0], here[1])
+
+    def run(chosen: str):
+        return functools.partial(_decode_with, chosen, dtype=dtype, window=window, scale=scale, softcap=softcap,
+                                 interpret=interpret)
+
+    args = (q_BHD, k_BKDS, v_BKSD, q_slot_B, key_valid_BS)
+    kinds = {chosen for chosen, _ in choices.values()} | {"dense"}
+    if len(kinds) == 1:  # one implementation everywhere (dense): no platform switch in the program
+        return run("dense")(*args)
+    return jax.lax.platform_dependent(*args, default=run("dense"), **{p: run(c) for p, (c, _) in choices.items()})
+
+
+def _decode_with(chosen: str, q_BHD, k_BKDS, v_BKSD, q_slot_B, key_valid_BS, *, dtype, window, scale, softcap,
+                 interpret):
     if chosen == "dense":
         return dense_decode_attention(q_BHD, k_BKDS, v_BKSD, q_slot_B, key_valid_BS, dtype, window, scale, softcap)
+    B, H, D = q_BHD.shape
     K = k_BKDS.shape[1]
     visible_BS = attention_weights_mask(q_slot_B[:, None], key_valid_BS, window)[:, 0]
     kernel = decode_kernels.tpu_decode_attention if chosen == "pallas_tpu" else decode_kernels.gpu_decode_attention

@@ -8,6 +8,8 @@ fill hold old values (finite) or NaN (in blocks the kernel must not read).
 
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -87,7 +89,7 @@ def test_kernel_reads_only_the_visited_blocks(name):
         for j in range(visits[b]):
             blk = lo_blk[b] + j if j < main[b] else q_blk[b]
             needed[b, blk * block:(blk + 1) * block] = True
-    assert (~needed).sum() > valid.shape[1]  # rows 0 and 2 skip most of their cache
+    assert (~needed[0]).sum() >= block and (~needed[2]).sum() >= block  # short fills skip blocks
     assert not np.any(np.asarray(valid) & ~needed)
     poison = jnp.asarray(~needed)
     k_bad = jnp.where(poison[:, None, None, :], jnp.nan, k)
@@ -118,11 +120,20 @@ def test_decode_selection_by_platform():
         select_decode_implementation("paged", "tpu", 64)
 
 
+def optimized_hlo(fn, *args) -> str:
+    """The compiled HLO of ``jit(fn)``, without its name, source locations and stack frames."""
+    lines = jax.jit(fn).lower(*args).compile().as_text().splitlines()
+    tables = ("FileNames", "FunctionNames", "FileLocations", "StackFrames")
+    text = "\n".join(line for line in lines if not line.startswith(tables) and not re.match(r"^\d+ ", line))
+    text = re.sub(r", metadata=\{[^}]*\}", "", text[text.index("HloModule"):])
+    return text.split("\n", 1)[1]
+
+
 def test_cpu_default_is_the_dense_path():
-    """On CPU the layer's decode step is exactly the dense function (the same HLO)."""
+    """On CPU the default decode step compiles to exactly the dense function's program (the platform switch that
+    picks a kernel on TPU and GPU is resolved when lowering)."""
     rng = np.random.default_rng()
     q, k, v, valid, q_slot = slot_cache(rng, B=2, S=40, P=8)
-    args = (q, k, v, q_slot, valid, jnp.float32, 5)
-    auto = jax.jit(lambda *a: decode_attention(*a[:5], jnp.float32, 5)).lower(*args[:5]).as_text()
-    dense = jax.jit(lambda *a: dense_decode_attention(*a[:5], jnp.float32, 5)).lower(*args[:5]).as_text()
+    auto = optimized_hlo(lambda *a: decode_attention(*a, jnp.float32, 5), q, k, v, q_slot, valid)
+    dense = optimized_hlo(lambda *a: dense_decode_attention(*a, jnp.float32, 5), q, k, v, q_slot, valid)
     assert auto == dense
