@@ -6,14 +6,25 @@ before it, within its sliding window. ``decode_attention`` computes that with
 the implementation ``attention.select_decode_implementation`` picks: the dense
 path reads every column of every row; the kernels (``decode_kernels``) read only
 the blocks that hold visible columns.
+
+XLA cannot split a Pallas kernel over devices (Mosaic refuses to lower a sharded
+call): the kernels run per device under ``shard_map``, over the cache's own rows
+and kv heads. Only the caller knows that layout, so it states it: ``"auto"``
+picks a kernel only while a ``kernel_layout`` is open (the sampler's decode step
+opens one), and the dense path elsewhere.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import dataclasses
 import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import Mesh, PartitionSpec
 
 from rlhf_jax.models import decode_kernels
 from rlhf_jax.models.attention import warn_fallback, select_decode_implementation
@@ -56,6 +67,28 @@ def dense_decode_attention(q_BHD, k_BKDS, v_BKSD, q_slot_B, key_valid_BS, dtype,
     return out.reshape(B, H, D)
 
 
+@dataclasses.dataclass(frozen=True)
+class KernelLayout:
+    """How the KV cache lies on the devices: rows split over mesh axes ``rows``, kv heads over ``heads``."""
+
+    mesh: Mesh
+    rows: Any = None  # a mesh axis, a tuple of them, or None (PartitionSpec entries)
+    heads: Any = None
+
+
+_LAYOUT: contextvars.ContextVar[KernelLayout | None] = contextvars.ContextVar("decode_kernel_layout", default=None)
+
+
+@contextlib.contextmanager
+def kernel_layout(mesh: Mesh, rows: Any = None, heads: Any = None):
+    """While tracing inside it, decode steps may run the Pallas kernels, per device, on this cache layout."""
+    token = _LAYOUT.set(KernelLayout(mesh, rows, heads))
+    try:
+        yield
+    finally:
+        _LAYOUT.reset(token)
+
+
 # lax.platform_dependent's platform names and the backends select_decode_implementation knows them by
 PLATFORMS = {"cpu": "cpu", "tpu": "tpu", "cuda": "gpu"}
 
@@ -68,9 +101,13 @@ def decode_attention(q_BHD, k_BKDS, v_BKSD, q_slot_B, key_valid_BS, dtype, windo
     ``implementation`` is one of ``attention.DECODE_IMPLEMENTATIONS``; ``interpret`` runs a Pallas
     kernel in interpret mode (any backend; slow, for tests). The choice is made per platform when the
     program is lowered (``lax.platform_dependent``), not from the backend this process runs on, so a
-    program compiled here for a TPU or a GPU (ahead of time) gets that platform's kernel.
+    program compiled here for a TPU or a GPU (ahead of time) gets that platform's kernel. "auto" runs a
+    kernel only inside ``kernel_layout``; a kernel requested by name without one runs unsharded.
     """
     D = q_BHD.shape[-1]
+    layout = _LAYOUT.get()
+    if implementation == "auto" and layout is None:
+        implementation = "dense"
     choices = {p: select_decode_implementation(implementation, b, D, interpret=interpret) for p, b in PLATFORMS.items()}
     here = choices.get({"gpu": "cuda"}.get(jax.default_backend(), jax.default_backend()), ("dense", "other platform"))
     if implementation not in ("auto", here[0]):
@@ -78,7 +115,7 @@ def decode_attention(q_BHD, k_BKDS, v_BKSD, q_slot_B, key_valid_BS, dtype, windo
 
     def run(chosen: str):
         return functools.partial(_decode_with, chosen, dtype=dtype, window=window, scale=scale, softcap=softcap,
-                                 interpret=interpret)
+                                 interpret=interpret, layout=layout)
 
     args = (q_BHD, k_BKDS, v_BKSD, q_slot_B, key_valid_BS)
     kinds = {chosen for chosen, _ in choices.values()} | {"dense"}
@@ -88,13 +125,17 @@ def decode_attention(q_BHD, k_BKDS, v_BKSD, q_slot_B, key_valid_BS, dtype, windo
 
 
 def _decode_with(chosen: str, q_BHD, k_BKDS, v_BKSD, q_slot_B, key_valid_BS, *, dtype, window, scale, softcap,
-                 interpret):
+                 interpret, layout: KernelLayout | None):
     if chosen == "dense":
         return dense_decode_attention(q_BHD, k_BKDS, v_BKSD, q_slot_B, key_valid_BS, dtype, window, scale, softcap)
     B, H, D = q_BHD.shape
     K = k_BKDS.shape[1]
     visible_BS = attention_weights_mask(q_slot_B[:, None], key_valid_BS, window)[:, 0]
     kernel = decode_kernels.tpu_decode_attention if chosen == "pallas_tpu" else decode_kernels.gpu_decode_attention
-    out = kernel(q_BHD.astype(dtype).reshape(B, K, H // K, D), k_BKDS, v_BKSD, visible_BS, q_slot_B,
-                 scale=D**-0.5 if scale is None else scale, softcap=softcap, interpret=interpret)
+    kernel = functools.partial(kernel, scale=D**-0.5 if scale is None else scale, softcap=softcap, interpret=interpret)
+    if layout is not None and layout.mesh.size > 1:
+        cache, rows = PartitionSpec(layout.rows, layout.heads), PartitionSpec(layout.rows)
+        kernel = jax.shard_map(kernel, mesh=layout.mesh, in_specs=(cache, cache, cache, rows, rows), out_specs=cache,
+                               check_vma=False)  # a pallas_call states no varying axes of its output
+    out = kernel(q_BHD.astype(dtype).reshape(B, K, H // K, D), k_BKDS, v_BKSD, visible_BS, q_slot_B)
     return out.reshape(B, H, D)

@@ -15,12 +15,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.experimental import topologies
+from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from rlhf_jax.models import TASK_CAUSAL_LM, attention_kernels, from_hf_dict, moe
-from rlhf_jax.models.decode_attention import decode_attention
+from rlhf_jax.models.decode_attention import decode_attention, kernel_layout
 from rlhf_jax.models.hf_import import build_abstract
-from flax import nnx
+from rlhf_jax.parallel.mesh import single_device_mesh
 
 # No CUDA driver here: the plugin's check of the local CUDA installation would refuse to start.
 os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
@@ -46,9 +47,23 @@ device_description_str: "NVIDIA H100 80GB HBM3"
 MOSAIC, TRITON, CUDNN = "tpu_custom_call", "__gpu$xla.gpu.triton", "__cudnn$fmha"
 
 
+@pytest.fixture(scope="module", autouse=True)
+def no_persistent_cache():
+    """Executables for another platform cannot be read back from the on-disk cache: do not write them there."""
+    before = jax.config.jax_enable_compilation_cache
+    jax.config.update("jax_enable_compilation_cache", False)
+    yield
+    jax.config.update("jax_enable_compilation_cache", before)
+
+
 @pytest.fixture(scope="module")
-def tpu():
-    return topologies.get_topology_desc(topology_name="v5e:2x2", platform="tpu").devices[0]
+def tpu_slice():
+    return topologies.get_topology_desc(topology_name="v5e:2x2", platform="tpu").devices
+
+
+@pytest.fixture(scope="module")
+def tpu(tpu_slice):
+    return tpu_slice[0]
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +88,8 @@ def decode_inputs(dtype, B=8, H=8, K=2, D=128, S=767):
 
 def auto_decode(window):
     def run(q, k, v, q_slot, valid):
-        return decode_attention(q, k, v, q_slot, valid, q.dtype, window, softcap=20.0 if window else None)
+        with kernel_layout(single_device_mesh()):
+            return decode_attention(q, k, v, q_slot, valid, q.dtype, window, softcap=20.0 if window else None)
     return run
 
 
@@ -87,6 +103,23 @@ def test_decode_kernel_lowers_for_tpu(tpu, dtype, window):
 @pytest.mark.parametrize("window", [None, 64])
 def test_decode_kernel_lowers_for_h100(h100, dtype, window):
     assert TRITON in compiled_hlo(h100, auto_decode(window), *decode_inputs(dtype))
+
+
+def test_decode_kernel_lowers_sharded_over_a_tpu_slice(tpu_slice):
+    """On 2 x 2 chips, cache rows over one mesh axis and kv heads over the other: each chip runs the kernel on
+    its own block of the cache (no all-gather of it)."""
+    mesh = Mesh(np.array(tpu_slice).reshape(2, 2), ("data", "tensor"))
+    q, k, v, q_slot, valid = decode_inputs(jnp.bfloat16, B=16)
+    specs = (("data", "tensor"), ("data", "tensor"), ("data", "tensor"), ("data",), ("data",))
+    args = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(mesh, PartitionSpec(*spec)))
+            for a, spec in zip((q, k, v, q_slot, valid), specs)]
+
+    def step(*a):
+        with kernel_layout(mesh, "data", "tensor"):
+            return decode_attention(*a, jnp.bfloat16, 64)
+
+    hlo = jax.jit(step).lower(*args).compile().as_text()
+    assert MOSAIC in hlo and "all-gather" not in hlo
 
 
 def test_decode_kernels_lower_for_small_and_odd_shapes(tpu, h100):
@@ -110,7 +143,8 @@ def test_model_decode_step_uses_the_kernels(tpu, h100):
     def step(state, tokens, positions, valid):
         model = nnx.merge(graphdef, state)
         cache = model.init_cache(B, S)
-        hidden, _ = model.forward_cached(tokens, positions, valid, cache, S - 1)
+        with kernel_layout(single_device_mesh()):
+            hidden, _ = model.forward_cached(tokens, positions, valid, cache, S - 1)
         return model.logits_from_hidden(hidden)
 
     args = (state,) + shapes(((B, 1), jnp.int32), ((B, 1), jnp.int32), ((B, S), jnp.int32))
