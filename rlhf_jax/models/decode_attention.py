@@ -7,27 +7,20 @@ the implementation ``attention.select_decode_implementation`` picks: the dense
 path reads every column of every row; the kernels (``decode_kernels``) read only
 the blocks that hold visible columns.
 
-XLA cannot split a Pallas kernel over devices (Mosaic refuses to lower a sharded
-call): the kernels run per device under ``shard_map``, over the cache's own rows
-and kv heads. Only the caller knows that layout, so it states it: ``"auto"``
-picks a kernel only while a ``kernel_layout`` is open (the sampler's decode step
-opens one), and the dense path elsewhere.
+The kernels run per device on the layout the caller states (``kernel_layout``;
+the sampler's decode step states the cache's); "auto" picks one only where
+``kernel_layout.kernels_allowed()``.
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-import dataclasses
 import functools
-from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import Mesh, PartitionSpec
 
-from rlhf_jax.models import decode_kernels
-from rlhf_jax.models.attention import warn_fallback, select_decode_implementation
+from rlhf_jax.models import decode_kernels, kernel_layout
+from rlhf_jax.models.attention import PLATFORMS, select_decode_implementation, warn_fallback
 from rlhf_jax.models.blockwise import soft_cap
 
 
@@ -67,32 +60,6 @@ def dense_decode_attention(q_BHD, k_BKDS, v_BKSD, q_slot_B, key_valid_BS, dtype,
     return out.reshape(B, H, D)
 
 
-@dataclasses.dataclass(frozen=True)
-class KernelLayout:
-    """How the KV cache lies on the devices: rows split over mesh axes ``rows``, kv heads over ``heads``."""
-
-    mesh: Mesh
-    rows: Any = None  # a mesh axis, a tuple of them, or None (PartitionSpec entries)
-    heads: Any = None
-
-
-_LAYOUT: contextvars.ContextVar[KernelLayout | None] = contextvars.ContextVar("decode_kernel_layout", default=None)
-
-
-@contextlib.contextmanager
-def kernel_layout(mesh: Mesh, rows: Any = None, heads: Any = None):
-    """While tracing inside it, decode steps may run the Pallas kernels, per device, on this cache layout."""
-    token = _LAYOUT.set(KernelLayout(mesh, rows, heads))
-    try:
-        yield
-    finally:
-        _LAYOUT.reset(token)
-
-
-# lax.platform_dependent's platform names and the backends select_decode_implementation knows them by
-PLATFORMS = {"cpu": "cpu", "tpu": "tpu", "cuda": "gpu"}
-
-
 def decode_attention(q_BHD, k_BKDS, v_BKSD, q_slot_B, key_valid_BS, dtype, window: int | None = None,
                      scale: float | None = None, softcap: float | None = None, *, implementation: str = "auto",
                      interpret: bool = False) -> jax.Array:
@@ -101,21 +68,20 @@ def decode_attention(q_BHD, k_BKDS, v_BKSD, q_slot_B, key_valid_BS, dtype, windo
     ``implementation`` is one of ``attention.DECODE_IMPLEMENTATIONS``; ``interpret`` runs a Pallas
     kernel in interpret mode (any backend; slow, for tests). The choice is made per platform when the
     program is lowered (``lax.platform_dependent``), not from the backend this process runs on, so a
-    program compiled here for a TPU or a GPU (ahead of time) gets that platform's kernel. "auto" runs a
-    kernel only inside ``kernel_layout``; a kernel requested by name without one runs unsharded.
+    program compiled here for a TPU or a GPU (ahead of time) gets that platform's kernel. A kernel runs
+    per device on the current ``kernel_layout`` (unsharded without one).
     """
     D = q_BHD.shape[-1]
-    layout = _LAYOUT.get()
-    if implementation == "auto" and layout is None:
+    if implementation == "auto" and not kernel_layout.kernels_allowed():
         implementation = "dense"
     choices = {p: select_decode_implementation(implementation, b, D, interpret=interpret) for p, b in PLATFORMS.items()}
-    here = choices.get({"gpu": "cuda"}.get(jax.default_backend(), jax.default_backend()), ("dense", "other platform"))
+    here = choices.get(jax.default_backend().replace("gpu", "cuda"), ("dense", "another platform"))
     if implementation not in ("auto", here[0]):
         warn_fallback(implementation, here[0], here[1])
 
     def run(chosen: str):
         return functools.partial(_decode_with, chosen, dtype=dtype, window=window, scale=scale, softcap=softcap,
-                                 interpret=interpret, layout=layout)
+                                 interpret=interpret)
 
     args = (q_BHD, k_BKDS, v_BKSD, q_slot_B, key_valid_BS)
     kinds = {chosen for chosen, _ in choices.values()} | {"dense"}
@@ -125,7 +91,7 @@ def decode_attention(q_BHD, k_BKDS, v_BKSD, q_slot_B, key_valid_BS, dtype, windo
 
 
 def _decode_with(chosen: str, q_BHD, k_BKDS, v_BKSD, q_slot_B, key_valid_BS, *, dtype, window, scale, softcap,
-                 interpret, layout: KernelLayout | None):
+                 interpret):
     if chosen == "dense":
         return dense_decode_attention(q_BHD, k_BKDS, v_BKSD, q_slot_B, key_valid_BS, dtype, window, scale, softcap)
     B, H, D = q_BHD.shape
@@ -133,9 +99,9 @@ def _decode_with(chosen: str, q_BHD, k_BKDS, v_BKSD, q_slot_B, key_valid_BS, *, 
     visible_BS = attention_weights_mask(q_slot_B[:, None], key_valid_BS, window)[:, 0]
     kernel = decode_kernels.tpu_decode_attention if chosen == "pallas_tpu" else decode_kernels.gpu_decode_attention
     kernel = functools.partial(kernel, scale=D**-0.5 if scale is None else scale, softcap=softcap, interpret=interpret)
-    if layout is not None and layout.mesh.size > 1:
-        cache, rows = PartitionSpec(layout.rows, layout.heads), PartitionSpec(layout.rows)
-        kernel = jax.shard_map(kernel, mesh=layout.mesh, in_specs=(cache, cache, cache, rows, rows), out_specs=cache,
-                               check_vma=False)  # a pallas_call states no varying axes of its output
+    layout = kernel_layout.current()
+    if layout is not None:
+        cache, rows = layout.spec(4, 1, K), layout.spec(1)
+        kernel = kernel_layout.per_device(kernel, (cache, cache, cache, layout.spec(2), rows), cache)
     out = kernel(q_BHD.astype(dtype).reshape(B, K, H // K, D), k_BKDS, v_BKSD, visible_BS, q_slot_B)
     return out.reshape(B, H, D)

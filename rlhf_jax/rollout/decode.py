@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from flax import struct
 from jax.sharding import Mesh
 
-from rlhf_jax.models.decode_attention import kernel_layout
+from rlhf_jax.models.kernel_layout import kernel_layout
 from rlhf_jax.parallel.mesh import DEFAULT_RULES, Rules, single_device_mesh
 from rlhf_jax.rollout import scheduler
 from rlhf_jax.rollout.params import SamplingParams

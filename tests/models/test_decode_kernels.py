@@ -16,8 +16,10 @@ import numpy as np
 import pytest
 
 from rlhf_jax.models import decode_kernels
-from rlhf_jax.models.attention import select_decode_implementation
+from rlhf_jax.models.attention import attention, select_decode_implementation
 from rlhf_jax.models.decode_attention import attention_weights_mask, decode_attention, dense_decode_attention
+from rlhf_jax.models.kernel_layout import kernel_layout
+from rlhf_jax.parallel.mesh import single_device_mesh
 
 KERNELS = {"pallas_tpu": 128, "pallas_gpu": 32}  # implementation: block of cache columns (several blocks per row)
 
@@ -120,13 +122,10 @@ def test_decode_selection_by_platform():
         select_decode_implementation("paged", "tpu", 64)
 
 
-def optimized_hlo(fn, *args) -> str:
-    """The compiled HLO of ``jit(fn)``, without its name, source locations and stack frames."""
-    lines = jax.jit(fn).lower(*args).compile().as_text().splitlines()
-    tables = ("FileNames", "FunctionNames", "FileLocations", "StackFrames")
-    text = "\n".join(line for line in lines if not line.startswith(tables) and not re.match(r"^\d+ ", line))
-    text = re.sub(r", metadata=\{[^}]*\}", "", text[text.index("HloModule"):])
-    return text.split("\n", 1)[1]
+def optimized_hlo(fn, *args) -> list[str]:
+    """The instructions of ``jit(fn)``'s compiled HLO as (shape, opcode) in order: the program without its names."""
+    text = jax.jit(fn).lower(*args).compile().as_text()
+    return re.findall(r"= (\S+) ([\w-]+)\(", text[text.index("HloModule"):])
 
 
 def test_cpu_default_is_the_dense_path():
@@ -134,6 +133,28 @@ def test_cpu_default_is_the_dense_path():
     picks a kernel on TPU and GPU is resolved when lowering)."""
     rng = np.random.default_rng()
     q, k, v, valid, q_slot = slot_cache(rng, B=2, S=40, P=8)
-    auto = optimized_hlo(lambda *a: decode_attention(*a, jnp.float32, 5), q, k, v, q_slot, valid)
+
+    def auto(*a):
+        with kernel_layout(single_device_mesh()):  # where the sampler's step may run a kernel
+            return decode_attention(*a, jnp.float32, 5)
+
+    auto = optimized_hlo(auto, q, k, v, q_slot, valid)
     dense = optimized_hlo(lambda *a: dense_decode_attention(*a, jnp.float32, 5), q, k, v, q_slot, valid)
     assert auto == dense
+
+
+def test_cpu_training_attention_is_unchanged_inside_a_kernel_layout():
+    """Inside a layout, attention's program switches by platform; on CPU it compiles to the XLA path's program,
+    forward and backward (no residuals of the kernel branches survive)."""
+    rng = np.random.default_rng()
+    q, k, v = (jnp.asarray(rng.normal(size=(2, 256, h, 16)), jnp.float32) for h in (4, 2, 2))
+
+    def grads(q, k, v):
+        return jax.grad(lambda *a: jnp.sum(attention(*a, sliding_window=100) ** 2), argnums=(0, 1, 2))(q, k, v)
+
+    def in_layout(q, k, v):
+        with kernel_layout(single_device_mesh()):
+            return grads(q, k, v)
+
+    program = optimized_hlo(grads, q, k, v)
+    assert len(program) > 50 and optimized_hlo(in_layout, q, k, v) == program

@@ -19,7 +19,8 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from rlhf_jax.models import TASK_CAUSAL_LM, attention_kernels, from_hf_dict, moe
-from rlhf_jax.models.decode_attention import decode_attention, kernel_layout
+from rlhf_jax.models.decode_attention import decode_attention
+from rlhf_jax.models.kernel_layout import kernel_layout
 from rlhf_jax.models.hf_import import build_abstract
 from rlhf_jax.parallel.mesh import single_device_mesh
 
@@ -193,3 +194,47 @@ def test_moe_ragged_dot_lowers(target, request):
                   ((X, E, F), jnp.bfloat16), ((X, F, E), jnp.bfloat16))
     hlo = compiled_hlo(request.getfixturevalue(target), moe_train, *args)
     assert "ENTRY" in hlo
+
+
+def tiny_llama(T=256):
+    hf = dict(model_type="llama", vocab_size=256, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024, tie_word_embeddings=False)
+    cfg = from_hf_dict(hf, dtype=jnp.bfloat16, param_dtype=jnp.float32)
+    graphdef, state = nnx.split(build_abstract(cfg, TASK_CAUSAL_LM))
+
+    def grads(state, ids, mask):
+        def loss(state):
+            return jnp.mean(nnx.merge(graphdef, state)(ids, mask))
+        return jax.grad(loss)(state)
+
+    return grads, (state,) + shapes(((8, T), jnp.int32), ((8, T), jnp.int32))
+
+
+def test_model_gradient_uses_splash_and_cudnn(tpu, h100):
+    """The whole model's forward and backward, compiled for each target, runs the target's attention kernel."""
+    grads, args = tiny_llama()
+
+    def on_one_device(*a):
+        with kernel_layout(single_device_mesh()):
+            return grads(*a)
+
+    assert compiled_hlo(tpu, on_one_device, *args).count(MOSAIC) >= 4  # two layers, forward and backward
+    assert compiled_hlo(h100, on_one_device, *args).count(CUDNN) >= 4
+
+
+def test_model_gradient_on_a_tpu_slice(tpu_slice):
+    """Rows over data and heads over tensor on 2 x 2 chips: splash runs per chip inside a layout; without one
+    the program takes XLA's attention (Mosaic kernels cannot be partitioned by XLA)."""
+    mesh = Mesh(np.array(tpu_slice).reshape(2, 2), ("data", "tensor"))
+    grads, (state, ids, mask) = tiny_llama()
+    rows = NamedSharding(mesh, PartitionSpec("data"))
+    ids, mask = (jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=rows) for a in (ids, mask))
+    state = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(mesh, PartitionSpec())),
+                         state)
+
+    def in_layout(*a):
+        with kernel_layout(mesh, "data", "tensor"):
+            return grads(*a)
+
+    assert jax.jit(in_layout).lower(state, ids, mask).compile().as_text().count(MOSAIC) >= 4
+    assert MOSAIC not in jax.jit(grads).lower(state, ids, mask).compile().as_text()
