@@ -114,6 +114,8 @@ def _tpu_kernel(lo_ref, main_ref, qblk_ref, visits_ref, q_ref, k_ref, v_ref, vis
 def tpu_decode_attention(q_BKGD, k_BKDS, v_BKSD, visible_BS, q_slot_B, *, scale: float, softcap: float | None = None,
                          block: int | None = None, interpret: bool = False) -> jax.Array:
     """(B, K, G, D) attention output of one query per row over the visible cache columns, TPU kernel."""
+    from jax.experimental.pallas import tpu as pltpu  # on use (the Mosaic TPU dialect), as Triton's below
+
     B, K, G, D = q_BKGD.shape
     S = k_BKDS.shape[3]
     block = block or TPU_BLOCK
@@ -123,7 +125,7 @@ def tpu_decode_attention(q_BKGD, k_BKDS, v_BKSD, visible_BS, q_slot_B, *, scale:
     def kv_block(b, h, j, lo, main, qblk, visits):
         return visited_block(j, lo[b], main[b], qblk[b])
 
-    grid_spec = pltpu().PrefetchScalarGridSpec(
+    grid_spec = pltpu.PrefetchScalarGridSpec(
         num_scalar_prefetch=4,
         grid=(B, K, pl.cdiv(S, block)),
         in_specs=[
@@ -133,24 +135,18 @@ def tpu_decode_attention(q_BKGD, k_BKDS, v_BKSD, visible_BS, q_slot_B, *, scale:
             pl.BlockSpec((None, 1, block), lambda b, h, j, *s: (b, 0, kv_block(b, h, j, *s))),
         ],
         out_specs=pl.BlockSpec((None, None, G, D), lambda b, h, j, *_: (b, h, 0, 0)),
-        scratch_shapes=[pltpu().VMEM((G, 1), jnp.float32), pltpu().VMEM((G, 1), jnp.float32),
-                        pltpu().VMEM((G, D), jnp.float32)],
+        scratch_shapes=[pltpu.VMEM((G, 1), jnp.float32), pltpu.VMEM((G, 1), jnp.float32),
+                        pltpu.VMEM((G, D), jnp.float32)],
     )
     kernel = functools.partial(_tpu_kernel, block=block, seq_len=S, scale=scale, softcap=softcap)
     return pl.pallas_call(
         kernel,
         grid_spec=grid_spec,
         out_shape=jax.ShapeDtypeStruct((B, K, G, D), q_BKGD.dtype),
-        compiler_params=pltpu().CompilerParams(dimension_semantics=("parallel", "parallel", "arbitrary")),
+        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "arbitrary")),
         interpret=interpret,
         name="decode_attention_tpu",
     )(*plan, q_BKGD, k_BKDS, v_BKSD, visible_BS.astype(jnp.int32)[:, None, :])
-
-
-def pltpu():
-    from jax.experimental.pallas import tpu  # imported on use: the module pulls in the Mosaic TPU dialect
-
-    return tpu
 
 
 # ------------------------------------------------------------------------------------------------ GPU
