@@ -24,6 +24,12 @@ from rlhf_jax.parallel.mesh import single_device_mesh
 KERNELS = {"pallas_tpu": 128, "pallas_gpu": 32}  # implementation: block of cache columns (several blocks per row)
 
 
+def fresh_rng():
+    """A generator on a new seed each run, and the seed (printed by a failing assertion to replay it)."""
+    seed = int(np.random.SeedSequence().entropy % 2**32)
+    return np.random.default_rng(seed), seed
+
+
 def slot_cache(rng, *, B=5, K=2, G=3, D=16, P=24, S=301, dtype=jnp.float32):
     """A decode step's inputs as the sampler lays them out: prompts left-padded in [0, P), response t at P + t,
     the query's token staged in the last column. Row 0 is a refilled slot: a short new sample over the long
@@ -56,17 +62,17 @@ def run_kernel(name, q, k, v, valid, q_slot, window, *, scale, softcap=None):
 @pytest.mark.parametrize("name", sorted(KERNELS))
 @pytest.mark.parametrize("window", [None, 1, 9, 150])
 def test_kernel_matches_dense_fp32(name, window):
-    rng = np.random.default_rng()
+    rng, seed = fresh_rng()
     q, k, v, valid, q_slot = slot_cache(rng)
     softcap = 3.0 if window == 9 else None
     ref = dense_decode_attention(q, k, v, q_slot, valid, jnp.float32, window, 0.3, softcap)
     out = run_kernel(name, q, k, v, valid, q_slot, window, scale=0.3, softcap=softcap)
-    np.testing.assert_allclose(np.asarray(out), np.asarray(ref), atol=1e-5, rtol=0)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(ref), atol=1e-5, rtol=0, err_msg=f"seed {seed}")
 
 
 @pytest.mark.parametrize("name", sorted(KERNELS))
 def test_kernel_matches_dense_bf16(name):
-    rng = np.random.default_rng()
+    rng, seed = fresh_rng()
     q, k, v, valid, q_slot = slot_cache(rng, dtype=jnp.bfloat16)
     ref = dense_decode_attention(q, k, v, q_slot, valid, jnp.bfloat16, 9, None, None)
     exact = dense_decode_attention(*(x.astype(jnp.float32) for x in (q, k, v)), q_slot, valid, jnp.float32, 9)
@@ -75,13 +81,13 @@ def test_kernel_matches_dense_bf16(name):
     # Both round the probabilities and the output to bf16 (8 bits of mantissa), in different orders:
     # each is within 2e-2 of the float32 result on outputs of size about 1.
     for got in (out, ref):
-        np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(exact), atol=2e-2, rtol=0)
+        np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(exact), atol=2e-2, rtol=0, err_msg=f"seed {seed}")
 
 
 @pytest.mark.parametrize("name", sorted(KERNELS))
 def test_kernel_reads_only_the_visited_blocks(name):
     """NaN in every block a row does not need leaves its output finite and equal to the clean cache's."""
-    rng = np.random.default_rng()
+    rng, seed = fresh_rng()
     q, k, v, valid, q_slot = slot_cache(rng)
     block = KERNELS[name]
     ref = dense_decode_attention(q, k, v, q_slot, valid, jnp.float32, None, 0.25)
@@ -97,16 +103,16 @@ def test_kernel_reads_only_the_visited_blocks(name):
     k_bad = jnp.where(poison[:, None, None, :], jnp.nan, k)
     v_bad = jnp.where(poison[:, None, :, None], jnp.nan, v)
     out = run_kernel(name, q, k_bad, v_bad, valid, q_slot, None, scale=0.25)
-    np.testing.assert_allclose(np.asarray(out), np.asarray(ref), atol=1e-5, rtol=0)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(ref), atol=1e-5, rtol=0, err_msg=f"seed {seed}")
 
 
 @pytest.mark.parametrize("name", sorted(KERNELS))
 def test_kernel_when_the_cache_is_one_block_and_heads_are_not_grouped(name):
-    rng = np.random.default_rng()
+    rng, seed = fresh_rng()
     q, k, v, valid, q_slot = slot_cache(rng, B=3, K=4, G=1, D=32, P=8, S=20)
     ref = dense_decode_attention(q, k, v, q_slot, valid, jnp.float32, 4)
     out = decode_attention(q, k, v, q_slot, valid, jnp.float32, 4, implementation=name, interpret=True)
-    np.testing.assert_allclose(np.asarray(out), np.asarray(ref), atol=1e-5, rtol=0)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(ref), atol=1e-5, rtol=0, err_msg=f"seed {seed}")
 
 
 def test_decode_selection_by_platform():
@@ -131,7 +137,7 @@ def optimized_hlo(fn, *args) -> list[str]:
 def test_cpu_default_is_the_dense_path():
     """On CPU the default decode step compiles to exactly the dense function's program (the platform switch that
     picks a kernel on TPU and GPU is resolved when lowering)."""
-    rng = np.random.default_rng()
+    rng, seed = fresh_rng()
     q, k, v, valid, q_slot = slot_cache(rng, B=2, S=40, P=8)
 
     def auto(*a):
@@ -146,7 +152,7 @@ def test_cpu_default_is_the_dense_path():
 def test_cpu_training_attention_is_unchanged_inside_a_kernel_layout():
     """Inside a layout, attention's program switches by platform; on CPU it compiles to the XLA path's program,
     forward and backward (no residuals of the kernel branches survive)."""
-    rng = np.random.default_rng()
+    rng, seed = fresh_rng()
     q, k, v = (jnp.asarray(rng.normal(size=(2, 256, h, 16)), jnp.float32) for h in (4, 2, 2))
 
     def grads(q, k, v):

@@ -124,10 +124,16 @@ def test_decode_kernel_lowers_sharded_over_a_tpu_slice(tpu_slice):
 
 
 def test_decode_kernels_lower_for_small_and_odd_shapes(tpu, h100):
-    """One kv head per query head, a cache narrower than a block, head_dim 80 (TPU kernel; dense on GPU)."""
+    """One kv head per query head, a cache narrower than a block, 7 query heads per kv head (Qwen2.5-7B), head_dim
+    256 (Gemma), head_dim 80 (TPU kernel; dense on GPU)."""
     small = decode_inputs(jnp.bfloat16, B=2, H=4, K=4, D=64, S=40)
     assert MOSAIC in compiled_hlo(tpu, auto_decode(None), *small)
     assert TRITON in compiled_hlo(h100, auto_decode(None), *small)
+    qwen7b = decode_inputs(jnp.bfloat16, B=8, H=28, K=4, D=128, S=3071)  # 7 query heads per kv head
+    gemma = decode_inputs(jnp.bfloat16, B=8, H=8, K=4, D=256, S=1000)
+    for shapes_ in (qwen7b, gemma):
+        assert MOSAIC in compiled_hlo(tpu, auto_decode(None), *shapes_)
+        assert TRITON in compiled_hlo(h100, auto_decode(None), *shapes_)
     odd = decode_inputs(jnp.bfloat16, B=4, H=8, K=2, D=80, S=300)
     assert MOSAIC in compiled_hlo(tpu, auto_decode(8), *odd)
     assert TRITON not in compiled_hlo(h100, auto_decode(8), *odd)  # the dense path: Triton tiles need 2^n
