@@ -15,13 +15,17 @@ gives zeros (and a finite gradient).
 ``q_slots=None`` states that this is self-attention over one sequence (T == S, query
 i at slot i). Only then can the fused kernels run, because their causal mask is
 static: cuDNN through ``jax.nn.dot_product_attention`` on GPU, Pallas splash
-attention on TPU. These two compute every real query exactly; a query that is
+attention on TPU. The implementation is chosen per platform when the program is
+lowered (``lax.platform_dependent``), so a program compiled here ahead of time for
+a TPU or a GPU gets that platform's kernel; "auto" picks a kernel only where
+``kernel_layout.kernels_allowed()`` (the kernels run per device, on the layout the
+caller states). These two compute every real query exactly; a query that is
 itself padding (its own slot invalid, or segment 0) gets zeros from them, whereas
 ``dense`` and ``blockwise`` follow the rule above for it too. Being self-attention,
 the kernels read the query segment ids for both sides (they are the same tokens).
 
-The one-token decode step over the KV cache is not here: it lives in
-``layers.Attention`` as a fused multiply-reduce.
+The one-token decode step over the KV cache is ``decode_attention.py``; which of its
+implementations runs is chosen here too (``select_decode_implementation``).
 """
 
 from __future__ import annotations
@@ -35,13 +39,15 @@ import jax
 import jax.numpy as jnp
 
 from rlhf_jax.config.names import ATTN_IMPLEMENTATIONS
-from rlhf_jax.models import attention_kernels
+from rlhf_jax.models import attention_kernels, decode_kernels, kernel_layout
 from rlhf_jax.models.dots import einsum_f32
 from rlhf_jax.models.blockwise import DEFAULT_BLOCK, blockwise_attention, soft_cap, visible
 
 log = logging.getLogger(__name__)
 
 IMPLEMENTATIONS = ATTN_IMPLEMENTATIONS  # model.attn_implementation
+# lax.platform_dependent's platform names, and the backend names the selection rules use for them
+PLATFORMS = {"cpu": "cpu", "tpu": "tpu", "cuda": "gpu"}
 
 # Query x key pairs up to which "auto" keeps the dense formula. Measured on a 2-core CPU with
 # SmolLM2 heads (H=9, K=3, D=64): attention alone, batch 1, the two tie at T = 64 and 128 and
@@ -102,6 +108,45 @@ def select_implementation(requested: str, backend: str, call: CallShape, *, spla
     return _xla_choice(call), reason
 
 
+DECODE_IMPLEMENTATIONS = ("auto", "dense", "pallas_tpu", "pallas_gpu")
+
+
+def select_decode_implementation(requested: str, backend: str, head_dim: int, *, interpret: bool = False
+                                 ) -> tuple[str, str]:
+    """(implementation, reason) of the one-token decode step over the KV cache.
+
+    "auto" is the Pallas kernel of the backend (TPU, GPU), which reads only the cache blocks a query
+    sees, and the dense multiply-reduce on CPU: there XLA fuses it into one pass over the cache, and
+    every HLO formulation of a per-row prefix was slower. The GPU kernel's Triton tiles need a
+    power-of-two head_dim >= 16; other head sizes take the dense path. A kernel requested for another
+    backend runs only in Pallas interpret mode (``interpret``, for tests), else falls back to dense.
+    """
+    if requested not in DECODE_IMPLEMENTATIONS:
+        raise ValueError(f"unknown decode attention implementation {requested!r}; expected one of "
+                         f"{DECODE_IMPLEMENTATIONS}")
+    if requested == "dense":
+        return "dense", "requested"
+    want = requested if requested != "auto" else {"tpu": "pallas_tpu", "gpu": "pallas_gpu"}.get(backend)
+    if want is None:
+        return "dense", f"{backend}: XLA's fused multiply-reduce over the whole cache"
+    if want == "pallas_gpu" and not decode_kernels.gpu_head_dim_fits(head_dim):
+        return "dense", f"the GPU decode kernel needs a power-of-two head_dim >= 16, not {head_dim}"
+    if not interpret and backend != want.removeprefix("pallas_"):
+        return "dense", f"{want} compiles only for its platform, not {backend} (interpret mode runs it anywhere)"
+    return want, backend
+
+
+@functools.cache
+def _cudnn_traceable() -> bool:
+    """Whether cuDNN attention can be traced here: jax checks the cuDNN library's version while tracing it."""
+    x = jax.ShapeDtypeStruct((1, 8, 1, 8), jnp.bfloat16)
+    try:
+        jax.eval_shape(functools.partial(jax.nn.dot_product_attention, implementation="cudnn"), x, x, x)
+        return True
+    except (RuntimeError, ImportError):
+        return False
+
+
 @functools.cache
 def _splash_importable() -> bool:
     try:  # finding the module imports its parent packages, which may fail on a build without Pallas TPU
@@ -111,7 +156,7 @@ def _splash_importable() -> bool:
 
 
 @functools.cache
-def _warn_fallback(requested: str, chosen: str, reason: str) -> None:
+def warn_fallback(requested: str, chosen: str, reason: str) -> None:
     log.warning("attention implementation %r cannot run here (%s); using %r", requested, reason, chosen)
 
 
@@ -147,26 +192,59 @@ def attention(q_BTHD, k_BSKD, v_BSKD, *, q_slots_BT=None, key_valid_BS=None, q_s
         raise ValueError(f"sliding_window must be >= 1, got {sliding_window}")
     scale = D**-0.5 if scale is None else scale
     call = CallShape(T, S, D, jnp.dtype(q_BTHD.dtype).name, q_slots_BT is None, q_segment_ids_BT is not None)
-    backend = jax.default_backend()
-    chosen, reason = select_implementation(implementation, backend, call,
-                                           splash_available=backend == "tpu" and _splash_importable())
-    if softcap is not None and chosen in ("cudnn", "splash"):  # the kernel wrappers do not cap scores
-        chosen, reason = _xla_choice(call), "the fused kernels do not soft-cap attention scores"
-    if implementation not in ("auto", chosen):
-        _warn_fallback(implementation, chosen, reason)
+    requested = implementation
+    if requested == "auto" and not kernel_layout.kernels_allowed():
+        requested = _xla_choice(call)
+    choices = {p: _choose(requested, b, call, softcap) for p, b in PLATFORMS.items()}
+    here = choices.get(jax.default_backend().replace("gpu", "cuda"), (_xla_choice(call), "another platform"))
+    if implementation not in ("auto", here[0]):
+        warn_fallback(implementation, here[0], here[1])
 
     key_valid = jnp.ones((B, S), bool) if key_valid_BS is None else key_valid_BS.astype(bool)
-    if chosen == "cudnn":
-        return attention_kernels.cudnn_self_attention(q_BTHD, k_BSKD, v_BSKD, key_valid, window=sliding_window,
-                                                      scale=scale, block_size=block_size)
-    if chosen == "splash":
-        return attention_kernels.splash_self_attention(q_BTHD, k_BSKD, v_BSKD, key_valid, q_segment_ids_BT,
-                                                       window=sliding_window, scale=scale)
+    run = functools.partial(_attend, window=sliding_window, scale=scale, softcap=softcap, block_size=block_size)
+    args = (q_BTHD, k_BSKD, v_BSKD, q_slots_BT, key_valid, q_segment_ids_BT, kv_segment_ids_BS)
+    if len({chosen for chosen, _ in choices.values()}) == 1:  # the same everywhere: no platform switch
+        return run(here[0], *args)
+    return jax.lax.platform_dependent(*args, default=functools.partial(run, _xla_choice(call)),
+                                      **{p: functools.partial(run, c) for p, (c, _) in choices.items()})
+
+
+def _choose(requested: str, backend: str, call: CallShape, softcap: float | None) -> tuple[str, str]:
+    """``select_implementation`` for ``backend``, with what this process can trace and the scores' cap."""
+    available = {"tpu": _splash_importable, "gpu": _cudnn_traceable}.get(backend, lambda: True)
+    chosen, reason = select_implementation(requested, backend, call, splash_available=backend == "tpu" and available())
+    if chosen == "cudnn" and not available():
+        return _xla_choice(call), "cuDNN cannot be traced here (no CUDA plugin or cuDNN library)"
+    if softcap is not None and chosen in ("cudnn", "splash"):  # the kernel wrappers do not cap scores
+        return _xla_choice(call), "the fused kernels do not soft-cap attention scores"
+    return chosen, reason
+
+
+def _attend(chosen: str, q_BTHD, k_BSKD, v_BSKD, q_slots_BT, key_valid, q_segment_ids_BT, kv_segment_ids_BS, *,
+            window, scale, softcap, block_size):
+    B, T, H, D = q_BTHD.shape
+    S, K = k_BSKD.shape[1], k_BSKD.shape[2]
+    if chosen in ("cudnn", "splash"):
+        layout = kernel_layout.current()
+        heads = layout.spec(4, 2, K) if layout is not None else None
+        rows2 = layout.spec(2) if layout is not None else None
+        if chosen == "cudnn":
+            def kernel(q, k, v, valid):
+                return attention_kernels.cudnn_self_attention(q, k, v, valid, window=window, scale=scale,
+                                                              block_size=block_size)
+            return kernel_layout.per_device(kernel, (heads, heads, heads, rows2), heads)(q_BTHD, k_BSKD, v_BSKD,
+                                                                                         key_valid)
+
+        def kernel(q, k, v, valid, *seg):
+            return attention_kernels.splash_self_attention(q, k, v, valid, *seg, window=window, scale=scale)
+        segments = () if q_segment_ids_BT is None else (q_segment_ids_BT,)
+        return kernel_layout.per_device(kernel, (heads, heads, heads) + (rows2,) * (1 + len(segments)), heads)(
+            q_BTHD, k_BSKD, v_BSKD, key_valid, *segments)
     q_slots = jnp.broadcast_to(jnp.arange(T), (B, T)) if q_slots_BT is None else q_slots_BT
     q_seg = jnp.ones((B, T), jnp.int32) if q_segment_ids_BT is None else q_segment_ids_BT
     kv_seg = jnp.ones((B, S), jnp.int32) if kv_segment_ids_BS is None else kv_segment_ids_BS
     if chosen == "dense":
-        return dense_attention(q_BTHD, k_BSKD, v_BSKD, q_slots, key_valid, q_seg, kv_seg, window=sliding_window, scale=scale,
+        return dense_attention(q_BTHD, k_BSKD, v_BSKD, q_slots, key_valid, q_seg, kv_seg, window=window, scale=scale,
                                softcap=softcap)
-    return blockwise_attention(q_BTHD, k_BSKD, v_BSKD, q_slots, key_valid, q_seg, kv_seg, window=sliding_window,
+    return blockwise_attention(q_BTHD, k_BSKD, v_BSKD, q_slots, key_valid, q_seg, kv_seg, window=window,
                                scale=scale, block_q=block_size, block_k=block_size, softcap=softcap)

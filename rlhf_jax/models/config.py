@@ -20,7 +20,7 @@ from typing import Any
 import jax.numpy as jnp
 
 from rlhf_jax.models import remat
-from rlhf_jax.models.attention import IMPLEMENTATIONS
+from rlhf_jax.models.attention import DECODE_IMPLEMENTATIONS, IMPLEMENTATIONS
 from rlhf_jax.models.rope import ROPE_TYPES, RopeConfig
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text", "qwen2_moe", "qwen3_moe")
@@ -98,6 +98,8 @@ class ModelConfig:
     param_dtype: Any = jnp.float32
     remat: str = "none"  # one of REMAT_POLICIES; True / False are read as "full" / "none"
     attn_impl: str = "auto"  # one of attention.IMPLEMENTATIONS
+    decode_attn_impl: str = "auto"  # the sampler's one-token step, one of attention.DECODE_IMPLEMENTATIONS
+    pallas_interpret: bool = False  # run the Pallas decode kernels in interpret mode (any backend; tests)
     lora: Any = None  # a models.lora.LoraSpec: adapters on the projections it targets (None: a plain model)
     hf_config: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
@@ -105,6 +107,8 @@ class ModelConfig:
         object.__setattr__(self, "remat", remat_policy(self.remat))
         if self.attn_impl not in IMPLEMENTATIONS:
             raise ValueError(f"attn_impl {self.attn_impl!r} is not one of {IMPLEMENTATIONS}")
+        if self.decode_attn_impl not in DECODE_IMPLEMENTATIONS:
+            raise ValueError(f"decode_attn_impl {self.decode_attn_impl!r} is not one of {DECODE_IMPLEMENTATIONS}")
 
     def window_of(self, layer: int) -> int | None:
         """The sliding window of decoder layer ``layer`` (None: full causal attention)."""

@@ -12,7 +12,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from rlhf_jax.models.attention import attention, soft_cap
+from rlhf_jax.models.attention import attention
+from rlhf_jax.models.decode_attention import decode_attention
 from rlhf_jax.models import lora_layers
 from rlhf_jax.models.config import ModelConfig
 from rlhf_jax.models.rope import apply_rope, rotary_cos_sin
@@ -58,42 +59,6 @@ class RMSNorm(nnx.Module):
 def norm(cfg: ModelConfig, dim: int, rngs: nnx.Rngs | None) -> RMSNorm:
     """The family's RMSNorm over ``dim`` features."""
     return RMSNorm(dim, cfg.rms_norm_eps, param_dtype=cfg.param_dtype, unit_offset=cfg.norm_unit_offset, rngs=rngs)
-
-
-def attention_weights_mask(q_slots_BT: jax.Array, key_valid_BS: jax.Array, window: int | None = None) -> jax.Array:
-    """(B, T, S) boolean: a query at slot i sees key slot j when j <= i, the key is valid and, with a
-    ``window``, fewer than ``window`` valid keys precede the query from j on.
-
-    The window counts valid slots, not slots: the valid keys are the sequence's tokens in order, but
-    the decode cache may hold gaps between them (its last slot stages the fed-back token while the
-    response slots before it are not all filled yet).
-    """
-    key_slots = jnp.arange(key_valid_BS.shape[-1])
-    valid = key_valid_BS.astype(bool)
-    mask = (key_slots[None, None, :] <= q_slots_BT[:, :, None]) & valid[:, None, :]
-    if window is not None:
-        rank_BS = jnp.cumsum(valid, axis=-1)
-        q_rank_BT = jnp.take_along_axis(rank_BS, q_slots_BT, axis=-1)
-        mask &= q_rank_BT[:, :, None] - rank_BS[:, None, :] < window
-    return mask
-
-
-def decode_attention(q_BHD, k_BKDS, v_BKSD, q_slot_B, key_valid_BS, dtype, window: int | None = None,
-                     scale: float | None = None, softcap: float | None = None) -> jax.Array:
-    """One query token per row over the whole cache, (B, H, D).
-
-    Many tiny matmuls, one per (batch, kv head), are slow on CPU; a broadcast multiply + reduce
-    that XLA fuses reads the cache once instead.
-    """
-    B, H, D = q_BHD.shape
-    K = k_BKDS.shape[1]
-    q = q_BHD.reshape(B, K, H // K, D)
-    scores = jnp.sum(q[..., None] * k_BKDS.astype(dtype)[:, :, None], axis=-2)  # B K G S
-    scores = soft_cap(scores.astype(jnp.float32) * (D**-0.5 if scale is None else scale), softcap)
-    mask = attention_weights_mask(q_slot_B[:, None], key_valid_BS, window)[:, None]  # B 1 1 S
-    probs = jax.nn.softmax(jnp.where(mask, scores, jnp.finfo(jnp.float32).min), axis=-1).astype(dtype)
-    out = jnp.sum(probs[..., None] * v_BKSD.astype(dtype)[:, :, None], axis=-2)  # B K G D
-    return out.reshape(B, H, D)
 
 
 class Attention(nnx.Module):
@@ -161,7 +126,8 @@ class Attention(nnx.Module):
             new_cache = (k_cache, v_cache)
             if T == 1:
                 out = decode_attention(q[:, 0], k_cache, v_cache, q_slots_BT[:, 0], key_valid_BS, dt, self.window,
-                                       cfg.attn_scale, cfg.attn_logit_softcap)[:, None]
+                                       cfg.attn_scale, cfg.attn_logit_softcap, implementation=cfg.decode_attn_impl,
+                                       interpret=cfg.pallas_interpret)[:, None]
                 return self._output(out), new_cache
             # A prefill that fills the whole cache from slot 0 is self-attention over the new tokens.
             if not (isinstance(cache_index, int) and cache_index == 0 and k_cache.shape[3] == T):

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 from flax import struct
 from jax.sharding import Mesh
 
+from rlhf_jax.models.kernel_layout import kernel_layout
 from rlhf_jax.parallel.mesh import DEFAULT_RULES, Rules, single_device_mesh
 from rlhf_jax.rollout import scheduler
 from rlhf_jax.rollout.params import SamplingParams
@@ -116,8 +117,9 @@ def _decode(model, slots, queue, responses, prompts, first_token, key, params, s
         slots, queue, responses, steps = carry
         width = slots.cache[0][0].shape[3]
         slots, queue = scheduler.prepare(slots, queue, prompts, first_token, n, shards)
-        hidden, cache = model.forward_cached(slots.last[:, None], slots.positions()[:, None],
-                                             slots.key_valid(), slots.cache, width - 1)
+        with kernel_layout(shards.mesh, shards.batch, shards.kv_heads):  # the decode kernels may run, per device
+            hidden, cache = model.forward_cached(slots.last[:, None], slots.positions()[:, None],
+                                                 slots.key_valid(), slots.cache, width - 1)
         logits = shards.constrain(model.logits_from_hidden(hidden)[:, 0, :], shards.rows(2))
         keys = sample_keys(key, scheduler.global_sample_ids(slots, samples_per_shard, shards))
         tokens, logps = _draw(logits, keys, slots.t, params, shards)
