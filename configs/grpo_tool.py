@@ -20,7 +20,7 @@ Measured on a 2-core CPU (about 10 min for the command): greedy exact accuracy w
 
 Accuracy without tools: validate a stage's export with the tool switched off,
 ``--config.actor_rollout_ref.rollout.multi_turn.enable=False --config.trainer.val_only=True`` and
-``--config.actor_rollout_ref.model.path=<stage dir>/hf/global_step_<N>`` (see README).
+``--config.actor_rollout_ref.model.path=<stage dir>/hf/global_step_<N>`` (see docs/multi_turn.md).
 """
 
 from ml_collections import ConfigDict

@@ -16,10 +16,21 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
 if "xla_cpu_collective_call_terminate_timeout_seconds" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] += " --xla_cpu_collective_call_terminate_timeout_seconds=600"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-# Many tests (and their subprocesses, which inherit this) compile the same small programs:
-# a persistent compilation cache keyed by the program and the jax version saves minutes.
-os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.expanduser("~/.cache/rlhf_jax/jax-test-cache"))
+# Many tests, and the command-line runs they start (subprocesses inherit this environment), compile the same small
+# programs: a persistent compilation cache lets each compile once per test run. The cache is a fresh directory
+# of this run, removed at its end, so that no run's timings or programs depend on what an earlier run left behind.
+# An explicitly set JAX_COMPILATION_CACHE_DIR is used as it is.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    import atexit
+    import shutil
+    import tempfile
+
+    _compile_cache = tempfile.mkdtemp(prefix="rlhf_jax-test-compile-cache-")
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _compile_cache
+    atexit.register(shutil.rmtree, _compile_cache, ignore_errors=True)
+# Every program is worth keeping (jax's defaults keep only those that took a second to compile), whatever its size.
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest  # noqa: E402
