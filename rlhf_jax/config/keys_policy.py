@@ -158,6 +158,11 @@ ROLLOUT = (
     Key(A + "rollout.seed", None, "Base PRNG seed of sampling; None = trainer.seed.", type=int),
     Key(A + "rollout.dtype", None, "Compute dtype of sampling (the KV cache's too); parameters keep their dtype and "
         "are cast at use. None = model.compute_dtype.", type=str, choices=DTYPES),
+    Key(A + "rollout.weight_dtype", None,
+        "Dtype of the weights the sampler reads: a copy of the actor's parameters in this dtype is made for each "
+        "rollout (after every update), as verl's rollout engine holds its own weights in its dtype; bfloat16 halves "
+        "the bytes each decode step reads. None = no copy: the sampler reads the actor's arrays (model.dtype).",
+        type=str, choices=DTYPES),
     Key(A + "rollout.max_num_seqs", None,
         "Decode slots (sequences decoded at once; a finished one is refilled from the pending samples); "
         "rounded down to a multiple of the data-parallel size. None = every sample of the batch, at most 256.",
