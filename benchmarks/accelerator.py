@@ -33,6 +33,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 if "--smoke" in sys.argv:
     os.environ["JAX_PLATFORMS"] = "cpu"
+# The actor and the reference compile the same programs: the persistent cache compiles them once (and a rerun
+# starts from it). Each program's first call, compile or cache load included, is reported apart.
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.expanduser("~/.cache/rlhf_jax/jax-bench-cache"))
 
 # Public config.json values of the Qwen2.5 base models (Hugging Face Hub, Qwen/Qwen2.5-0.5B and Qwen/Qwen2.5-1.5B).
 QWEN25 = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_act": "silu", "rms_norm_eps": 1e-6,

@@ -159,9 +159,8 @@ ROLLOUT = (
     Key(A + "rollout.dtype", None, "Compute dtype of sampling (the KV cache's too); parameters keep their dtype and "
         "are cast at use. None = model.compute_dtype.", type=str, choices=DTYPES),
     Key(A + "rollout.weight_dtype", None,
-        "Dtype of the weights the sampler reads: a copy of the actor's parameters in this dtype is made for each "
-        "rollout (after every update), as verl's rollout engine holds its own weights in its dtype; bfloat16 halves "
-        "the bytes each decode step reads. None = no copy: the sampler reads the actor's arrays (model.dtype).",
+        "Sampler weights' dtype: a copy of the actor's in it per rollout (as verl's engine holds its own; bfloat16 "
+        "halves decode's reads). None = no copy (model.dtype).",
         type=str, choices=DTYPES),
     Key(A + "rollout.max_num_seqs", None,
         "Decode slots (sequences decoded at once; a finished one is refilled from the pending samples); "

@@ -31,6 +31,13 @@ from rlhf_jax.train.generation import generate_batch
 from rlhf_jax.train.loggers import dump_generations
 
 
+def in_weight_dtype(cfg, weights):
+    """``weights`` as ``rollout.weight_dtype`` (a copy, freed when the rollout that reads it ends), or as they are when
+    it is None."""
+    name = cfg.actor_rollout_ref.rollout.get("weight_dtype")
+    return weights if name is None else cast_floating(weights, name)
+
+
 class RolloutMixin:
     # ------------------------------------------------------------------ LoRA
     def _sampler_params(self):
@@ -55,19 +62,13 @@ class RolloutMixin:
         """The sampler's weights (``_sampler_params``, in ``rollout.weight_dtype`` when set) where it runs: on
         separate rollout devices, a copy made once per update."""
         if self.rollout_mesh is None:
-            return self._in_weight_dtype(self._sampler_params())
+            return in_weight_dtype(self.cfg, self._sampler_params())
         params = self.actor.params  # replaced by every update
         if self._rollout_params_of is None or self._rollout_params_of[0] is not params:
-            weights = self._in_weight_dtype(self._sampler_params())  # cast first: fewer bytes to move
+            weights = in_weight_dtype(self.cfg, self._sampler_params())  # cast first: fewer bytes to move
             shardings = jax.tree.map(lambda x: NamedSharding(self.rollout_mesh, x.sharding.spec), weights)
             self._rollout_params_of = (params, jax.device_put(weights, shardings))
         return self._rollout_params_of[1]
-
-    def _in_weight_dtype(self, weights):
-        """``weights`` as ``rollout.weight_dtype`` (a copy, freed when the rollout that reads it ends), or as they are
-        when it is None."""
-        name = self.cfg.actor_rollout_ref.rollout.get("weight_dtype")
-        return weights if name is None else cast_floating(weights, name)
 
     def _generate(self, pb: PromptBatch, sampling, key, bucket: bool = True, weights: Any = None):
         """Sample from a (process-local) prompt batch (see train/generation.py) with ``weights`` (default: the

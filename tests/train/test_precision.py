@@ -111,3 +111,40 @@ def test_rollout_training_mismatch_in_both_precisions(runs):
         assert 1e-8 < m["rollout_corr/k3_kl"] < (4 * U) ** 2 / 2, (name, m["rollout_corr/k3_kl"])
         assert 1e-5 < m["rollout_corr/log_ppl_abs_diff"] < 4 * U, name
         assert m["training/rollout_actor_probs_pearson_corr"] > 1 - 1e-3, name
+
+
+@pytest.mark.parametrize("param_dtype", ["float32", "bfloat16"])
+def test_model_dtype_is_the_parameter_and_optimizer_state_dtype(param_dtype):
+    """``model.dtype`` as the trainer applies it (``setup.DTYPES`` -> parameters; the optimizer's moments follow them),
+    with ``model.compute_dtype=bfloat16``: gradients and moments in the parameters' dtype, activations in bf16."""
+    import optax
+
+    from rlhf_jax.models import from_hf_dict, init_model
+    from rlhf_jax.parallel import single_device_mesh
+    from rlhf_jax.train.engine import Role
+    from rlhf_jax.train.optim import make_optimizer
+    from rlhf_jax.train.setup import DTYPES
+    from rlhf_jax.train.steps import ActorLossSpec
+
+    hf = {"model_type": "qwen2", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+          "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64}
+    mesh = single_device_mesh()
+    model = init_model(from_hf_dict(hf, dtype=DTYPES[BF16], param_dtype=DTYPES[param_dtype]), mesh=mesh)
+    tx, _ = make_optimizer({"lr": 1e-3}, 1.0, 10, 1)
+    role = Role(model, mesh, tx)
+    rng = np.random.default_rng(0)
+    batch = {"input_ids": rng.integers(0, 64, (2, 12)).astype(np.int32), "attention_mask": np.ones((2, 12), np.int32),
+             "responses": rng.integers(0, 64, (2, 4)).astype(np.int32), "response_mask": np.ones((2, 4), np.int32),
+             "old_log_probs": np.full((2, 4), -4.0, np.float32), "advantages": rng.standard_normal((2, 4)).astype(np.float32)}
+    before = jax.tree.map(np.asarray, role.params)
+    metrics = role.update_actor(ActorLossSpec(), {k: jnp.asarray(v) for k, v in batch.items()}, jax.random.key(0),
+                                n_micro=1)
+    assert np.isfinite(float(metrics["actor/grad_norm"])) and float(metrics["actor/grad_norm"]) > 0
+    moments = [x for x in jax.tree.leaves(role.opt_state) if getattr(x, "ndim", 0) > 0]
+    assert moments and {str(x.dtype) for x in moments} == {param_dtype}
+    assert {str(x.dtype) for x in jax.tree.leaves(role.params)} == {param_dtype}
+    assert any((np.asarray(a) != b).any() for a, b in zip(jax.tree.leaves(role.params), jax.tree.leaves(before)))
+    (program,) = [p for k, p in role._compiled.items() if k[0] == "actor_update"]
+    text = program.lower(role.params, role.frozen, role.opt_state, {k: jnp.asarray(v) for k, v in batch.items()},
+                         jax.random.key(0)).as_text()
+    assert "bf16" in text  # the forward and backward passes compute in bf16 either way
