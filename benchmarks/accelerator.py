@@ -26,6 +26,7 @@ import os
 import re
 import sys
 import time
+import traceback
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
@@ -140,11 +141,16 @@ def run(sizes: Sizes, sections: set[str], log=print) -> dict:
                     "peak_flops": peak_flops, "hbm_bytes_per_s": bandwidth, "seconds": {}}
 
     def section(name, fn):
+        """Run one section; a failure (a kernel that does not lower, memory) is recorded and the next one runs."""
         if name not in sections:
             return
         start = time.perf_counter()
         log(f"[{name}] ...", flush=True)
-        result[name] = fn()
+        try:
+            result[name] = fn()
+        except Exception as e:  # noqa: BLE001 - reported in the table and the JSON, the run goes on
+            traceback.print_exc()
+            result.setdefault("errors", {})[name] = f"{type(e).__name__}: {e}"[:2000]
         result["seconds"][name] = time.perf_counter() - start
 
     section("parity", lambda: P.logits_parity(MODELS["tiny-qwen2"], sizes.parity_tokens))
@@ -215,6 +221,9 @@ def table_rows(result: dict) -> list[dict]:
                      "ratio": seconds / r["seconds"] if seconds else None,
                      "note": f"transformers {r['transformers']['tokens_per_s']:,.0f} tok/s "
                              f"({r['ratio_to_transformers']:.2f}x)" + (f", {roof:.0%} of HBM roofline" if roof else "")})
+    for name, error in result.get("errors", {}).items():
+        rows.append({"section": name, "case": "FAILED", "measured": error.splitlines()[0][:100], "predicted": "-",
+                     "ratio": None, "note": "see the JSON's errors"})
     g = result.get("grpo_step")
     if g:
         for stage, seconds in g["stages_s"].items():
@@ -262,7 +271,7 @@ def main(argv=None) -> int:
     with open(path, "w") as f:
         json.dump(result, f, indent=2, default=float)
     print(f"wrote {path} ({result['seconds']['total']:.0f} s)")
-    return 0
+    return 1 if result.get("errors") else 0
 
 
 if __name__ == "__main__":

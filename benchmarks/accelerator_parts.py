@@ -192,8 +192,7 @@ def update_throughput(hf: dict, remat: bool, *, sequences: int, prompt_len: int,
            "first_call_s": first, "seconds": best, "tokens_per_s": tokens / best, "model_flops": flops,
            "flops_per_s": flops / best, "process_peak_memory_bytes": peak_memory_bytes(),  # since the process began
            "plan": predict("update_actor", program, model_flops=flops / len(micros), calls=len(micros))}
-    del role
-    return out
+    return out  # the role's arrays go with this frame, before the next model is built
 
 
 # ----------------------------------------------------------------------------- (c) decode

@@ -55,6 +55,8 @@ def test_smoke_run_measures_every_section(smoke):
         assert r["tokens"] == 4 * (16 + 48) and r["tokens_per_s"] > 0 and r["flops_per_s"] > 0
         assert r["mfu"] is None  # no peak FLOP/s for a CPU
         assert PLAN_KEYS <= set(r["plan"])
+        # the prediction column must not need what an accelerator machine may lack
+        assert not any(name in (r["plan"]["reason"] or "") for name in ABSENT), r["plan"]["reason"]
         if "program_bytes" in r["plan"]:  # rlhf_jax.plan importable: its counts of the program that ran
             assert r["plan"]["program_bytes"] > 0 and r["plan"]["flops"] > 0
 

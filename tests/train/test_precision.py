@@ -117,8 +117,6 @@ def test_rollout_training_mismatch_in_both_precisions(runs):
 def test_model_dtype_is_the_parameter_and_optimizer_state_dtype(param_dtype):
     """``model.dtype`` as the trainer applies it (``setup.DTYPES`` -> parameters; the optimizer's moments follow them),
     with ``model.compute_dtype=bfloat16``: gradients and moments in the parameters' dtype, activations in bf16."""
-    import optax
-
     from rlhf_jax.models import from_hf_dict, init_model
     from rlhf_jax.parallel import single_device_mesh
     from rlhf_jax.train.engine import Role
