@@ -146,3 +146,23 @@ def test_model_dtype_is_the_parameter_and_optimizer_state_dtype(param_dtype):
     text = program.lower(role.params, role.frozen, role.opt_state, {k: jnp.asarray(v) for k, v in batch.items()},
                          jax.random.key(0)).as_text()
     assert "bf16" in text  # the forward and backward passes compute in bf16 either way
+
+
+def test_bf16_weight_copy_on_separate_rollout_devices(tmp_path):
+    """With mesh.rollout_devices the bf16 copy is made before the transfer: half the bytes cross, the actor keeps
+    float32 on the training devices."""
+    cfg = make_config(str(tmp_path / "run"), **{"mesh.rollout_devices": 4, "mesh.tensor": 1,
+                                                "actor_rollout_ref.rollout.weight_dtype": BF16,
+                                                "trainer.total_training_steps": 1})
+    trainer = Trainer(cfg)
+    try:
+        trainer.fit()
+        weights = trainer._rollout_weights()
+        rollout_devices = set(trainer.rollout_mesh.devices.flat)
+        floats = [x for x in jax.tree.leaves(weights) if jnp.issubdtype(x.dtype, jnp.floating)]
+        assert floats and all(x.dtype == jnp.bfloat16 and x.sharding.device_set <= rollout_devices for x in floats)
+        assert {str(x.dtype) for x in jax.tree.leaves(trainer.actor.params)} == {"float32"}
+        m = read_metrics(trainer.out_dir)[-1]
+        assert 1e-7 < m["training/rollout_probs_diff_mean"] and m["rollout_corr/k3_kl"] > 1e-8  # bf16 weights sampled
+    finally:
+        trainer.close()
