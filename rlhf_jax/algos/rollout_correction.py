@@ -192,6 +192,28 @@ def offpolicy_metrics(old_log_probs: Array, rollout_log_probs: Array, mask: Arra
     }
 
 
+def mismatch_metrics(old_log_probs: Array, rollout_log_probs: Array, response_mask: Array) -> dict:
+    """How far the sampler's log-probs are from the trainer's recomputation of the same tokens, as verl reports it
+    whether or not a correction is on: ``training/rollout_probs_diff_{max,mean,std}`` (|p_train - p_rollout| per
+    sampled token, in probability space; std with n - 1), ``training/rollout_actor_probs_pearson_corr`` and the
+    ``rollout_corr/`` divergences of ``offpolicy_metrics`` (``kl``: mean of log p_rollout - log p_train)."""
+    mask = response_mask.astype(jnp.float32)
+    count = jnp.maximum(jnp.sum(mask), 1.0)
+    p_train, p_rollout = jnp.exp(old_log_probs), jnp.exp(rollout_log_probs)
+    diff = jnp.abs(p_train - p_rollout)
+    mean = jnp.sum(diff * mask) / count
+    std = jnp.sqrt(jnp.sum((diff - mean) ** 2 * mask) / jnp.maximum(count - 1.0, 1.0))
+    centred_t = (p_train - jnp.sum(p_train * mask) / count) * mask
+    centred_r = (p_rollout - jnp.sum(p_rollout * mask) / count) * mask
+    pearson = jnp.sum(centred_t * centred_r) / jnp.maximum(
+        jnp.sqrt(jnp.sum(centred_t**2) * jnp.sum(centred_r**2)), 1e-30)
+    out = {"training/rollout_probs_diff_max": jnp.max(jnp.where(mask > 0, diff, 0.0)),
+           "training/rollout_probs_diff_mean": mean, "training/rollout_probs_diff_std": std,
+           "training/rollout_actor_probs_pearson_corr": pearson}
+    out.update({f"rollout_corr/{k}": v for k, v in offpolicy_metrics(old_log_probs, rollout_log_probs, mask).items()})
+    return out
+
+
 def rollout_correction(old_log_probs: Array, rollout_log_probs: Array, response_mask: Array,
                        cfg: RolloutCorrection) -> tuple[Array | None, Array, dict]:
     """(importance weights or None, response mask after rejection and veto, ``rollout_corr/`` metrics).

@@ -179,6 +179,10 @@ ROLLOUT = (
     Key(A + "rollout.dtype", None, "Compute dtype of sampling (the KV cache's too); parameters keep their dtype and "
         "are cast at use. None = model.compute_dtype.", type=str, choices=DTYPES,
         same_as="actor_rollout_ref.model.compute_dtype"),
+    Key(A + "rollout.weight_dtype", None,
+        "Sampler weights' dtype: a copy of the actor's in it per rollout (as verl's engine holds its own; bfloat16 "
+        "halves decode's reads). None = no copy (model.dtype).",
+        type=str, choices=DTYPES),
     Key(A + "rollout.max_num_seqs", None,
         "Decode slots (sequences decoded at once; a finished one is refilled from the pending samples); "
         "rounded down to a multiple of the data-parallel size. None = every sample of the batch, at most 256.",

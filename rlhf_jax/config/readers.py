@@ -68,7 +68,7 @@ READERS: dict[str, tuple[str, ...]] = {
         "trainer.log_val_generations", "trainer.critic_warmup", "trainer.resume_mode",
         "trainer.max_actor_ckpt_to_keep", "trainer.profile_steps", "trainer.profile_dir", "trainer.seed",
     ),
-    "rlhf_jax.train.trainer_rollout": ("algorithm.filter_groups.*", "trainer.rollout_data_dir"),
+    "rlhf_jax.train.trainer_rollout": ("algorithm.filter_groups.*", "trainer.rollout_data_dir", _A + "rollout.weight_dtype"),
     "rlhf_jax.train.fit_loop": (
         "trainer.default_local_dir", "trainer.log_dir", "trainer.save_freq", "trainer.test_freq",
         "trainer.val_before_train", "trainer.val_only", "trainer.save_hf_checkpoint",

@@ -47,6 +47,17 @@ def _layout(state: Any) -> tuple:
     return (treedef, tuple((x.shape, x.dtype, x.sharding) for x in leaves))
 
 
+@functools.partial(jax.jit, static_argnames="dtype")
+def _cast(state: Any, dtype: str) -> Any:
+    return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, state)
+
+
+def cast_floating(state: Any, dtype: str) -> Any:
+    """A copy of ``state`` with its floating-point arrays in ``dtype`` (each keeps its sharding): sampling weights
+    in bfloat16 halve what every decode step reads from memory."""
+    return _cast(state, dtype=str(jnp.dtype(dtype)))
+
+
 class Sampler:
     """Compiled samplers for one model architecture (its ``nnx`` graphdef) on one mesh."""
 

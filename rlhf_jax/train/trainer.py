@@ -31,7 +31,7 @@ import numpy as np
 from ml_collections import ConfigDict
 
 from rlhf_jax import algos
-from rlhf_jax.algos.rollout_correction import correction_from_config, rollout_correction
+from rlhf_jax.algos.rollout_correction import correction_from_config, mismatch_metrics, rollout_correction
 from rlhf_jax.models.hub import resolve_model_path
 from rlhf_jax.data import PromptBatch, loader_from_config
 
@@ -151,6 +151,7 @@ class Trainer(FitLoop, RolloutMixin, CheckpointMixin, ExperienceMixin):
         self.correction = correction_from_config(cfg.algorithm.rollout_correction,
                                                  cfg.actor_rollout_ref.actor.tis_imp_ratio_cap)
         self._correction_fn = jax.jit(functools.partial(rollout_correction, cfg=self.correction))
+        self._mismatch_fn = jax.jit(mismatch_metrics)
         alg = cfg.algorithm
         self._advantage_fn = jax.jit(functools.partial(
             advantage_stage, estimator=alg.adv_estimator, gamma=alg.gamma, lam=alg.lam,
@@ -200,9 +201,8 @@ class Trainer(FitLoop, RolloutMixin, CheckpointMixin, ExperienceMixin):
             if need_old:
                 with timer("old_log_prob"):
                     batch["old_log_probs"] = self._forward_pass("old_log_prob", self.actor, batch, host)
-                    diff = jnp.abs(batch["old_log_probs"] - rollout_logprobs) * batch["response_mask"]
-                    out_metrics["training/rollout_probs_diff_mean"] = float(
-                        jnp.sum(diff) / jnp.maximum(jnp.sum(batch["response_mask"]), 1))
+                    out_metrics.update({k: float(v) for k, v in self._mismatch_fn(
+                        batch["old_log_probs"], rollout_logprobs, batch["response_mask"]).items()})
             else:
                 batch["old_log_probs"] = rollout_logprobs  # unused by the loss (ratio 1), kept for shapes
             sampled_mask = batch["response_mask"]

@@ -23,12 +23,20 @@ from rlhf_jax.models import lora
 from rlhf_jax.parallel import batch_sharding
 from rlhf_jax.rewards.reward_model import decode_responses
 from rlhf_jax.rollout.decode import RolloutBatch
+from rlhf_jax.rollout.sampler import cast_floating
 from rlhf_jax.train import metrics as M
 from rlhf_jax.parallel.hosts import to_global, to_local
 from rlhf_jax.rollout.dynamic_sampling import ROLLOUT_KEYS, Collected, varied_groups
 from rlhf_jax.train.experience import Experience
 from rlhf_jax.rollout.generation import generate_batch
 from rlhf_jax.runtime.loggers import dump_generations
+
+
+def in_weight_dtype(cfg, weights):
+    """``weights`` as ``rollout.weight_dtype`` (a copy, freed when the rollout that reads it ends), or as they are when
+    it is None."""
+    name = cfg.actor_rollout_ref.rollout.get("weight_dtype")
+    return weights if name is None else cast_floating(weights, name)
 
 
 class RolloutMixin:
@@ -52,13 +60,13 @@ class RolloutMixin:
         return self._key_fn(seed, step)
 
     def _rollout_weights(self):
-        """The sampler's weights (``_sampler_params``) where it runs: on separate rollout devices, a copy made once
-        per update."""
+        """The sampler's weights (``_sampler_params``, in ``rollout.weight_dtype`` when set) where it runs: on
+        separate rollout devices, a copy made once per update."""
         if self.rollout_mesh is None:
-            return self._sampler_params()
+            return in_weight_dtype(self.cfg, self._sampler_params())
         params = self.actor.params  # replaced by every update
         if self._rollout_params_of is None or self._rollout_params_of[0] is not params:
-            weights = self._sampler_params()
+            weights = in_weight_dtype(self.cfg, self._sampler_params())  # cast first: fewer bytes to move
             shardings = jax.tree.map(lambda x: NamedSharding(self.rollout_mesh, x.sharding.spec), weights)
             self._rollout_params_of = (params, jax.device_put(weights, shardings))
         return self._rollout_params_of[1]

@@ -174,3 +174,21 @@ def test_legacy_tis_cap_is_token_level_truncation():
                 rollout_rs_threshold=None, rollout_rs_threshold_lower=None, rollout_token_veto_threshold=None)
     assert correction_from_config(full, 1.5) == RolloutCorrection(rollout_is="token", rollout_is_threshold=1.5)
     assert not correction_from_config(full, -1).enabled
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_mismatch_metrics_are_verls_probability_differences(seed):
+    from rlhf_jax.algos.rollout_correction import mismatch_metrics
+
+    old, rollout, mask = _inputs(seed, spread=0.05)
+    got = {k: float(v) for k, v in mismatch_metrics(jnp.asarray(old, jnp.float32), jnp.asarray(rollout, jnp.float32),
+                                                     jnp.asarray(mask)).items()}
+    # verl: torch.masked_select(|exp(rollout) - exp(old)|, mask), then max / mean / std (unbiased); Pearson of the probs
+    p_old, p_rollout = np.exp(old)[mask > 0], np.exp(rollout)[mask > 0]
+    diff = np.abs(p_rollout - p_old)
+    want = {"training/rollout_probs_diff_max": diff.max(), "training/rollout_probs_diff_mean": diff.mean(),
+            "training/rollout_probs_diff_std": diff.std(ddof=1),
+            "training/rollout_actor_probs_pearson_corr": np.corrcoef(p_old, p_rollout)[0, 1],
+            "rollout_corr/kl": _mm(rollout - old, mask), "rollout_corr/k3_kl": _mm(np.exp(old - rollout) - (old - rollout) - 1, mask)}
+    for key, value in want.items():
+        assert got[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
