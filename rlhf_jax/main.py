@@ -31,7 +31,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from rlhf_jax.rewards import RewardFunctionError, RewardLoadError
     from rlhf_jax.train.checkpoint import CheckpointError, CheckpointWriteError
-    from rlhf_jax.train.oom import out_of_memory_message
     from rlhf_jax.train.preemption import STOP
     from rlhf_jax.train.stages import StageSetupError
     from rlhf_jax.train.tasks import trainer_for
@@ -59,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
                 _ABANDON_WRITERS.append(e)
             return 2
         except Exception as e:  # an out-of-memory in a step, despite the memory plan
-            message = out_of_memory_message(trainer, e)
+            message = trainer.out_of_memory(e)
             if message is None:
                 raise
             trainer.close()
