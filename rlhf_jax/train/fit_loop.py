@@ -27,7 +27,9 @@ from rlhf_jax.train.trainer_checkpoints import CheckpointItems, CheckpointServic
 
 
 class Trainer(Protocol):
-    """What the run loop drives."""
+    """What the run loop drives (and what ``main`` and the stage runner call: ``fit``, ``close``)."""
+
+    loop: RunLoop  # the trainer's run: its step counter, logger and checkpoints
 
     def plan_memory(self) -> tuple[str, ...]:
         """Compile what a step runs before the first step (idempotent); returns the config keys that size its

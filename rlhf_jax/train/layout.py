@@ -6,6 +6,7 @@ layout once (``layout``); the step then calls the same three methods whatever th
 from __future__ import annotations
 
 import dataclasses
+from typing import Callable
 
 import jax
 import numpy as np
@@ -18,23 +19,29 @@ from rlhf_jax.types import TrainBatch
 
 
 class Packer:
-    """Packs one batch's sequences (global host arrays: ``prompts``, ``prompt_mask``, ``responses`` and
-    ``response_valid``, the response tokens the model reads) into micro-batches on the mesh, and counts the
-    tokens it lays out (``metrics``: ``perf/packed_tokens/<pass>``, ``perf/placed_tokens/<pass>``)."""
+    """Packs one batch's sequences into micro-batches on the mesh, and counts the tokens it lays out.
 
-    def __init__(self, mesh, dp: int, pad_token_id: int, sequences: dict[str, np.ndarray]):
-        self.mesh, self.dp, self.pad_token_id, self.sequences = mesh, dp, pad_token_id, sequences
-        self.metrics: dict[str, float] = {}
+    ``sequences()`` gives the batch's global host arrays ``prompts``, ``prompt_mask``, ``responses`` and
+    ``response_valid`` (the response tokens the model reads); it is called once, at the first packing.
+    ``tokens[pass]`` = [cells computed, tokens laid in them (shared prompts once)], summed over the pass's calls.
+    """
+
+    def __init__(self, mesh, dp: int, pad_token_id: int, sequences: Callable[[], dict[str, np.ndarray]]):
+        self.mesh, self.dp, self.pad_token_id, self._sequences = mesh, dp, pad_token_id, sequences
+        self._host: dict[str, np.ndarray] | None = None
+        self.tokens: dict[str, list[float]] = {}
 
     def micros(self, plan: PassPlan, rows: np.ndarray | None = None) -> list[dict]:
         """Packed micro-batches of the sequences (``rows`` selects and orders a mini-batch) at ``plan``'s size."""
-        host = self.sequences if rows is None else {k: v[rows] for k, v in self.sequences.items()}
+        if self._host is None:
+            self._host = self._sequences()
+        host = self._host if rows is None else {k: v[rows] for k, v in self._host.items()}
         packed = pack_batch(host["prompts"], host["prompt_mask"], host["responses"], host["response_valid"],
                             dp=self.dp, row_len=plan.row_len, max_rows_per_micro=plan.rows_per_micro,
                             pad_token_id=self.pad_token_id)
-        for key, count in (("packed_tokens", packed.padded_tokens), ("placed_tokens", packed.placed_tokens)):
-            name = f"perf/{key}/{plan.name}"  # cells computed; tokens laid in them (shared prompts once)
-            self.metrics[name] = self.metrics.get(name, 0.0) + float(count)
+        counts = self.tokens.setdefault(plan.name, [0.0, 0.0])
+        counts[0] += float(packed.padded_tokens)
+        counts[1] += float(packed.placed_tokens)
 
         def local(x: np.ndarray) -> np.ndarray:  # this process's shards: a contiguous block of every array
             n = x.shape[0] // jax.process_count()
@@ -42,6 +49,11 @@ class Packer:
 
         return [{k: to_global(self.mesh, local(v)) for k, v in packed.micro(i).items()}
                 for i in range(packed.num_micro)]
+
+    def metrics(self) -> dict[str, float]:
+        """``perf/packed_tokens/<pass>`` and ``perf/placed_tokens/<pass>`` of every pass that packed."""
+        return {f"perf/{key}/{name}": counts[i] for name, counts in self.tokens.items()
+                for i, key in enumerate(("packed_tokens", "placed_tokens"))}
 
 
 @dataclasses.dataclass(frozen=True)

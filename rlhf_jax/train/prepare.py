@@ -70,7 +70,7 @@ class Preparer:
         host["response_valid"] = gather_all(out.valid_mask())  # the sequence's tokens (tool responses too)
         batch, rollout_logprobs = self._sequences(out, host, metrics)
         packer = Packer(self.mesh, self.dp, self.pad_token_id,
-                        {k: host[k] for k in ("prompts", "prompt_mask", "responses", "response_valid")})
+                        lambda: {k: host[k] for k in ("prompts", "prompt_mask", "responses", "response_valid")})
         layouts = {name: layout(plan, packer) for name, plan in self.plans.items()}
         if self.passes.old_log_prob:
             with timer("old_log_prob"):

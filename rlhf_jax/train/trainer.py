@@ -36,8 +36,8 @@ from rlhf_jax.train.batching import gather_all
 from rlhf_jax.train.engine import Role
 from rlhf_jax.train.fit_loop import RunLoop
 from rlhf_jax.train.optim import make_optimizer
-from rlhf_jax.train.passes import (compile_pass, describe, fit_pass, free_device_memory, gib, memory_hint, pass_batch,
-                                   plan_passes, step_passes)
+from rlhf_jax.train.passes import (PassPlan, compile_pass, describe, fit_pass, free_device_memory, gib, memory_hint,
+                                   pass_batch, plan_passes, step_passes)
 from rlhf_jax.train.prepare import Prepared, Preparer
 from rlhf_jax.train.preemption import STOP, StopRequest
 from rlhf_jax.train.setup import Components, actor_role, load_policy, prepare, reference_role, sampler_graphdef
@@ -242,7 +242,7 @@ class Trainer:
         arrays["response_mask"] = gather_all(prepared.sampled_mask)  # what was sampled, before any rejection
         arrays.update(token_level_scores=gather_all(prepared.token_scores),
                       token_level_rewards=gather_all(prepared.rewards), prompt_mask=gather_all(scored.rollout.prompt_mask))
-        out = dict(prepared.packer.metrics)
+        out = prepared.packer.metrics()
         out.update(M.data_metrics(arrays, max_prompt_length=cfg.data.max_prompt_length,
                                   max_response_length=cfg.actor_rollout_ref.rollout.response_length))
         resp_tokens = int(arrays["response_mask"].sum())
@@ -273,18 +273,20 @@ class Trainer:
         for name, plan in list(self.plans.items()):
             if not self.passes.runs(name):
                 continue
-            role = self._role_of(name)
-            loss = {"update_actor": self.actor_loss, "update_critic": self.critic_loss}.get(name)
-            hint = memory_hint(cfg, "critic" if role is self.critic else "actor")
-            plan, need = fit_pass(plan, lambda p: compile_pass(
-                name, role, p, pass_batch(cfg, self.passes, name, p.packed), dp=cfg.derived.dp_size,
-                temperature=self.actor_loss.spec.temperature, loss=loss), free, hint)
+            hint = memory_hint(cfg, "critic" if self._role_of(name) is self.critic else "actor")
+            plan, need = fit_pass(plan, functools.partial(self.compile_pass, name), free, hint)
             self.plans[name] = plan
             estimate = f"~{gib(need)} per device" if need is not None else "no estimate on this backend"
             self.loop.logger.text(f"memory plan: {name}: micro-batches of {describe(plan)} per shard, {estimate}"
                                   + (f" ({gib(free)} free)" if free is not None else ""))
         self._size_keys = tuple(k for p in self.plans.values() for k in p.size_keys)
         return self._size_keys
+
+    def compile_pass(self, name: str, plan: PassPlan):
+        """Pass ``name`` compiled at ``plan`` for the largest batch the config allows (what the memory plan reads)."""
+        loss = {"update_actor": self.actor_loss, "update_critic": self.critic_loss}.get(name)
+        return compile_pass(name, self._role_of(name), plan, pass_batch(self.cfg, self.passes, name, plan.packed),
+                            dp=self.cfg.derived.dp_size, temperature=self.actor_loss.spec.temperature, loss=loss)
 
     # ------------------------------------------------------------------ the loop's other calls
     def validate(self, step: int) -> dict[str, float]:
