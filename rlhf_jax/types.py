@@ -82,11 +82,6 @@ class ScoredBatch:
     metrics: dict[str, float] = struct.field(pytree_node=False)  # reward metrics and production timings
 
 
-# The fields of a TrainBatch beyond the sequences, in the order the losses read them.
-PER_TOKEN = ("old_log_probs", "ref_log_probs", "values", "advantages", "returns", "rollout_is_weights")
-SEQUENCE = ("input_ids", "attention_mask", "responses")
-
-
 @struct.dataclass
 class TrainBatch:
     """What an update (or a forward pass) reads: global (N, ...) arrays sharded over the batch axes.
@@ -121,18 +116,13 @@ class TrainBatch:
         """The batch without its sequences: the per-token grid a packed pass reads next to its micro-batches."""
         return self.replace(input_ids=None, attention_mask=None, responses=None)
 
-    def present(self) -> tuple[str, ...]:
-        """The names of the fields that hold an array."""
-        return tuple(f for f in SEQUENCE + ("response_mask",) + PER_TOKEN if getattr(self, f) is not None)
-
     @staticmethod
     def abstract(rows: int, prompt_width: int, response_width: int, per_token: tuple[str, ...],
-                 sequences: bool = True, sharding_of=None) -> TrainBatch:
-        """A batch of ``jax.ShapeDtypeStruct`` (what a program is compiled for): ``rows`` sequences of
-        ``prompt_width`` + ``response_width`` tokens with the ``per_token`` fields; ``sharding_of(ndim)`` places
-        them (None: no sharding)."""
-        def spec(shape, dtype):
-            return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding_of(len(shape)) if sharding_of else None)
+                 sequences: bool = True) -> TrainBatch:
+        """A batch of ``jax.ShapeDtypeStruct`` (what a program is compiled for; the program places it): ``rows``
+        sequences of ``prompt_width`` + ``response_width`` tokens with the ``per_token`` fields (float32), or
+        with ``sequences=False`` only the response grid (a packed pass's)."""
+        spec = jax.ShapeDtypeStruct
 
         width = prompt_width + response_width
         fields = {f: spec((rows, response_width), jnp.float32) for f in per_token}

@@ -177,17 +177,17 @@ class StepPasses:
         return {"update_actor": self.actor_fields, "update_critic": self.critic_fields}.get(name, ())
 
 
-def step_passes(cfg, *, rollout_correction: bool, importance_weights: bool, use_kl_loss: bool) -> StepPasses:
-    """The passes of a finalized config. The old log-probs are computed when the loss's ratio needs them
-    (``derived.recompute_old_log_prob``), for the in-reward KL, and for the rollout correction (which compares
-    them with the sampler's)."""
+def step_passes(cfg, correction, *, use_kl_loss: bool) -> StepPasses:
+    """The passes of a finalized config with the rollout ``correction`` (algos.rollout_correction's settings).
+    The old log-probs are computed when the loss's ratio needs them (``derived.recompute_old_log_prob``), for the
+    in-reward KL, and for the rollout correction (which compares them with the sampler's)."""
     critic = cfg.critic
     values = ("actor" if critic.shared_trunk else "critic") if critic.enable else None
     fields = ("old_log_probs", "advantages") + (("ref_log_probs",) if use_kl_loss else ()) + (
-        ("rollout_is_weights",) if importance_weights else ()) + (("values", "returns") if values == "actor" else ())
-    return StepPasses(
-        old_log_prob=bool(cfg.derived.recompute_old_log_prob or cfg.algorithm.use_kl_in_reward or rollout_correction),
-        ref=bool(cfg.derived.need_ref), values=values, actor_fields=fields)
+        ("rollout_is_weights",) if correction.rollout_is is not None else ()) + (
+        ("values", "returns") if values == "actor" else ())
+    old = cfg.derived.recompute_old_log_prob or cfg.algorithm.use_kl_in_reward or correction.enabled
+    return StepPasses(old_log_prob=bool(old), ref=bool(cfg.derived.need_ref), values=values, actor_fields=fields)
 
 
 # ---------------------------------------------------------------------------- memory

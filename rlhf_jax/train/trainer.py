@@ -125,9 +125,7 @@ class Trainer:
         self.kl_ctrl = algos.init_kl_controller(kc.kl_coef, kc.type, kc.target_kl, kc.horizon)
         self.critic_loss, self.actor_loss = self._losses(cfg, c)
         correction = correction_from_config(cfg.algorithm.rollout_correction, a.tis_imp_ratio_cap)
-        self.passes = step_passes(cfg, rollout_correction=correction.enabled,
-                                  importance_weights=correction.rollout_is is not None,
-                                  use_kl_loss=self.actor_loss.spec.use_kl_loss)
+        self.passes = step_passes(cfg, correction, use_kl_loss=self.actor_loss.spec.use_kl_loss)
         self.plans = plan_passes(cfg, actor_mlp_width=self.actor.config.intermediate_size,
                                  critic_mlp_width=self.critic.config.intermediate_size if self.critic else None)
         self.prepare = self._preparer(cfg, c, correction)
@@ -241,7 +239,7 @@ class Trainer:
                   if getattr(batch, k) is not None}
         arrays["response_mask"] = gather_all(prepared.sampled_mask)  # what was sampled, before any rejection
         arrays.update(token_level_scores=gather_all(prepared.token_scores),
-                      token_level_rewards=gather_all(prepared.rewards), prompt_mask=gather_all(scored.rollout.prompt_mask))
+                      token_level_rewards=gather_all(prepared.rewards), prompt_mask=prepared.host["prompt_mask"])
         out = prepared.packer.metrics()
         out.update(M.data_metrics(arrays, max_prompt_length=cfg.data.max_prompt_length,
                                   max_response_length=cfg.actor_rollout_ref.rollout.response_length))
