@@ -96,7 +96,8 @@ def main() -> int:
             with open(os.path.join(out_dir, "metrics.jsonl")) as f:
                 rows = [json.loads(line) for line in f]
         steps = [r["timing_s/step"] for r in rows[1:]]
-        busy = {kind: sum(b - a for k, s, a, b in trainer.experience.timeline if k == kind and s > 1) for kind in ("rollout", "train")}
+        timeline = trainer.experience.timeline
+        busy = {kind: sum(b - a for k, s, a, b in timeline if k == kind and s > 1) for kind in ("rollout", "train")}
         results[name] = {"median_step_s": statistics.median(steps), "steps_s": steps,
                          "rollout_busy_s": busy["rollout"], "train_busy_s": busy["train"],
                          "score_last": rows[-1]["critic/score/mean"]}

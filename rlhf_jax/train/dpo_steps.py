@@ -39,7 +39,8 @@ class DPOSpec:
 
 def side(batch: dict, name: str) -> TrainBatch:
     """The RL-layout batch (input_ids, attention_mask, responses, response_mask) of one side of the pairs."""
-    return TrainBatch(**{k: batch[f"{name}_{k}"] for k in ("input_ids", "attention_mask", "responses", "response_mask")})
+    fields = ("input_ids", "attention_mask", "responses", "response_mask")
+    return TrainBatch(**{k: batch[f"{name}_{k}"] for k in fields})
 
 
 def sequence_log_probs(model, b: TrainBatch):

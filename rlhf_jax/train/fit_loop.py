@@ -84,9 +84,9 @@ class RunLoop:
             self._lock()
         self.step = 0
         self.size_keys: tuple[str, ...] = ()
-        self.checkpoints = CheckpointService(os.path.join(self.out_dir, "checkpoints"), max_to_keep, *checkpoint_contents,
-                                             steps_per_epoch=cfg.derived.steps_per_epoch, seed=int(t.seed),
-                                             is_main=self.is_main)
+        self.checkpoints = CheckpointService(os.path.join(self.out_dir, "checkpoints"), max_to_keep,
+                                             *checkpoint_contents, steps_per_epoch=cfg.derived.steps_per_epoch,
+                                             seed=int(t.seed), is_main=self.is_main)
         self.logger = MetricLogger(self.log_dir, t.logger, total_steps=self.total_steps, enabled=self.is_main,
                                    run=(t.project_name, t.experiment_name, cfg.to_dict()))
         self.profiler = StepProfiler(t.profile_steps, t.profile_dir)

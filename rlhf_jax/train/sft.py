@@ -154,7 +154,8 @@ class SFTTrainer:
         """The update's layout. Packed rows (model.use_remove_padding, the default): no FLOPs on padding; exact
         (same loss and gradient). ``data.micro_batch_size_per_gpu`` rows (packed) or sequences (padded) a
         micro-batch per shard; -1: as few micro-batches as the batch allows."""
-        batch, dp, micro = int(cfg.data.train_batch_size), int(cfg.derived.dp_size), int(cfg.data.micro_batch_size_per_gpu)
+        batch, dp = int(cfg.data.train_batch_size), int(cfg.derived.dp_size)
+        micro = int(cfg.data.micro_batch_size_per_gpu)
         per_shard, n_micro = batch // dp, micro_batches(cfg)
         packed = bool(cfg.actor_rollout_ref.model.use_remove_padding)
         rows = (micro if micro > 0 else batch) if packed else per_shard // n_micro

@@ -53,8 +53,8 @@ def sft_update(graphdef, tx, spec, params, frozen, opt_state, mb: TrainBatch, *,
 def packed_sft_grads(graphdef, spec, params, frozen, grad_acc, micro: dict, grid: TrainBatch, *, dp: int):
     """Add one packed micro-batch's SFT gradient into ``grad_acc``; returns (grad_acc, metrics, its trained tokens).
 
-    ``grid`` holds the batch's ``response_mask`` (rows, R), the trained tokens; the denominator is the whole batch's trained tokens, so the
-    micro-batches' losses and gradients add up to the batch's."""
+    ``grid`` holds the batch's ``response_mask`` (rows, R), the trained tokens; the denominator is the whole batch's
+    trained tokens, so the micro-batches' losses and gradients add up to the batch's."""
     del spec
     mask = grid.response_mask.astype(jnp.float32)
     tokens = jnp.maximum(jnp.sum(mask), 1.0)

@@ -151,8 +151,8 @@ class Trainer:
         """The sampler on the actor's weights (on the training mesh, or on mesh.rollout_devices; under LoRA the
         plain model on merged weights), the multi-turn rollout and the scorers."""
         spec = self.actor.config.lora
-        sampler = Sampler(sampler_graphdef(cfg, self.actor.config, self.actor.task, None if spec else self.actor.graphdef),
-                          mesh=c.rollout_mesh or c.mesh, rules=c.rules,
+        graphdef = sampler_graphdef(cfg, self.actor.config, self.actor.task, None if spec else self.actor.graphdef)
+        sampler = Sampler(graphdef, mesh=c.rollout_mesh or c.mesh, rules=c.rules,
                           max_positions=self.actor.config.max_position_embeddings)
         multi_turn = None
         if cfg.actor_rollout_ref.rollout.multi_turn.enable:
