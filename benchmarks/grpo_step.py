@@ -98,7 +98,7 @@ def run_rlhf_jax(model_dir: str, data_file: str, packed: bool, out_dir: str) -> 
     plan_s = time.perf_counter() - start
     steps = []
     for step in range(STEPS):
-        m = trainer.step(step)
+        m = trainer.train_on(next(trainer.loader), step)
         m["rss_gib"] = rss_gib()
         steps.append({k: v for k, v in m.items() if isinstance(v, (int, float))})
         print(f"  rlhf_jax packed={packed} step {step + 1}: {m['timing_s/step']:.1f} s "

@@ -49,7 +49,7 @@ from rlhf_jax.train.trainer_rollout import Producer, Rollouts
 from rlhf_jax.train.update import UpdateSchedule, update_role
 from rlhf_jax.train.validation import Validator
 from rlhf_jax.parallel import batch_sharding
-from rlhf_jax.types import ScoredBatch
+from rlhf_jax.types import PromptBatch, ScoredBatch
 
 log = logging.getLogger(__name__)
 
@@ -202,6 +202,15 @@ class Trainer:
         """Training step ``step`` + 1: the oldest produced batch trained on (producing the rounds that fall due)."""
         self.plan_memory()
         return self.experience.train_next(step, self.rollouts.weights, functools.partial(self.learn, step=step))
+
+    def train_on(self, pb: PromptBatch, step: int) -> dict[str, Any]:
+        """Step ``step`` + 1 on the prompt batch ``pb``, sampled now (how benchmarks and tests drive single steps:
+        the loader's fetch stays outside the step's time)."""
+        self.plan_memory()
+        timer = M.Timer()
+        with timer("step"):
+            scored = self.producer.produce(pb, step, version=step)
+        return self.learn(scored, timer, step)
 
     def learn(self, scored: ScoredBatch, timer: M.Timer, step: int) -> dict[str, Any]:
         """prepare -> update on one produced batch; ``timer`` is the step's (its "step" phase may already hold

@@ -19,7 +19,7 @@ def test_steps_after_the_first_compile_nothing(tmp_path):
         trainer = Trainer(make_config(str(tmp_path), "ppo", **{"trainer.total_training_steps": 4}))
         counts = []
         for step in range(4):
-            trainer.step(step)
+            trainer.train_on(next(trainer.loader), step)
             counts.append(len(traces))
         trainer.close()
     finally:
