@@ -148,7 +148,7 @@ def synthetic_rollout(n: int, prompt_len: int, response_len: int, vocab: int, se
 def packed_micros(batch: Rollout, row_len: int, rows_per_micro: int, mesh) -> tuple[list[dict], Any]:
     """The trainer's packed micro-batches of ``batch`` (``rlhf_jax.batch.pack_batch``), placed on ``mesh``."""
     from rlhf_jax.batch import pack_batch
-    from rlhf_jax.train.batching import to_global
+    from rlhf_jax.parallel.hosts import to_global
 
     packed = pack_batch(batch.prompts, batch.prompt_mask, batch.responses, batch.response_mask, dp=1, row_len=row_len,
                         max_rows_per_micro=rows_per_micro, share_prompts=False)

@@ -97,12 +97,11 @@ def run_rlhf_jax(model_dir: str, data_file: str, packed: bool, out_dir: str) -> 
     trainer.plan_memory()
     plan_s = time.perf_counter() - start
     steps = []
-    for _ in range(STEPS):
-        m = trainer.train_step(next(trainer.loader))
-        trainer.step += 1
+    for step in range(STEPS):
+        m = trainer.train_on(next(trainer.loader), step)
         m["rss_gib"] = rss_gib()
         steps.append({k: v for k, v in m.items() if isinstance(v, (int, float))})
-        print(f"  rlhf_jax packed={packed} step {trainer.step}: {m['timing_s/step']:.1f} s "
+        print(f"  rlhf_jax packed={packed} step {step + 1}: {m['timing_s/step']:.1f} s "
               f"(gen {m['timing_s/gen']:.1f}, ref {m.get('timing_s/ref', 0):.1f}, update {m['timing_s/update_actor']:.1f}); "
               f"score {m['critic/score/mean']:.3f}, response {m['response_length/mean']:.1f} tokens, rss {m['rss_gib']:.2f} GiB",
               flush=True)

@@ -96,13 +96,14 @@ def main() -> int:
             with open(os.path.join(out_dir, "metrics.jsonl")) as f:
                 rows = [json.loads(line) for line in f]
         steps = [r["timing_s/step"] for r in rows[1:]]
-        busy = {kind: sum(b - a for k, s, a, b in trainer.timeline if k == kind and s > 1) for kind in ("rollout", "train")}
+        timeline = trainer.experience.timeline
+        busy = {kind: sum(b - a for k, s, a, b in timeline if k == kind and s > 1) for kind in ("rollout", "train")}
         results[name] = {"median_step_s": statistics.median(steps), "steps_s": steps,
                          "rollout_busy_s": busy["rollout"], "train_busy_s": busy["train"],
                          "score_last": rows[-1]["critic/score/mean"]}
         print(f"\n{name}: median step {results[name]['median_step_s'] * 1000:.1f} ms "
               f"(sampling+scoring {busy['rollout']:.2f} s, training {busy['train']:.2f} s over steps 2-{args.steps})")
-        for line in _timeline_text(trainer.timeline, first_step=max(2, args.steps - 3)):
+        for line in _timeline_text(trainer.experience.timeline, first_step=max(2, args.steps - 3)):
             print(line)
     base = results["colocated"]["median_step_s"]
     print("\nstep time relative to colocated: " + ", ".join(

@@ -31,12 +31,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from rlhf_jax.rewards import RewardFunctionError, RewardLoadError
     from rlhf_jax.runtime.checkpoint import CheckpointError, CheckpointWriteError
-    from rlhf_jax.runtime.oom import out_of_memory_message
     from rlhf_jax.runtime.preemption import STOP
     from rlhf_jax.train.stages import StageSetupError
     from rlhf_jax.train.tasks import trainer_for
 
-    with STOP.installed():  # from here SIGTERM/SIGINT stop the run cleanly (runtime/preemption.py)
+    with STOP.installed():  # from here SIGTERM/SIGINT stop the run cleanly (train/preemption.py)
         try:  # everything that checks the config, data and checkpoints runs here, before any compilation
             trainer = trainer_for(cfg)(cfg, lock_dir=True)
         except (KeyError, ValueError, FileNotFoundError) as e:
@@ -59,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
                 _ABANDON_WRITERS.append(e)
             return 2
         except Exception as e:  # an out-of-memory in a step, despite the memory plan
-            message = out_of_memory_message(trainer, e)
+            message = trainer.out_of_memory(e)
             if message is None:
                 raise
             trainer.close()

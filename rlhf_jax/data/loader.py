@@ -23,8 +23,9 @@ import grain
 import numpy as np
 
 from rlhf_jax.data.prompts import bucket_length, pad_left, pad_token_id_of, resolve_buckets, tokenize_examples
-from rlhf_jax.data.records import Example, Messages, to_examples
+from rlhf_jax.data.records import Example, to_examples
 from rlhf_jax.data.sources import DataError, read_files
+from rlhf_jax.types import PromptBatch
 
 log = logging.getLogger(__name__)
 
@@ -39,25 +40,6 @@ class PromptDataset:
 
     def __len__(self) -> int:
         return len(self.examples)
-
-
-@dataclasses.dataclass
-class PromptBatch:
-    """One batch for the trainer: left-padded ids plus per-row metadata for rewards and logging."""
-
-    input_ids: np.ndarray  # int32 [B, L], L a bucket length, left padded
-    attention_mask: np.ndarray  # int32 [B, L], 1 on real prompt tokens
-    data_source: list[str]
-    ground_truth: list[Any]
-    extra_info: list[dict[str, Any]]
-    raw_prompt: list[str | Messages]  # the prompt as in the data (a string or chat messages)
-    prompt_text: list[str]  # the rendered prompt text that was tokenized
-    index: np.ndarray  # int64 [B], row numbers in the PromptDataset
-    epoch: int
-    step: int  # global batch number since the start of training (0-based)
-
-    def __len__(self) -> int:
-        return int(self.input_ids.shape[0])
 
 
 def read_rows(files: str | Sequence[str], split: str | None, max_samples: int = -1,

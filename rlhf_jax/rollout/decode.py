@@ -31,35 +31,7 @@ from rlhf_jax.rollout.prefill import prefill_prompts
 from rlhf_jax.rollout.sampling import row_keys, sample_in_row_chunks, sample_keys
 from rlhf_jax.rollout.scheduler import Responses
 from rlhf_jax.rollout.shards import BatchShards
-
-
-@struct.dataclass
-class RolloutBatch:
-    """Sampled responses, N = B * n rows in prompt-major order; all arrays sharded over the batch."""
-
-    prompts: jax.Array  # (N, P) int32, left-padded with the pad id
-    prompt_mask: jax.Array  # (N, P) int32
-    responses: jax.Array  # (N, R) int32, pad id after the end
-    response_mask: jax.Array  # (N, R) int32: the trained tokens (single-turn: 1 up to and including EOS, 0 after)
-    logprobs: jax.Array  # (N, R) float32: log_softmax(logits / temperature) of each sampled token, 0 where masked
-    finished: jax.Array  # (N,) bool: the response ended with an EOS token (not cut at R)
-    # (N, R) int32: the response tokens in the sequence, contiguous from column 0, where they differ from the
-    # trained ones (multi-turn: tool responses are in the sequence, response_mask 0); None: response_mask
-    response_valid: jax.Array | None = None
-
-    def valid_mask(self) -> jax.Array:
-        """(N, R) the response tokens the model reads (the attention mask's response part)."""
-        return self.response_mask if self.response_valid is None else self.response_valid
-
-    def input_ids(self) -> jax.Array:
-        """Prompt and response side by side (N, P + R): the sequence a trainer scores."""
-        return jnp.concatenate([self.prompts, self.responses], axis=1)
-
-    def attention_mask(self) -> jax.Array:
-        return jnp.concatenate([self.prompt_mask, self.valid_mask()], axis=1)
-
-    def response_lengths(self) -> jax.Array:
-        return jnp.sum(self.valid_mask(), axis=1)
+from rlhf_jax.types import RolloutBatch
 
 
 @struct.dataclass

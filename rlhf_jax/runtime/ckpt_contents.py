@@ -38,6 +38,7 @@ def items_to_restore(actor_load: tuple[str, ...], critic_load: tuple[str, ...] |
     return [i for i in wanted if i in saved], [i for i in wanted if i not in saved]
 
 
-def restores_extra(actor_load: tuple[str, ...], extra: dict) -> bool:
-    """True when the resume restores the data position and KL coefficient (asked for, and saved)."""
-    return "extra" in actor_load and all(field in extra for field in EXTRA_FIELDS)
+def restores_extra(actor_load: tuple[str, ...], extra: dict, required: tuple[str, ...] = EXTRA_FIELDS) -> bool:
+    """True when the resume restores the trainer's state beyond the weights (asked for, and its ``required``
+    fields saved: the RL trainer's data position and KL coefficient by default)."""
+    return "extra" in actor_load and all(field in extra for field in required)

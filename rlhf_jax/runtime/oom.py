@@ -7,8 +7,6 @@ XLA reports a failed device (or XLA:CPU host) allocation as a runtime error whos
 
 from __future__ import annotations
 
-from typing import Any
-
 
 def memory_hint(cfg, role: str) -> str:
     """The other levers that lower a pass's memory, for the error message."""
@@ -27,15 +25,16 @@ def is_out_of_memory(error: BaseException) -> bool:
     return isinstance(error, MemoryError) or "RESOURCE_EXHAUSTED" in str(error).split("\n", 1)[0]
 
 
-def out_of_memory_message(trainer: Any, error: BaseException) -> str | None:
-    """The one-line report of ``error`` when it is an out-of-memory, else None."""
+def out_of_memory_message(error: BaseException, *, step: int, size_keys: tuple[str, ...], hint: str,
+                          checkpoint_steps: list[int], checkpoint_dir: str) -> str | None:
+    """The one-line report of ``error`` when it is an out-of-memory in training step ``step`` + 1, else None.
+    ``size_keys``: the keys that size the planned passes' micro-batches; ``hint``: the other levers
+    (``memory_hint``); the checkpoints on disk say where the same command resumes."""
     if not is_out_of_memory(error):
         return None
     cause = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
-    keys = sorted({k for plan in getattr(trainer, "plans", {}).values() for k in plan.size_keys})
+    keys = sorted(set(size_keys))
     lower = f"lower {' / '.join(keys)} (or set them to -1 to size them automatically), " if keys else ""
-    steps = trainer.checkpointer.complete_steps()
-    kept = (f"the checkpoint of step {steps[-1]} in {trainer.checkpointer.directory} is intact and the same command "
-            "resumes from it" if steps else "no checkpoint was saved yet")
-    return (f"out of memory in training step {trainer.step + 1} ({cause}): {lower}"
-            f"{memory_hint(trainer.cfg, 'actor')}; {kept}")
+    kept = (f"the checkpoint of step {checkpoint_steps[-1]} in {checkpoint_dir} is intact and the same command "
+            "resumes from it" if checkpoint_steps else "no checkpoint was saved yet")
+    return f"out of memory in training step {step + 1} ({cause}): {lower}{hint}; {kept}"

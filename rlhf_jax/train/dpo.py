@@ -9,15 +9,14 @@ takes ``train_batch_size / actor.ppo_mini_batch_size`` optimizer steps with the 
 LoRA the base model with the adapters off over the actor's own frozen arrays (no second copy).
 
 Validation (``trainer.test_freq``, ``val_before_train``, ``val_only``) reports the loss and TRL's metrics on
-``data.val_files``' pairs as ``val/...``. Checkpoints, resume and the HF export are the RL trainer's
-(``trainer_checkpoints.CheckpointMixin``); metrics go to the same loggers. Batches are padded: every step has
+``data.val_files``' pairs as ``val/...``. Checkpoints, resume, the HF export and the loggers are the run loop's
+(train/fit_loop.py), as for every trainer. Batches are padded: every step has
 the same shapes (the data's longest prompt, bucketed, and longest response, rounded up to a power of two),
 so the update compiles once, before the first step, where the memory plan reads XLA's estimate.
 """
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import jax
@@ -35,17 +34,14 @@ from rlhf_jax.data.prompts import bucket_length, pad_left, pad_token_id_of, reso
 from rlhf_jax.train import metrics as M
 from rlhf_jax.train.batching import mini_batches
 from rlhf_jax.parallel.hosts import to_global
-from rlhf_jax.runtime.checkpoint import Checkpointer
-from rlhf_jax.train.fit_loop import FitLoop
 from rlhf_jax.train.dpo_steps import SIDES, DPOSpec, dpo_update, side
 from rlhf_jax.train.engine import Role
-from rlhf_jax.runtime.loggers import MetricLogger
-from rlhf_jax.train.passes import HEADROOM, compiled_bytes, free_device_memory, gib
+from rlhf_jax.train.fit_loop import RunLoop
+from rlhf_jax.train.passes import (HEADROOM, compiled_bytes, free_device_memory, gib)
 from rlhf_jax.runtime.oom import memory_hint
 from rlhf_jax.runtime.preemption import STOP, StopRequest
-from rlhf_jax.runtime.profiling import StepProfiler
 from rlhf_jax.train.setup import Components, actor_role, load_tokenizer, mesh_and_rules, reference_role
-from rlhf_jax.train.trainer_checkpoints import CheckpointMixin
+from rlhf_jax.train.trainer_checkpoints import CheckpointItems, export_policy, model_record, restore_roles, role_arrays
 
 
 def prepare(cfg: ConfigDict) -> tuple[Components, PreferenceDataset, PreferenceDataset | None]:
@@ -74,20 +70,20 @@ def pad_right(rows: list[np.ndarray], length: int, pad_token_id: int) -> tuple[n
     return out, mask
 
 
-class DPOTrainer(FitLoop, CheckpointMixin):
+class DPOTrainer:
+    """The DPO trainer (the ``fit_loop.Trainer`` protocol)."""
+
     def __init__(self, cfg: ConfigDict, stop: StopRequest = STOP, lock_dir: bool = False):
         """``lock_dir``: refuse at once if another run uses the output directory (``fit`` always checks)."""
         self.stop = stop
         c, self.train_data, self.val_data = prepare(cfg)
         self.c, self.cfg, self.mesh, self.tok = c, c.cfg, c.mesh, c.tokenizer
         cfg, d = self.cfg, self.cfg.derived
-        self.total_steps = int(d.total_training_steps)
-        self._open_output(lock_dir)
-        self.actor = actor_role(cfg, c, self.total_steps, d.actor_updates_per_step)
-        self.lora = self.actor.config.lora
+        ckpt = cfg.actor_rollout_ref.actor.checkpoint
+        self.loop = RunLoop(cfg, stop, lock_dir, max_to_keep=cfg.trainer.max_actor_ckpt_to_keep,
+                            checkpoint_contents=(tuple(ckpt.save_contents), tuple(ckpt.load_contents), None, None))
+        self.actor = actor_role(cfg, c, self.loop.total_steps, d.actor_updates_per_step)
         self.ref = reference_role(cfg, c, self.actor)
-        self.critic = None
-        self.kl_ctrl = {"value": jnp.zeros((), jnp.float32)}  # the checkpoint's "extra" records one; DPO has none
         dc = cfg.algorithm.dpo
         self.spec = DPOSpec(float(dc.beta), float(dc.label_smoothing), dc.loss_type)
         self.pad_id = pad_token_id_of(self.tok)
@@ -97,23 +93,7 @@ class DPOTrainer(FitLoop, CheckpointMixin):
         self.widths = {"train": self._widths(self.train_data)}
         if self.val_data is not None:
             self.widths["val"] = self._widths(self.val_data)
-        self.profiler = StepProfiler(cfg.trainer.profile_steps, cfg.trainer.profile_dir)
-        self.checkpointer = Checkpointer(os.path.join(self.out_dir, "checkpoints"),
-                                         max_to_keep=cfg.trainer.max_actor_ckpt_to_keep)
-        self.logger = MetricLogger(self.log_dir, cfg.trainer.logger, total_steps=self.total_steps, enabled=self.is_main,
-                                   run=(cfg.trainer.project_name, cfg.trainer.experiment_name, cfg.to_dict()))
-        self.step = 0
         self._update_program = None
-
-    # ------------------------------------------------------------------ checkpoint contents
-    # The RL loop's checkpoints also hold sampled batches not yet trained on; a DPO run has none.
-    _pending: list = []
-
-    def _pending_for_checkpoint(self) -> tuple[dict, list, Any]:
-        return {}, [], self.loader.get_state()
-
-    def _restore_pending(self, arrays: dict, described: list) -> None:
-        assert not described, "a DPO checkpoint holds no sampled batches"
 
     # ------------------------------------------------------------------ batches
     def _widths(self, data: PreferenceDataset) -> tuple[int, int]:
@@ -138,7 +118,7 @@ class DPOTrainer(FitLoop, CheckpointMixin):
         """Summed response log-probs (B,) of one side of the pairs under ``role``."""
         one = side(batch, name)
         logp = role.log_probs(one, n_micro=n_micro, temperature=1.0)
-        return jnp.sum(logp * one["response_mask"].astype(logp.dtype), axis=-1)
+        return jnp.sum(logp * one.response_mask.astype(logp.dtype), axis=-1)
 
     def _batch_specs(self) -> dict[str, tuple[tuple[int, ...], Any]]:
         pairs = self.cfg.derived.actor_mini_batch_size
@@ -150,10 +130,10 @@ class DPOTrainer(FitLoop, CheckpointMixin):
         return specs
 
     # ------------------------------------------------------------------ memory plan
-    def plan_memory(self) -> None:
+    def plan_memory(self) -> tuple[str, ...]:
         """Compile the update before the first step and stop, naming the keys, when XLA's estimate does not fit."""
         if self._update_program is not None:
-            return
+            return ()
         n_micro = self.cfg.derived.actor_grad_accum_steps
         program = self.actor.update_program("dpo_update", dpo_update, self.spec, self._batch_specs(), n_micro=n_micro)
         need, free = compiled_bytes(program), free_device_memory()
@@ -163,12 +143,15 @@ class DPOTrainer(FitLoop, CheckpointMixin):
                 f"{self.cfg.derived.actor_mini_batch_size_per_shard // n_micro} pairs per shard), more than the "
                 f"{gib(HEADROOM * free)} usable of {gib(free)} free: lower actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu, "
                 f"data.max_prompt_length / max_response_length, {memory_hint(self.cfg, 'actor')}")
-        self.logger.text(f"memory plan: dpo_update: {n_micro} micro-batch(es) per mini-batch, "
-                         + (f"~{gib(need)} per device" if need is not None else "no estimate on this backend"))
+        self.loop.logger.text(f"memory plan: dpo_update: {n_micro} micro-batch(es) per mini-batch, "
+                              + (f"~{gib(need)} per device" if need is not None else "no estimate on this backend"))
         self._update_program = program
+        return ()
 
     # ------------------------------------------------------------------ one step
-    def train_step(self, pb) -> dict[str, Any]:
+    def step(self, step: int) -> dict[str, Any]:
+        """One step on the next batch of pairs: reference log-probs, then the DPO updates."""
+        pb = next(self.loader)
         cfg, d = self.cfg, self.cfg.derived
         timer = M.Timer()
         with timer("step"):
@@ -180,7 +163,7 @@ class DPOTrainer(FitLoop, CheckpointMixin):
                 jax.block_until_ready(batch["ref_rejected"])
             self.plan_memory()
             num = d.actor_num_mini_batches
-            perm = (np.random.default_rng([int(cfg.trainer.seed), self.step, 0, 0]).permutation(d.rollout_batch_size)
+            perm = (np.random.default_rng([int(cfg.trainer.seed), step, 0, 0]).permutation(d.rollout_batch_size)
                     if cfg.actor_rollout_ref.actor.shuffle else None)
             collected: dict[str, list] = {}
             with timer("update_actor"):
@@ -190,12 +173,12 @@ class DPOTrainer(FitLoop, CheckpointMixin):
                 out = {k: float(np.mean([float(x) for x in v])) for k, v in collected.items()}
         tokens = int(sum(host[f"{s}_attention_mask"].sum() for s in SIDES))
         out.update(M.timing_metrics(timer.seconds, response_tokens=tokens, total_tokens=tokens))
-        out.update({"perf/total_num_tokens": float(tokens), "actor/lr": float(self.actor.lr_fn(self.step)),
-                    "training/global_step": self.step + 1, "training/epoch": pb.epoch})
+        out.update({"perf/total_num_tokens": float(tokens), "actor/lr": float(self.actor.lr_fn(step)),
+                    "training/global_step": step + 1, "training/epoch": pb.epoch})
         return out
 
     # ------------------------------------------------------------------ validation
-    def validate(self) -> dict[str, float]:
+    def validate(self, step: int) -> dict[str, float]:
         """Loss and TRL's metrics over the validation pairs (``val/...``), each pair counted once."""
         if self.val_data is None:
             return {}
@@ -224,6 +207,25 @@ class DPOTrainer(FitLoop, CheckpointMixin):
                 totals[k] = totals.get(k, 0.0) + float(v) * n
         return {f"val/{'dpo_loss' if k == 'loss' else k}": v / max(count, 1.0) for k, v in totals.items()}
 
-    # ------------------------------------------------------------------ the loop (FitLoop)
-    def _next_step(self) -> dict[str, Any]:
-        return self.train_step(next(self.loader))
+    # ------------------------------------------------------------------ checkpoints and the loop's other calls
+    def checkpoint_items(self, saved: dict | None = None) -> CheckpointItems:
+        """The policy's arrays; with the actor's "extra": the data position."""
+        return CheckpointItems(role_arrays(self.actor), model_record(self.actor, self.cfg, self.c),
+                               {"data_state": self.loader.get_state()}, required=("data_state",))
+
+    def restore(self, arrays: dict[str, Any], state: dict | None) -> None:
+        restore_roles(arrays, self.actor)
+        if state is not None:
+            self.loader.set_state(state["data_state"])
+
+    def export_hf(self, step: int) -> str:
+        return export_policy(self.actor, self.loop.out_dir, step, self.tok, self.c.model_path)
+
+    def fit(self) -> dict[str, Any]:
+        return self.loop.fit(self)
+
+    def out_of_memory(self, error: BaseException) -> str | None:
+        return self.loop.out_of_memory(error)
+
+    def close(self) -> None:
+        self.loop.close()

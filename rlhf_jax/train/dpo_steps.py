@@ -22,6 +22,7 @@ from flax import nnx
 
 from rlhf_jax.algos.dpo import dpo_loss
 from rlhf_jax.train.steps import apply_update, response_log_probs, split_micro
+from rlhf_jax.types import TrainBatch
 
 SIDES = ("chosen", "rejected")
 METRIC_NAMES = {"loss": "actor/dpo_loss"}  # the rest keep TRL's names (rewards/..., logps/...)
@@ -36,15 +37,16 @@ class DPOSpec:
     loss_type: str = "sigmoid"
 
 
-def side(batch: dict, name: str) -> dict:
+def side(batch: dict, name: str) -> TrainBatch:
     """The RL-layout batch (input_ids, attention_mask, responses, response_mask) of one side of the pairs."""
-    return {k: batch[f"{name}_{k}"] for k in ("input_ids", "attention_mask", "responses", "response_mask")}
+    fields = ("input_ids", "attention_mask", "responses", "response_mask")
+    return TrainBatch(**{k: batch[f"{name}_{k}"] for k in fields})
 
 
-def sequence_log_probs(model, input_ids, attention_mask, responses, response_mask):
+def sequence_log_probs(model, b: TrainBatch):
     """Summed log-probs of each row's response tokens (b,), float32 (the quantity DPO compares)."""
-    logp, _ = response_log_probs(model, input_ids, attention_mask, responses, 1.0, False)
-    return jnp.sum(logp * response_mask.astype(logp.dtype), axis=-1)
+    logp, _ = response_log_probs(model, b.input_ids, b.attention_mask, b.responses, 1.0, False)
+    return jnp.sum(logp * b.response_mask.astype(logp.dtype), axis=-1)
 
 
 def dpo_update(graphdef, tx, spec: DPOSpec, params, frozen, opt_state, mb: dict, *, n_micro: int):
@@ -55,7 +57,7 @@ def dpo_update(graphdef, tx, spec: DPOSpec, params, frozen, opt_state, mb: dict,
     def micro_step(grad_acc, m):
         def loss_fn(p):
             model = nnx.merge(graphdef, p, frozen)
-            chosen, rejected = (sequence_log_probs(model, **side(m, s)) for s in SIDES)
+            chosen, rejected = (sequence_log_probs(model, side(m, s)) for s in SIDES)
             return dpo_loss(chosen, rejected, m["ref_chosen"], m["ref_rejected"], beta=spec.beta,
                             label_smoothing=spec.label_smoothing, loss_type=spec.loss_type,
                             denominator=jnp.float32(pairs))

@@ -20,11 +20,12 @@ import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import Mesh
 
-from rlhf_jax.models import TASK_TOKEN_VALUE
 from rlhf_jax.parallel import batch_sharding, replicated
 from rlhf_jax.train import packed_steps, steps
+from rlhf_jax.train.losses import Loss
+from rlhf_jax.types import TrainBatch, shape_key
 
 
 class Role:
@@ -36,7 +37,6 @@ class Role:
         self.graphdef, self.params, self.frozen = nnx.split(model, trainable or nnx.Param, ...)
         self.config = model.config
         self.task = model.task
-        self.metric_prefix = "critic" if model.task == TASK_TOKEN_VALUE else "actor"
         self.mesh = mesh
         self.tx, self.lr_fn = tx, lr_fn
         self.param_shardings = jax.tree.map(lambda x: x.sharding, self.params)
@@ -72,8 +72,9 @@ class Role:
         trained = {path for path, _ in nnx.to_flat_state(self.params)}
         self.params = nnx.from_flat_state([(p, v) for p, v in nnx.to_flat_state(state) if p in trained])
 
-    def _batch_shardings(self, batch: dict) -> dict[str, NamedSharding]:
-        return {k: batch_sharding(self.mesh, v.ndim) for k, v in batch.items()}
+    def _batch_shardings(self, batch: Any) -> Any:
+        """Row shardings of every array of a batch (a TrainBatch, or a dict of arrays)."""
+        return jax.tree.map(lambda v: batch_sharding(self.mesh, v.ndim), batch)
 
     def _jit(self, key: tuple, make: Callable[[], Callable]) -> Callable:
         if key not in self._compiled:
@@ -86,9 +87,9 @@ class Role:
         return int(counts[0]) if counts else 0
 
     # ----------------------------------------------------------------- forward passes
-    def _logp_fn(self, inputs: dict, n_micro: int, temperature: float, with_entropy: bool) -> Callable:
+    def _logp_fn(self, inputs: TrainBatch, n_micro: int, temperature: float, with_entropy: bool) -> Callable:
         return self._jit(
-            ("logp", n_micro, temperature, with_entropy, tuple((k, v.shape) for k, v in inputs.items())),
+            ("logp", n_micro, temperature, with_entropy, shape_key(inputs)),
             lambda: jax.jit(
                 functools.partial(steps.forward_log_probs, self.graphdef, n_micro=n_micro, temperature=temperature,
                                   with_entropy=with_entropy),
@@ -97,9 +98,9 @@ class Role:
             ),
         )
 
-    def _values_fn(self, inputs: dict, n_micro: int) -> Callable:
+    def _values_fn(self, inputs: TrainBatch, n_micro: int) -> Callable:
         return self._jit(
-            ("values", n_micro, tuple((k, v.shape) for k, v in inputs.items())),
+            ("values", n_micro, shape_key(inputs)),
             lambda: jax.jit(
                 functools.partial(steps.forward_values, self.graphdef, n_micro=n_micro),
                 in_shardings=(self.state_shardings(), self._batch_shardings(inputs)),
@@ -107,19 +108,21 @@ class Role:
             ),
         )
 
-    def log_probs(self, batch: dict, *, n_micro: int, temperature: float, with_entropy: bool = False):
-        inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "responses")}
+    def log_probs(self, batch: TrainBatch, *, n_micro: int, temperature: float, with_entropy: bool = False):
+        """Response log-probs (N, R) of the batch's sequences (and entropies with ``with_entropy``)."""
+        inputs = batch.sequences()
         return self._logp_fn(inputs, n_micro, temperature, with_entropy)(self.state(), inputs)
 
-    def values(self, batch: dict, *, n_micro: int):
-        inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "responses")}
+    def values(self, batch: TrainBatch, *, n_micro: int):
+        """Values (N, R) of the states before each response token."""
+        inputs = batch.sequences()
         return self._values_fn(inputs, n_micro)(self.state(), inputs)
 
     # ----------------------------------------------------------------- updates
-    def _update_fn(self, name: str, step_fn: Callable, spec: Any, mb: dict, n_extra: int, n_micro: int) -> Callable:
+    def _update_fn(self, name: str, step_fn: Callable, spec: Any, mb: Any, n_extra: int, n_micro: int) -> Callable:
         rep = replicated(self.mesh)
         return self._jit(
-            (name, spec, n_micro, tuple((k, v.shape) for k, v in mb.items())),
+            (name, spec, n_micro, shape_key(mb)),
             lambda: jax.jit(
                 functools.partial(step_fn, self.graphdef, self.tx, spec, n_micro=n_micro),
                 in_shardings=(self.param_shardings, self.frozen_shardings, self.opt_shardings,
@@ -129,16 +132,13 @@ class Role:
             ),
         )
 
-    def _update(self, name: str, step_fn: Callable, spec: Any, mb: dict, extra: tuple, n_micro: int) -> dict:
-        fn = self._update_fn(name, step_fn, spec, mb, len(extra), n_micro)
+    def update(self, loss: Loss, mb: TrainBatch, *, n_micro: int, rng: jax.Array | None = None) -> dict:
+        """One optimizer step of ``loss`` on the padded mini-batch ``mb`` (gradients over ``n_micro``
+        micro-batches); ``rng`` for a loss that takes a key."""
+        extra = (rng,) if loss.takes_rng else ()
+        fn = self._update_fn(loss.name, loss.padded_step, loss.spec, mb, len(extra), n_micro)
         self.params, self.opt_state, metrics = fn(self.params, self.frozen, self.opt_state, mb, *extra)
         return metrics
-
-    def update_actor(self, spec: steps.ActorLossSpec, mb: dict, rng: jax.Array, *, n_micro: int) -> dict:
-        return self._update("actor_update", steps.actor_update, spec, mb, (rng,), n_micro)
-
-    def update_critic(self, spec: steps.CriticLossSpec, mb: dict, *, n_micro: int) -> dict:
-        return self._update("critic_update", steps.critic_update, spec, mb, (), n_micro)
 
     def update_program(self, name: str, step_fn: Callable, spec: Any, batch_specs: dict, *, n_micro: int) -> Any:
         """An update of another loss, compiled ahead of time for a mini-batch of ``batch_specs`` ({key: (shape,
@@ -156,29 +156,26 @@ class Role:
         self.params, self.opt_state, metrics = program(self.params, self.frozen, self.opt_state, mb)
         return metrics
 
-    def update_sft(self, mb: dict, *, n_micro: int) -> dict:
-        """One SFT optimizer step (train/sft_steps.py) on a batch with ``loss_mask``."""
-        from rlhf_jax.train import sft_steps
+    def _placed(self, batch: Any) -> Any:
+        """Abstract arrays of the shapes and dtypes of ``batch``'s, split over the batch axes."""
+        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(tuple(x.shape), jnp.dtype(x.dtype),
+                                                           sharding=batch_sharding(self.mesh, x.ndim)), batch)
 
-        return self._update("sft_update", sft_steps.sft_update, None, mb, (), n_micro)
+    def _key_spec(self) -> jax.ShapeDtypeStruct:
+        key = jax.eval_shape(lambda: jax.random.key(0))
+        return jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=replicated(self.mesh))
 
-    def padded_program(self, kind: str, batch_specs: dict, *, n_micro: int, spec: Any = None,
-                       temperature: float = 1.0) -> Any:
-        """The padded pass ``kind`` (logp, values, update) compiled for abstract shapes (for the memory plan)."""
-        inputs = self._abstract(batch_specs)
+    def padded_program(self, kind: str | Loss, batch: TrainBatch, *, n_micro: int, temperature: float = 1.0) -> Any:
+        """A padded pass compiled for the abstract ``batch`` (for the memory plan): "logp", "values", or the
+        update of a ``Loss``."""
+        batch = self._placed(batch)
         if kind == "logp":
-            return self._logp_fn(inputs, n_micro, temperature, False).lower(self.state(), inputs).compile()
+            return self._logp_fn(batch, n_micro, temperature, False).lower(self.state(), batch).compile()
         if kind == "values":
-            return self._values_fn(inputs, n_micro).lower(self.state(), inputs).compile()
-        rep = replicated(self.mesh)
-        extra = ()
-        if self.metric_prefix == "actor":
-            key = jax.eval_shape(lambda: jax.random.key(0))
-            extra = (jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=rep),)
-        step_fn = steps.actor_update if extra else steps.critic_update
-        name = "actor_update" if extra else "critic_update"
-        fn = self._update_fn(name, step_fn, spec, inputs, len(extra), n_micro)
-        return fn.lower(self.params, self.frozen, self.opt_state, inputs, *extra).compile()
+            return self._values_fn(batch, n_micro).lower(self.state(), batch).compile()
+        extra = (self._key_spec(),) if kind.takes_rng else ()
+        fn = self._update_fn(kind.name, kind.padded_step, kind.spec, batch, len(extra), n_micro)
+        return fn.lower(self.params, self.frozen, self.opt_state, batch, *extra).compile()
 
     # ----------------------------------------------------------------- packed passes
     # Packed passes are compiled ahead of time (``lower(...).compile()``) from abstract shapes, so the memory
@@ -232,36 +229,23 @@ class Role:
     def values_packed(self, micros: list[dict], grid_shape: tuple[int, int], *, dp: int):
         return self._packed_forward("values", micros, grid_shape, dp)
 
-    def packed_grads_program(self, spec: Any, micro_shape: tuple[int, int], logit_size: int, grid_specs: dict,
-                             dp: int, loss: str | None = None) -> Any:
-        """The compiled gradient of one packed micro-batch, accumulated into a donated buffer.
-
-        ``grid_specs`` maps the mini-batch grid's arrays to (shape, dtype). ``loss``: "sft" for the SFT loss
-        (train/sft_steps.py); None = the role's RL loss (actor or critic).
-        """
-        grid_specs = {k: (tuple(shape), jnp.dtype(dtype)) for k, (shape, dtype) in grid_specs.items()}
+    def packed_grads_program(self, loss: Loss, micro_shape: tuple[int, int], logit_size: int, grid: TrainBatch,
+                             dp: int) -> Any:
+        """The compiled gradient of ``loss`` on one packed micro-batch, accumulated into a donated buffer;
+        ``grid`` is the mini-batch's (abstract or concrete) per-token arrays."""
+        grid = self._placed(grid)
 
         def make():
-            from rlhf_jax.train import sft_steps
-
             rep = replicated(self.mesh)
-            is_actor = self.metric_prefix == "actor" and loss is None
-            grads_fn = (sft_steps.packed_sft_grads if loss == "sft" else
-                        packed_steps.actor_grads if is_actor else packed_steps.critic_grads)
             micro = self._packed_micro(micro_shape, logit_size)
-            grid = self._abstract(grid_specs)
-            extra = ()
-            if is_actor:
-                key = jax.eval_shape(lambda: jax.random.key(0))
-                extra = (jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=rep),)
-            fn = jax.jit(functools.partial(grads_fn, self.graphdef, spec, dp=dp),
+            extra = (self._key_spec(),) if loss.takes_rng else ()
+            fn = jax.jit(functools.partial(loss.packed_grads, self.graphdef, loss.spec, dp=dp),
                          in_shardings=(self.param_shardings, self.frozen_shardings, self.param_shardings,
                                        self._batch_shardings(micro), self._batch_shardings(grid)) + (rep,) * len(extra),
                          out_shardings=(self.param_shardings, rep, rep), donate_argnums=(2,))
             return fn, (self.params, self.frozen, self.params, micro, grid, *extra)
 
-        return self._compile(("packed_grads", loss, spec, tuple(micro_shape), logit_size,
-                              tuple(sorted(grid_specs.items())), dp), make)
+        return self._compile(("packed_grads", loss, tuple(micro_shape), logit_size, shape_key(grid), dp), make)
 
     def _apply_program(self) -> Callable:
         rep = replicated(self.mesh)
@@ -275,21 +259,21 @@ class Role:
             lambda p: jax.tree.map(jnp.zeros_like, p), in_shardings=(self.param_shardings,),
             out_shardings=self.param_shardings))(self.params)
 
-    def update_packed(self, spec: Any, micros: list[dict], grid: dict, *, dp: int, rng: jax.Array | None = None,
-                      loss: str | None = None) -> dict:
-        """One optimizer step over packed micro-batches; ``grid`` holds the mini-batch's (rows, R) arrays."""
-        grid_specs = {k: (v.shape, v.dtype) for k, v in grid.items()}
-        keys = jax.random.split(rng, len(micros)) if rng is not None else None
+    def update_packed(self, loss: Loss, micros: list[dict], grid: TrainBatch, *, dp: int,
+                      rng: jax.Array | None = None) -> dict:
+        """One optimizer step of ``loss`` over packed micro-batches; ``grid`` holds the mini-batch's (rows, R)
+        arrays."""
+        keys = jax.random.split(rng, len(micros)) if loss.takes_rng else None
         grads, per_micro, tokens = self._zero_grads(), [], []
         for i, micro in enumerate(micros):
             extra = (keys[i],) if keys is not None else ()
-            program = self.packed_grads_program(spec, micro["input_ids"].shape, micro["logit_positions"].shape[0],
-                                                grid_specs, dp, loss)
+            program = self.packed_grads_program(loss, micro["input_ids"].shape, micro["logit_positions"].shape[0],
+                                                grid, dp)
             grads, aux, count = program(self.params, self.frozen, grads, micro, grid, *extra)
             per_micro.append(aux)
             tokens.append(count)
         self.params, self.opt_state, grad_norm = self._apply_program()(self.params, self.opt_state, grads)
-        return steps.combine_micro_metrics(per_micro, tokens) | {f"{self.metric_prefix}/grad_norm": grad_norm}
+        return steps.combine_micro_metrics(per_micro, tokens) | {f"{loss.name}/grad_norm": grad_norm}
 
     def num_compiled(self) -> int:
         return len(self._compiled)

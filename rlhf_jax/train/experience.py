@@ -14,28 +14,12 @@ exactly the batches an uninterrupted one would, in the same order.
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any
-
 import jax
 import numpy as np
 
-from rlhf_jax.rollout.decode import RolloutBatch
+from rlhf_jax.types import RolloutBatch, ScoredBatch
 
 ROLLOUT_ARRAYS = ("prompts", "prompt_mask", "responses", "response_mask", "logprobs", "finished")
-
-
-@dataclasses.dataclass
-class Experience:
-    """One rollout batch waiting to be trained on."""
-
-    pb: Any  # the process-local PromptBatch it was sampled from
-    out: RolloutBatch  # on the training mesh
-    scores: jax.Array  # (N,) float32, global; (N, R) token-level rewards with multi_turn.per_turn_rewards
-    baselines: jax.Array | None  # ReMax's greedy baseline scores, (N,), or None
-    version: int  # updates applied to the weights that sampled it
-    data_state: Any  # the loader's state before its prompts were drawn
-    metrics: dict[str, float]  # its reward metrics and production timings (timing_s/gen, timing_s/reward, ...)
 
 
 def production_due(pending: int, buffer_size: int, overlap: bool) -> bool:
@@ -49,13 +33,13 @@ def implied_staleness(buffer_size: int, overlap: bool) -> int:
     return 2 * buffer_size - 1 if overlap else buffer_size - 1
 
 
-def to_checkpoint(queue: list[Experience]) -> tuple[dict[str, jax.Array], list[dict]]:
+def to_checkpoint(queue: list[ScoredBatch]) -> tuple[dict[str, jax.Array], list[dict]]:
     """(arrays, description) of the pending batches: a flat ``{"<i>.<name>": array}`` item and a JSON list."""
     arrays, described = {}, []
     for i, exp in enumerate(queue):
-        fields = {name: getattr(exp.out, name) for name in ROLLOUT_ARRAYS}
-        if exp.out.response_valid is not None:  # multi-turn: the tool responses' tokens (not trained)
-            fields["response_valid"] = exp.out.response_valid
+        fields = {name: getattr(exp.rollout, name) for name in ROLLOUT_ARRAYS}
+        if exp.rollout.response_valid is not None:  # multi-turn: the tool responses' tokens (not trained)
+            fields["response_valid"] = exp.rollout.response_valid
         fields["scores"] = exp.scores
         if exp.baselines is not None:
             fields["baselines"] = exp.baselines
@@ -75,12 +59,12 @@ def templates(described: list[dict], sharding_of) -> dict[str, jax.ShapeDtypeStr
 
 
 def from_checkpoint(arrays: dict[str, jax.Array], described: list[dict], prompt_batches: list,
-                    data_states: list) -> list[Experience]:
+                    data_states: list) -> list[ScoredBatch]:
     """The pending batches again, with the prompt batches (and loader states) drawn anew by the caller."""
     queue = []
     for i, (d, pb, state) in enumerate(zip(described, prompt_batches, data_states)):
         out = RolloutBatch(**{name: arrays[f"{i}.{name}"] for name in ROLLOUT_ARRAYS},
                            response_valid=arrays.get(f"{i}.response_valid"))
-        queue.append(Experience(pb=pb, out=out, scores=arrays[f"{i}.scores"], baselines=arrays.get(f"{i}.baselines"),
-                                version=int(d["version"]), data_state=state, metrics=dict(d["metrics"])))
+        queue.append(ScoredBatch(rollout=out, scores=arrays[f"{i}.scores"], baselines=arrays.get(f"{i}.baselines"),
+                                 prompts=pb, version=int(d["version"]), data_state=state, metrics=dict(d["metrics"])))
     return queue

@@ -2,15 +2,8 @@
 and during training, checkpoints and Hugging Face exports at their frequencies, and a stop request
 (SIGTERM/SIGINT) that saves the last finished step and says how to resume.
 
-A trainer mixes in ``FitLoop`` next to ``CheckpointMixin`` and provides ``cfg``, ``stop``, ``step``,
-``total_steps``, ``logger``, ``checkpointer``, ``profiler`` and:
-
-- ``_next_step() -> metrics``: one training step; raises ``StepAbandoned`` when a stop request arrived before
-  the step changed the weights (the trainer has rewound its loader so a resumed run samples the same data);
-- ``validate() -> metrics``;
-- ``plan_memory()``: runs once before the first step (not in validation-only runs, which compile no training
-  program);
-- ``_close_resources()``: what the trainer holds beyond the checkpointer, the logger and the lock.
+A trainer is anything that offers the ``Trainer`` protocol; the loop owns the step counter, the logger, the
+checkpoint service and the profiler, and hands each call what it needs.
 """
 
 from __future__ import annotations
@@ -18,13 +11,48 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import Any
+from typing import Any, Protocol
 
 import jax
+from ml_collections import ConfigDict
 
 from rlhf_jax.runtime import run_lock
 from rlhf_jax.runtime.checkpoint import quiet_storage_noise
-from rlhf_jax.runtime.preemption import StepAbandoned
+from rlhf_jax.runtime.loggers import MetricLogger
+from rlhf_jax.runtime.oom import out_of_memory_message
+from rlhf_jax.runtime.oom import memory_hint
+from rlhf_jax.runtime.preemption import StepAbandoned, StopRequest
+from rlhf_jax.runtime.profiling import StepProfiler
+from rlhf_jax.train.trainer_checkpoints import CheckpointItems, CheckpointService
+
+
+class Trainer(Protocol):
+    """What the run loop drives (and what ``main`` and the stage runner call: ``fit``, ``close``)."""
+
+    loop: RunLoop  # the trainer's run: its step counter, logger and checkpoints
+
+    def plan_memory(self) -> tuple[str, ...]:
+        """Compile what a step runs before the first step (idempotent); returns the config keys that size its
+        micro-batches (named by an out-of-memory message)."""
+
+    def step(self, step: int) -> dict[str, Any]:
+        """Training step ``step`` + 1 (``step`` updates done so far); its metrics. Raises ``StepAbandoned`` when a
+        stop request arrived before the step changed any state (the data position is rewound)."""
+
+    def validate(self, step: int) -> dict[str, float]:
+        """Validation metrics after ``step`` steps (empty without validation data or on a stop request)."""
+
+    def checkpoint_items(self, saved: dict | None = None) -> CheckpointItems:
+        """What a checkpoint holds; with ``saved`` (a checkpoint's record), the restore targets of that one."""
+
+    def restore(self, arrays: dict[str, Any], state: dict | None) -> None:
+        """Take back a checkpoint's arrays, and its state record when the resume restores it (else None)."""
+
+    def export_hf(self, step: int) -> str:
+        """Write the policy as a Hugging Face directory for step ``step``; returns it."""
+
+    def close(self) -> None:
+        """Release what the trainer holds (threads, reward workers) and the run's services."""
 
 
 def due(freq: int | None, step: int, is_last: bool) -> bool:
@@ -35,96 +63,124 @@ def due(freq: int | None, step: int, is_last: bool) -> bool:
     return freq > 0 and (is_last or step % freq == 0)
 
 
-class FitLoop:
-    def _open_output(self, lock_dir: bool) -> None:
-        """Output and log directories; ``lock_dir`` refuses at once (before any model is loaded) when another run
-        uses the output directory. ``fit`` always takes the lock."""
-        t = self.cfg.trainer
+class RunLoop:
+    """One run's output directory and services: lock, logger, checkpoints, profiler, step counter."""
+
+    def __init__(self, cfg: ConfigDict, stop: StopRequest, lock_dir: bool, *, checkpoint_contents: tuple,
+                 max_to_keep: int | None):
+        """``lock_dir``: refuse at once (before any model is loaded) when another run uses the output directory;
+        ``fit`` always takes the lock. ``checkpoint_contents``: (actor save, actor load, critic save or None,
+        critic load or None) contents."""
+        t = cfg.trainer
+        self.settings, self.stop = t, stop
+        self.total_steps = int(cfg.derived.total_training_steps)
+        self.hf_every_save = "hf_model" in checkpoint_contents[0]
+        self.hint = memory_hint(cfg, "actor")
         self.is_main = jax.process_index() == 0
         self.out_dir = os.path.abspath(os.path.expanduser(t.default_local_dir))
         self.log_dir = os.path.abspath(os.path.expanduser(t.log_dir or self.out_dir))
         self._locks = 0
         if lock_dir:
             self._lock()
+        self.step = 0
+        self.size_keys: tuple[str, ...] = ()
+        self.checkpoints = CheckpointService(os.path.join(self.out_dir, "checkpoints"), max_to_keep,
+                                             *checkpoint_contents, steps_per_epoch=cfg.derived.steps_per_epoch,
+                                             seed=int(t.seed), is_main=self.is_main)
+        self.logger = MetricLogger(self.log_dir, t.logger, total_steps=self.total_steps, enabled=self.is_main,
+                                   run=(t.project_name, t.experiment_name, cfg.to_dict()))
+        self.profiler = StepProfiler(t.profile_steps, t.profile_dir)
 
     def _lock(self) -> None:
         run_lock.acquire(self.out_dir)
         self._locks += 1
 
-    def fit(self) -> dict[str, Any]:
+    def resume(self, trainer: Trainer) -> None:
+        """Restore the checkpoint ``trainer.resume_mode`` names into ``trainer`` (nothing when there is none)."""
+        t = self.settings
+        self.step = self.checkpoints.resume(trainer, t.resume_mode, t.resume_from_path, self.logger)
+
+    def plan_memory(self, trainer: Trainer) -> None:
+        self.size_keys = tuple(trainer.plan_memory())
+
+    def out_of_memory(self, error: BaseException) -> str | None:
+        """The one-line report of an out-of-memory ``error`` in a step (None for any other error)."""
+        return out_of_memory_message(error, step=self.step, size_keys=self.size_keys, hint=self.hint,
+                                     checkpoint_steps=self.checkpoints.complete_steps(),
+                                     checkpoint_dir=self.checkpoints.directory)
+
+    def fit(self, trainer: Trainer) -> dict[str, Any]:
         # A failed save's writer threads print their noise while training goes on (see quiet_storage_noise).
         with self.stop.installed(), quiet_storage_noise():
-            return self._fit()
+            return self._fit(trainer)
 
-    def _timed_validation(self, metrics: dict) -> None:
+    def _timed_validation(self, trainer: Trainer, metrics: dict) -> None:
         start = time.perf_counter()
-        val = self.validate()
+        val = trainer.validate(self.step)
         if val:
             metrics.update(val)
             metrics["timing_s/testing"] = time.perf_counter() - start
 
-    def _fit(self) -> dict[str, Any]:
-        t = self.cfg.trainer
+    def _save(self, trainer: Trainer, metrics: dict, is_last: bool) -> None:
+        t = self.settings
+        start = time.perf_counter()
+        self.checkpoints.save(self.step, trainer.checkpoint_items())
+        if t.save_hf_checkpoint == "always" or self.hf_every_save or (t.save_hf_checkpoint == "last" and is_last):
+            metrics["hf_export_dir"] = trainer.export_hf(self.step)
+        metrics["timing_s/save_checkpoint"] = time.perf_counter() - start
+
+    def _fit(self, trainer: Trainer) -> dict[str, Any]:
+        t = self.settings
         self._lock()
-        self.maybe_resume()
+        self.resume(trainer)
         self.logger.open(self.step)  # after the resume: its step decides which logged records stay
         saved_step = self.step  # the step whose state is on disk (a resumed one, or none yet at step 0)
         if not t.val_only:
-            self.plan_memory()
+            self.plan_memory(trainer)
         last: dict[str, Any] = {}
         if t.val_only or (t.val_before_train and self.step == 0):  # as in verl, whatever test_freq says
             val: dict[str, Any] = {}
-            self._timed_validation(val)
+            self._timed_validation(trainer, val)
             if val:
                 self.logger.log(self.step, val)
             if t.val_only:
-                self.close()
+                trainer.close()
                 return val
         stopping = self.stop.agreed()
         saves = t.save_freq is None or t.save_freq > 0  # save_freq <= 0: no checkpoint at all, not even on a stop
         while self.step < self.total_steps and not stopping:
             try:
                 with self.profiler.step(self.step + 1):
-                    metrics = self._next_step()
+                    metrics = trainer.step(self.step)
             except StepAbandoned:
                 stopping = True
                 break
             self.step += 1
-            self.checkpointer.check()  # an asynchronous save that failed (a full disk) stops the run now
+            self.checkpoints.check()  # an asynchronous save that failed (a full disk) stops the run now
             is_last = self.step == self.total_steps
             stopping = self.stop.agreed()
             if due(t.test_freq, self.step, is_last) and not stopping:
-                self._timed_validation(metrics)
+                self._timed_validation(trainer, metrics)
                 stopping = self.stop.agreed()  # validation stops early on a signal
             if due(t.save_freq, self.step, is_last) or (stopping and saves):
-                start = time.perf_counter()
-                self.save_checkpoint()
+                self._save(trainer, metrics, is_last)
                 saved_step = self.step
-                contents = self.cfg.actor_rollout_ref.actor.checkpoint.save_contents
-                if t.save_hf_checkpoint == "always" or "hf_model" in contents or (
-                        t.save_hf_checkpoint == "last" and is_last):
-                    metrics["hf_export_dir"] = self.export_hf()
-                metrics["timing_s/save_checkpoint"] = time.perf_counter() - start
             self.logger.log(self.step, metrics)
             last = metrics
         if stopping:
             if saved_step != self.step and saves:
-                self.save_checkpoint()
-            where = (f"checkpoint of step {self.step} in {self.checkpointer.directory}" if self.step and saves
+                self.checkpoints.save(self.step, trainer.checkpoint_items())
+            where = (f"checkpoint of step {self.step} in {self.checkpoints.directory}" if self.step and saves
                      else "trainer.save_freq <= 0, nothing saved" if self.step
                      else "no step had finished, nothing to save")
             if self.is_main:
                 print(f"stopped by {self.stop.name} at step {self.step}/{self.total_steps}: {where}; "
                       "the same command resumes", file=sys.stderr, flush=True)
-        self.close()
+        trainer.close()
         return last
 
-    def _close_resources(self) -> None:
-        """What a trainer holds beyond the checkpointer, the logger and the directory lock."""
-
     def close(self) -> None:
-        self._close_resources()
-        self.checkpointer.close()
+        self.checkpoints.close()
         self.logger.close()
         for _ in range(self._locks):
             run_lock.release(self.out_dir)

@@ -21,8 +21,11 @@ import jax.numpy as jnp
 from flax import nnx
 
 from rlhf_jax import algos
-from rlhf_jax.train.steps import (ActorLossSpec, Batch, CriticLossSpec, actor_denominators, actor_loss, add_router_loss,
+from rlhf_jax.train.steps import (ActorLossSpec, CriticLossSpec, actor_denominators, actor_loss, add_router_loss,
                                   add_value_loss, critic_loss, token_log_probs, value_denominator)
+from rlhf_jax.types import TrainBatch
+
+Micro = dict[str, jax.Array]  # one packed micro-batch: MICRO_KEYS
 
 
 # A packed micro-batch: (dp*M, L) int32 rows, and (dp*C,) lists of the states that predict a response token: their
@@ -50,13 +53,13 @@ def scatter_to_grid(values_BL: jax.Array, targets_BL: jax.Array, grid_shape: tup
     return jax.vmap(one)(values, targets).reshape(rows, R)
 
 
-def packed_hidden(model, micro: Batch, with_router_stats: bool = False):
+def packed_hidden(model, micro: Micro, with_router_stats: bool = False):
     """Hidden states of the packed rows (and, ``with_router_stats``, the MoE router statistics)."""
     return model.hidden_states(micro["input_ids"], positions=micro["positions"], segment_ids=micro["segment_ids"],
                                with_router_stats=with_router_stats)
 
 
-def packed_log_probs(model, micro: Batch, temperature: float, with_entropy: bool, dp: int, with_router_stats=False):
+def packed_log_probs(model, micro: Micro, temperature: float, with_entropy: bool, dp: int, with_router_stats=False):
     """Log-prob (and entropy) of the next token at each of the micro-batch's ``logit_positions``; (dp, C) float32.
 
     Only those positions go through the vocabulary projection (prompt and padding positions do not).
@@ -68,46 +71,47 @@ def packed_log_probs(model, micro: Batch, temperature: float, with_entropy: bool
     return _log_probs_at(model, packed_hidden(model, micro), micro, temperature, with_entropy, dp)
 
 
-def _log_probs_at(model, hidden, micro: Batch, temperature: float, with_entropy: bool, dp: int):
+def _log_probs_at(model, hidden, micro: Micro, temperature: float, with_entropy: bool, dp: int):
     picked = pick(hidden, micro, dp)  # (dp, C, E)
     return token_log_probs(model, picked, micro["logit_token_ids"].reshape(dp, -1), temperature, with_entropy)
 
 
-def pick(per_position: jax.Array, micro: Batch, dp: int) -> jax.Array:
+def pick(per_position: jax.Array, micro: Micro, dp: int) -> jax.Array:
     """The (dp, C, ...) entries of per-position outputs (B', L, ...) at each shard's ``logit_positions``."""
     flat = per_position.reshape(dp, -1, *per_position.shape[2:])
     where = micro["logit_positions"].reshape(dp, -1)
     return jnp.take_along_axis(flat, where.reshape(where.shape + (1,) * (flat.ndim - 2)), axis=1)
 
 
-def packed_values(model, micro: Batch, dp: int) -> jax.Array:
+def packed_values(model, micro: Micro, dp: int) -> jax.Array:
     """Critic values (dp, C) of the listed states (those before each response token)."""
     return pick(model.token_values(micro["input_ids"], positions=micro["positions"], segment_ids=micro["segment_ids"]),
                 micro, dp)
 
 
-def covered_mask(micro: Batch, grid_shape: tuple[int, int], dp: int) -> jax.Array:
+def covered_mask(micro: Micro, grid_shape: tuple[int, int], dp: int) -> jax.Array:
     """1.0 on the grid cells this micro-batch fills."""
     targets = micro["logit_targets"]
     return scatter_to_grid((targets >= 0).astype(jnp.float32), targets, grid_shape, dp)
 
 
-def forward_log_probs(graphdef, params, grid_acc, micro: Batch, *, temperature: float, dp: int):
+def forward_log_probs(graphdef, params, grid_acc, micro: Micro, *, temperature: float, dp: int):
     """Add this micro-batch's response log-probs into ``grid_acc`` (rows, R) (donated, filled cell by cell)."""
     model = nnx.merge(graphdef, params)
     logp, _ = packed_log_probs(model, micro, temperature, False, dp)
     return grid_acc + scatter_to_grid(logp, micro["logit_targets"], grid_acc.shape, dp)
 
 
-def forward_values(graphdef, params, grid_acc, micro: Batch, *, dp: int):
+def forward_values(graphdef, params, grid_acc, micro: Micro, *, dp: int):
     """Add this micro-batch's critic values (of the states before each response token) into ``grid_acc``."""
     model = nnx.merge(graphdef, params)
     return grid_acc + scatter_to_grid(packed_values(model, micro, dp), micro["logit_targets"], grid_acc.shape, dp)
 
 
-def actor_grads(graphdef, spec: ActorLossSpec, params, frozen, grad_acc, micro: Batch, grid: Batch, key, *, dp: int):
+def actor_grads(graphdef, spec: ActorLossSpec, params, frozen, grad_acc, micro: Micro, grid: TrainBatch, key, *,
+                dp: int):
     """Add one micro-batch's actor gradient into ``grad_acc``; returns (grad_acc, metrics, token count)."""
-    mask = grid["response_mask"].astype(jnp.float32)
+    mask = grid.response_mask.astype(jnp.float32)
     den, den_plain = actor_denominators(spec, mask)
     value_den = value_denominator(spec, mask)
     m_mask = mask * covered_mask(micro, mask.shape, dp)
@@ -134,9 +138,10 @@ def actor_grads(graphdef, spec: ActorLossSpec, params, frozen, grad_acc, micro: 
     return jax.tree.map(jnp.add, grad_acc, grads), aux, jnp.sum(m_mask)
 
 
-def critic_grads(graphdef, spec: CriticLossSpec, params, frozen, grad_acc, micro: Batch, grid: Batch, *, dp: int):
+def critic_grads(graphdef, spec: CriticLossSpec, params, frozen, grad_acc, micro: Micro, grid: TrainBatch, *,
+                 dp: int):
     """Add one micro-batch's critic gradient into ``grad_acc``; returns (grad_acc, metrics, token count)."""
-    mask = grid["response_mask"].astype(jnp.float32)
+    mask = grid.response_mask.astype(jnp.float32)
     den = algos.loss_denominator(mask, spec.loss_agg_mode, norm_constant=spec.norm_constant)
     m_mask = mask * covered_mask(micro, mask.shape, dp)
 

@@ -27,10 +27,9 @@ import logging
 from typing import Callable
 
 import jax
-import jax.numpy as jnp
 
 from rlhf_jax.batch.packing import row_length
-from rlhf_jax.runtime.oom import memory_hint
+from rlhf_jax.types import TrainBatch
 
 log = logging.getLogger(__name__)
 
@@ -156,43 +155,70 @@ def plan_passes(cfg, *, actor_mlp_width: int, critic_mlp_width: int | None = Non
     return plans
 
 
+# ---------------------------------------------------------------------------- which passes run
+@dataclasses.dataclass(frozen=True)
+class StepPasses:
+    """Which passes an RL step runs and which per-token arrays each update reads: decided once (``step_passes``),
+    read by the step and by the memory plan, so the plan compiles exactly what the step runs."""
+
+    old_log_prob: bool  # the actor's log-probs of the batch before the update
+    ref: bool  # the reference policy's log-probs
+    values: str | None  # "critic": a separate value model; "actor": the value head on the actor's trunk; None
+    actor_fields: tuple[str, ...]  # the per-token arrays (TrainBatch fields) the actor update reads
+
+    critic_fields = ("values", "returns")  # the critic update's
+
+    def runs(self, name: str) -> bool:
+        return {"old_log_prob": self.old_log_prob, "ref": self.ref, "values": self.values is not None,
+                "update_actor": True, "update_critic": self.values == "critic"}[name]
+
+    def fields(self, name: str) -> tuple[str, ...]:
+        """The per-token arrays pass ``name`` reads (forward passes read only the sequences)."""
+        return {"update_actor": self.actor_fields, "update_critic": self.critic_fields}.get(name, ())
+
+
+def step_passes(cfg, correction, *, use_kl_loss: bool) -> StepPasses:
+    """The passes of a finalized config with the rollout ``correction`` (algos.rollout_correction's settings).
+    The old log-probs are computed when the loss's ratio needs them (``derived.recompute_old_log_prob``), for the
+    in-reward KL, and for the rollout correction (which compares them with the sampler's)."""
+    critic = cfg.critic
+    values = ("actor" if critic.shared_trunk else "critic") if critic.enable else None
+    fields = ("old_log_probs", "advantages") + (("ref_log_probs",) if use_kl_loss else ()) + (
+        ("rollout_is_weights",) if correction.rollout_is is not None else ()) + (
+        ("values", "returns") if values == "actor" else ())
+    old = cfg.derived.recompute_old_log_prob or cfg.algorithm.use_kl_in_reward or correction.enabled
+    return StepPasses(old_log_prob=bool(old), ref=bool(cfg.derived.need_ref), values=values, actor_fields=fields)
+
+
 # ---------------------------------------------------------------------------- memory
-def compile_pass(trainer, name: str, role, plan: PassPlan):
-    """The ``trainer``'s pass ``name`` (run by ``role``) compiled at its planned shape: the longest prompt
-    and response the config allows."""
-    cfg, d = trainer.cfg, trainer.cfg.derived
-    dp, R, T = d.dp_size, cfg.actor_rollout_ref.rollout.response_length, trainer.actor_spec.temperature
-    i32, f32 = jnp.int32, jnp.float32
+def pass_batch(cfg, passes: StepPasses, name: str, packed: bool) -> TrainBatch:
+    """The abstract ``TrainBatch`` pass ``name`` is compiled for: the longest prompt and response the config
+    allows, the pass's rows (a mini-batch for an update), and the arrays the step gives it."""
+    d, R = cfg.derived, cfg.actor_rollout_ref.rollout.response_length
     rows = {"update_actor": d.actor_mini_batch_size, "update_critic": d.critic_mini_batch_size}.get(
         name, d.rollout_batch_size)
-    if name == "update_actor":
-        grid = {"response_mask": i32, "old_log_probs": f32, "advantages": f32}
-        if trainer.actor_spec.use_kl_loss:
-            grid["ref_log_probs"] = f32
-        if trainer.correction.rollout_is is not None:
-            grid["rollout_is_weights"] = f32
-        if trainer.actor_spec.value is not None:  # critic.shared_trunk: the value loss joins the actor's
-            grid.update(values=f32, returns=f32)
-    else:
-        grid = {"response_mask": i32, "values": f32, "returns": f32}
-    grid = {k: ((rows, R), t) for k, t in grid.items()}
-    spec = trainer.actor_spec if name == "update_actor" else trainer.critic_spec
+    return TrainBatch.abstract(rows, cfg.data.max_prompt_length, R, passes.fields(name), sequences=not packed)
+
+
+def compile_pass(name: str, role, plan: PassPlan, batch: TrainBatch, *, dp: int, temperature: float,
+                 loss=None):
+    """Pass ``name`` (run by ``role``; an update trains ``loss``) compiled at its planned layout for the abstract
+    ``batch`` (``pass_batch``)."""
+    rows, R = batch.response_mask.shape
     if plan.packed:
         # At most every packed position predicts a response token: plan for the largest logit list.
         micro_shape = (dp * plan.rows_per_micro, plan.row_len)
         logits = dp * plan.rows_per_micro * plan.row_len
         if name in ("old_log_prob", "ref"):
-            return role.packed_forward_program("logp", micro_shape, logits, (rows, R), dp, temperature=T)
+            return role.packed_forward_program("logp", micro_shape, logits, (rows, R), dp, temperature=temperature)
         if name == "values":
             return role.packed_forward_program("values", micro_shape, logits, (rows, R), dp)
-        return role.packed_grads_program(spec, micro_shape, logits, grid, dp)
-    width = cfg.data.max_prompt_length + R
-    inputs = {"input_ids": ((rows, width), i32), "attention_mask": ((rows, width), i32), "responses": ((rows, R), i32)}
+        return role.packed_grads_program(loss, micro_shape, logits, batch, dp)
     if name in ("old_log_prob", "ref"):
-        return role.padded_program("logp", inputs, n_micro=plan.num_micro, temperature=T)
+        return role.padded_program("logp", batch.sequences(), n_micro=plan.num_micro, temperature=temperature)
     if name == "values":
-        return role.padded_program("values", inputs, n_micro=plan.num_micro)
-    return role.padded_program("update", {**inputs, **grid}, n_micro=plan.num_micro, spec=spec)
+        return role.padded_program("values", batch.sequences(), n_micro=plan.num_micro)
+    return role.padded_program(loss, batch, n_micro=plan.num_micro)
 
 
 def free_device_memory() -> int | None:

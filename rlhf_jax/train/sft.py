@@ -7,8 +7,9 @@ gradients accumulated over micro-batches of ``data.micro_batch_size_per_gpu`` se
 (path, dtypes, remat, LoRA), ``actor_rollout_ref.actor.optim`` / ``grad_clip`` / ``freeze`` / ``checkpoint``.
 Validation (``trainer.test_freq``, ``val_before_train``) reports ``val/loss`` over ``data.val_files`` and, with
 ``trainer.val_accuracy``, the RL trainer's generation metrics (greedy per ``rollout.val_kwargs``, scored by the
-same reward functions). Checkpoints, exact resume (the loader's position is the checkpoint's ``extra``), HF
-export, loggers and SIGTERM handling are the RL trainer's. Training packs the examples into rows
+same reward functions: train/validation.py, shared with the RL trainer). Checkpoints, exact resume (the loader's
+position is the checkpoint's ``extra``), HF export, loggers and SIGTERM handling are the run loop's
+(train/fit_loop.py), as for every trainer. Training packs the examples into rows
 (``model.use_remove_padding``, the default; ``data.micro_batch_size_per_gpu`` rows a micro-batch per shard) or
 pads them to power-of-two widths of the batch's longest prompt and response (``use_remove_padding=False``;
 ``data.micro_batch_size_per_gpu`` sequences a micro-batch); validation runs on padded rows.
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import time
 from typing import Any
 
@@ -30,24 +30,24 @@ from ml_collections import ConfigDict
 from rlhf_jax import models
 from rlhf_jax.config import finalize, with_dataset_size
 from rlhf_jax.models.hub import resolve_model_path
-from rlhf_jax.data import dataset_from_config
+from rlhf_jax.data import dataset_from_config, loader_from_config
+from rlhf_jax.data.prompts import pad_token_id_of
 from rlhf_jax.data.sft import SFTBatch, max_length_of, sft_dataset_from_config, sft_loader
+from rlhf_jax.batch.packing import row_length
 from rlhf_jax.models import lora
 from rlhf_jax.rewards import RewardManager, scorer_name
 from rlhf_jax.rollout import Sampler
-from rlhf_jax.batch import pack_batch
-from rlhf_jax.batch.packing import row_length
-from rlhf_jax.data.prompts import pad_token_id_of
+from rlhf_jax.train import losses
 from rlhf_jax.parallel.hosts import gather_all, sum_over_processes, to_global
-from rlhf_jax.runtime.checkpoint import Checkpointer
-from rlhf_jax.train.fit_loop import FitLoop
-from rlhf_jax.rollout.generation import key_function
-from rlhf_jax.runtime.loggers import MetricLogger
+from rlhf_jax.train.fit_loop import RunLoop
+from rlhf_jax.train.layout import Packer, layout
+from rlhf_jax.train.passes import PassPlan
 from rlhf_jax.runtime.preemption import STOP, StepAbandoned, StopRequest
-from rlhf_jax.runtime.profiling import StepProfiler
 from rlhf_jax.train.setup import actor_role, load_tokenizer, mesh_and_rules, sampling_params, tool_schemas
-from rlhf_jax.train.trainer import Trainer
-from rlhf_jax.train.trainer_checkpoints import CheckpointMixin
+from rlhf_jax.train.trainer_checkpoints import CheckpointItems, export_policy, model_record, restore_roles, role_arrays
+from rlhf_jax.train.trainer_rollout import Rollouts
+from rlhf_jax.train.validation import Validator
+from rlhf_jax.types import TrainBatch
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,6 @@ class SFTComponents:
     val_sampling: Any
     mesh: Any
     rules: tuple
-    rollout_mesh: Any = None  # SFT samples on the training mesh
 
 
 def _wants_accuracy(cfg: ConfigDict, tokenizer) -> Any:
@@ -122,111 +121,95 @@ def micro_batches(cfg: ConfigDict) -> int:
     return per_shard // micro
 
 
-class SFTTrainer(FitLoop, CheckpointMixin):
-    # Generation validation is the RL trainer's own (same prompts, sampler, scorers, metric names and dumps).
-    validate_generations = Trainer.validate
-    _generate, _rollout_weights, _sampler_params = Trainer._generate, Trainer._rollout_weights, Trainer._sampler_params
-    _rollout_key, _score, _sample = Trainer._rollout_key, Trainer._score, Trainer._sample
+class SFTTrainer:
+    """The SFT trainer (the ``fit_loop.Trainer`` protocol)."""
 
     def __init__(self, cfg: ConfigDict, components: SFTComponents | None = None, stop: StopRequest = STOP,
                  lock_dir: bool = False):
-        self.stop = stop
         c = components or prepare_sft(cfg)
-        self.c, self.cfg, self.mesh, self.tok = c, c.cfg, c.mesh, c.tokenizer
+        self.c, self.cfg, self.stop = c, c.cfg, stop
         cfg, d = self.cfg, self.cfg.derived
-        self.total_steps = int(d.total_training_steps)
-        self.n_micro = micro_batches(cfg)
-        # Packed rows (model.use_remove_padding, the default): no FLOPs on padding; exact (same loss and gradient).
-        self.packed = bool(cfg.actor_rollout_ref.model.use_remove_padding)
-        self.row_len = row_length(max_length_of(cfg.data))
-        self._open_output(lock_dir)
-        self.actor = actor_role(cfg, c, self.total_steps, 1)
-        self.lora = self.actor.config.lora
-        self.critic = None
-        self.kl_ctrl = {"value": 0.0}  # the checkpoint's extra record holds RL's KL coefficient; SFT has none
-        self.loader = sft_loader(cfg.data, self.tok, c.train, "train", num_epochs=None)
-        self.checkpointer = Checkpointer(os.path.join(self.out_dir, "checkpoints"),
-                                         max_to_keep=cfg.trainer.max_actor_ckpt_to_keep)
-        self.logger = MetricLogger(self.log_dir, cfg.trainer.logger, total_steps=self.total_steps, enabled=self.is_main,
-                                   run=(cfg.trainer.project_name, cfg.trainer.experiment_name, cfg.to_dict()))
-        self.profiler = StepProfiler(cfg.trainer.profile_steps, cfg.trainer.profile_dir)
-        self.step = 0
-        # What the borrowed generation validation reads.
-        self.rollout_mesh, self._rollout_params_of, self._merge_fn, self.reward_model = None, None, None, None
-        self.sampler = self.reward_manager = self.multi_turn = None  # single-turn greedy answers only
-        if c.val_dataset is not None:
-            self._key_fn = key_function(self.mesh)
-            graphdef = lora.plain_graphdef(self.actor.config, self.actor.task) if self.lora else self.actor.graphdef
-            self.sampler = Sampler(graphdef, mesh=self.mesh, rules=c.rules,
-                                   max_positions=self.actor.config.max_position_embeddings)
-            self.reward_manager = RewardManager.from_config(cfg.reward_model, cfg.custom_reward_function)
+        ckpt = cfg.actor_rollout_ref.actor.checkpoint
+        self.loop = RunLoop(cfg, stop, lock_dir, max_to_keep=cfg.trainer.max_actor_ckpt_to_keep,
+                            checkpoint_contents=(tuple(ckpt.save_contents), tuple(ckpt.load_contents), None, None))
+        self.actor = actor_role(cfg, c, self.loop.total_steps, 1)
+        self.loader = sft_loader(cfg.data, c.tokenizer, c.train, "train", num_epochs=None)
+        self.plan = self._plan(cfg)
+        self.rollouts = self.validator = None
+        if c.val_dataset is not None:  # single-turn greedy answers, scored by the run's reward functions
+            spec = self.actor.config.lora
+            graphdef = lora.plain_graphdef(self.actor.config, self.actor.task) if spec else self.actor.graphdef
+            sampler = Sampler(graphdef, mesh=c.mesh, rules=c.rules,
+                              max_positions=self.actor.config.max_position_embeddings)
+            self.rollouts = Rollouts(self.actor, sampler, c.tokenizer,
+                                     RewardManager.from_config(cfg.reward_model, cfg.custom_reward_function),
+                                     mesh=c.mesh, rules=c.rules, dp_size=d.dp_size,
+                                     weight_dtype=cfg.actor_rollout_ref.rollout.weight_dtype)
+            self.validator = Validator(
+                self.rollouts, lambda: loader_from_config(cfg.data, c.tokenizer, "val", dataset=c.val_dataset),
+                c.val_dataset, c.val_sampling, stop, self.loop.logger, cfg.trainer.log_val_generations,
+                cfg.trainer.validation_data_dir, self.loop.is_main)
+        self._planned = False
 
-    # The checkpoint mixin also saves the RL loop's sampled-but-untrained batches; an SFT run has none.
-    _pending: list = []
+    def _plan(self, cfg: ConfigDict) -> PassPlan:
+        """The update's layout. Packed rows (model.use_remove_padding, the default): no FLOPs on padding; exact
+        (same loss and gradient). ``data.micro_batch_size_per_gpu`` rows (packed) or sequences (padded) a
+        micro-batch per shard; -1: as few micro-batches as the batch allows."""
+        batch, dp = int(cfg.data.train_batch_size), int(cfg.derived.dp_size)
+        micro = int(cfg.data.micro_batch_size_per_gpu)
+        per_shard, n_micro = batch // dp, micro_batches(cfg)
+        packed = bool(cfg.actor_rollout_ref.model.use_remove_padding)
+        rows = (micro if micro > 0 else batch) if packed else per_shard // n_micro
+        return PassPlan("sft", packed, row_length(max_length_of(cfg.data)), rows, per_shard,
+                        ("data.micro_batch_size_per_gpu",), auto=micro == -1)
 
-    def _pending_for_checkpoint(self) -> tuple[dict, list, Any]:
-        return {}, [], self.loader.get_state()
-
-    def _restore_pending(self, arrays: dict, described: list) -> None:
-        del arrays, described
-
-    def plan_memory(self) -> None:
+    def plan_memory(self) -> tuple[str, ...]:
         """SFT compiles its step on first use; the micro-batch size is data.micro_batch_size_per_gpu (no plan)."""
-        if getattr(self, "_planned", False):
-            return
-        self._planned = True
-        per_shard = int(self.cfg.data.train_batch_size) // int(self.cfg.derived.dp_size)
-        micro = int(self.cfg.data.micro_batch_size_per_gpu)
-        if self.packed:
-            self.logger.text(f"sft: packed rows of {self.row_len} tokens, "
-                             + (f"{micro} rows" if micro > 0 else "all rows") + " a micro-batch per shard")
-        else:
-            self.logger.text(f"sft: {self.n_micro} micro-batch(es) of {per_shard // self.n_micro} sequences per shard")
+        if not self._planned:
+            self._planned = True
+            plan, micro = self.plan, int(self.cfg.data.micro_batch_size_per_gpu)
+            if plan.packed:
+                self.loop.logger.text(f"sft: packed rows of {plan.row_len} tokens, "
+                                      + (f"{micro} rows" if micro > 0 else "all rows") + " a micro-batch per shard")
+            else:
+                self.loop.logger.text(f"sft: {plan.num_micro} micro-batch(es) of {plan.rows_per_micro} sequences "
+                                      "per shard")
+        return ()
 
-    # ------------------------------------------------------------------ batches
-    def _device_batch(self, b: SFTBatch) -> dict:
-        """The model's inputs of a process-local batch, as global arrays on the mesh."""
-        put = lambda x: to_global(self.mesh, x)  # noqa: E731
-        return {"input_ids": put(np.concatenate([b.prompts, b.responses], 1)),
-                "attention_mask": put(np.concatenate([b.prompt_mask, b.response_mask], 1)),
-                "responses": put(b.responses), "loss_mask": put(b.loss_mask)}
+    # ------------------------------------------------------------------ one step
+    def _device_batch(self, b: SFTBatch) -> TrainBatch:
+        """The model's inputs of a process-local batch, as global arrays on the mesh; the trained tokens are the
+        response mask."""
+        put = lambda x: to_global(self.c.mesh, x)  # noqa: E731
+        return TrainBatch(input_ids=put(np.concatenate([b.prompts, b.responses], 1)),
+                          attention_mask=put(np.concatenate([b.prompt_mask, b.response_mask], 1)),
+                          responses=put(b.responses), response_mask=put(b.loss_mask))
 
-    def _packed_update(self, b: SFTBatch) -> dict:
-        """One step on packed rows (batch/packing.py): the batch's sequences laid end to end in rows of
-        ``self.row_len`` tokens, ``data.micro_batch_size_per_gpu`` rows a micro-batch per shard (-1: as few
-        micro-batches as the batch allows)."""
-        fields = ("prompts", "prompt_mask", "responses", "response_mask")
-        host = {k: gather_all(to_global(self.mesh, getattr(b, k))) for k in fields}
-        dp = int(self.cfg.derived.dp_size)
-        micro = int(self.cfg.data.micro_batch_size_per_gpu)
-        packed = pack_batch(host["prompts"], host["prompt_mask"], host["responses"], host["response_mask"], dp=dp,
-                            row_len=self.row_len, max_rows_per_micro=micro if micro > 0 else host["prompts"].shape[0],
-                            pad_token_id=pad_token_id_of(self.tok))
-
-        def local(x: np.ndarray) -> np.ndarray:  # this process's shards: a contiguous block of every array
-            n = x.shape[0] // jax.process_count()
-            return x[jax.process_index() * n:(jax.process_index() + 1) * n]
-
-        micros = [{k: to_global(self.mesh, local(v)) for k, v in packed.micro(i).items()}
-                  for i in range(packed.num_micro)]
-        metrics = self.actor.update_packed(None, micros, {"loss_mask": to_global(self.mesh, b.loss_mask)}, dp=dp,
-                                           loss="sft")
-        metrics["train/grad_norm"] = metrics.pop("actor/grad_norm")
-        metrics["train/loss_tokens"] = jnp.sum(jnp.asarray(sum_over_processes(np.asarray([b.loss_mask.sum()]))))
-        return metrics | {"perf/packed_tokens": float(packed.padded_tokens)}
-
-    def train_step(self, b: SFTBatch) -> dict[str, float]:
+    def step(self, step: int) -> dict[str, Any]:
+        """One optimizer step on the next batch of examples."""
+        data_state = self.loader.get_state()
+        b = next(self.loader)
+        if self.stop.agreed():  # the last point before the step changes the weights
+            self.loader.set_state(data_state)
+            raise StepAbandoned
+        self.plan_memory()
         start = time.perf_counter()
-        if self.packed:
-            metrics = self._packed_update(b)
-        else:
-            metrics = self.actor.update_sft(self._device_batch(b), n_micro=self.n_micro)
+        fields = ("prompts", "prompt_mask", "responses", "response_mask")
+        packer = Packer(self.c.mesh, int(self.cfg.derived.dp_size), pad_token_id_of(self.c.tokenizer), lambda: {
+            "response_valid" if k == "response_mask" else k: gather_all(to_global(self.c.mesh, getattr(b, k)))
+            for k in fields})
+        run = layout(self.plan, packer)
+        metrics = run.update(self.actor, losses.SFT, run.carried(self._device_batch(b)))
+        if "train/loss_tokens" not in metrics:  # a packed update counts its trained tokens per micro-batch
+            metrics["train/loss_tokens"] = jnp.sum(jnp.asarray(sum_over_processes(np.asarray([b.loss_mask.sum()]))))
+        metrics.update({"perf/packed_tokens": cells for cells, _ in packer.tokens.values()})  # packed rows' cells
         metrics = {k: float(v) for k, v in jax.block_until_ready(metrics).items()}
         seconds = time.perf_counter() - start
         tokens = float(sum_over_processes(np.asarray([b.prompt_mask.sum() + b.response_mask.sum()], np.float64))[0])
-        return metrics | {"train/lr": float(self.actor.lr_fn(self.step)), "timing_s/step": seconds,
-                          "perf/total_num_tokens": tokens, "perf/throughput": tokens / seconds / self.mesh.devices.size,
-                          "training/global_step": self.step + 1, "training/epoch": b.epoch}
+        return metrics | {"train/lr": float(self.actor.lr_fn(step)), "timing_s/step": seconds,
+                          "perf/total_num_tokens": tokens,
+                          "perf/throughput": tokens / seconds / self.c.mesh.devices.size,
+                          "training/global_step": step + 1, "training/epoch": b.epoch}
 
     # ------------------------------------------------------------------ validation
     def validation_loss(self) -> dict[str, float]:
@@ -235,7 +218,7 @@ class SFTTrainer(FitLoop, CheckpointMixin):
             return {}
         dp_local = max(int(self.cfg.derived.dp_size) // jax.process_count(), 1)
         micro = int(self.cfg.data.micro_batch_size_per_gpu)
-        loader = sft_loader(self.cfg.data, self.tok, self.c.val, "val", row_multiple=dp_local * max(micro, 1))
+        loader = sft_loader(self.cfg.data, self.c.tokenizer, self.c.val, "val", row_multiple=dp_local * max(micro, 1))
         totals = np.zeros(2)
         for b in loader:
             if self.stop.agreed():
@@ -244,25 +227,37 @@ class SFTTrainer(FitLoop, CheckpointMixin):
             per_shard = b.prompts.shape[0] // dp_local
             n_micro = per_shard // micro if micro > 0 else 1
             logp = self.actor.log_probs(batch, n_micro=n_micro, temperature=1.0)
-            mask = batch["loss_mask"].astype(jnp.float32)
+            mask = batch.response_mask.astype(jnp.float32)
             totals += [float(-jnp.sum(logp * mask)), float(jnp.sum(mask))]  # global arrays: sums over every process
         return {"val/loss": totals[0] / max(totals[1], 1.0)}
 
-    def validate(self) -> dict[str, float]:
+    def validate(self, step: int) -> dict[str, float]:
         metrics = self.validation_loss()
-        if self.c.val_dataset is not None and not self.stop.agreed():
-            metrics.update(self.validate_generations())
+        if self.validator is not None and not self.stop.agreed():
+            metrics.update(self.validator(step))
         return metrics
 
-    # ------------------------------------------------------------------ the loop (FitLoop)
-    def _next_step(self) -> dict[str, Any]:
-        data_state = self.loader.get_state()
-        batch = next(self.loader)
-        if self.stop.agreed():  # the last point before the step changes the weights
-            self.loader.set_state(data_state)
-            raise StepAbandoned
-        return self.train_step(batch)
+    # ------------------------------------------------------------------ checkpoints and the loop's other calls
+    def checkpoint_items(self, saved: dict | None = None) -> CheckpointItems:
+        """The policy's arrays; with the actor's "extra": the data position."""
+        return CheckpointItems(role_arrays(self.actor), model_record(self.actor, self.cfg, self.c),
+                               {"data_state": self.loader.get_state()}, required=("data_state",))
 
-    def _close_resources(self) -> None:
-        if self.reward_manager is not None:
-            self.reward_manager.close()
+    def restore(self, arrays: dict[str, Any], state: dict | None) -> None:
+        restore_roles(arrays, self.actor)
+        if state is not None:
+            self.loader.set_state(state["data_state"])
+
+    def export_hf(self, step: int) -> str:
+        return export_policy(self.actor, self.loop.out_dir, step, self.c.tokenizer, self.c.model_path)
+
+    def fit(self) -> dict[str, Any]:
+        return self.loop.fit(self)
+
+    def out_of_memory(self, error: BaseException) -> str | None:
+        return self.loop.out_of_memory(error)
+
+    def close(self) -> None:
+        if self.rollouts is not None:
+            self.rollouts.close()
+        self.loop.close()

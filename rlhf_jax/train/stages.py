@@ -166,6 +166,9 @@ class StageRunner:
         if self.trainer is not None:
             self.trainer.plan_memory()
 
+    def out_of_memory(self, error: BaseException) -> str | None:
+        return self.trainer.out_of_memory(error) if self.trainer is not None else None
+
     def fit(self) -> dict[str, Any]:
         last: dict[str, Any] = {}
         if self.trainer is None and self.is_main:
@@ -174,14 +177,15 @@ class StageRunner:
         while self.trainer is not None:
             trainer, (name, directory, _) = self.trainer, self.stages[self.index]
             last = trainer.fit()
-            if trainer.step < trainer.total_steps or self.stop.agreed():
+            step = trainer.loop.step
+            if step < trainer.loop.total_steps or self.stop.agreed():
                 break  # stopped by a signal: the stage resumes from its checkpoint on the next run
-            export = os.path.join(directory, "hf", f"global_step_{trainer.step}")
+            export = os.path.join(directory, "hf", f"global_step_{step}")
             if not os.path.exists(os.path.join(export, "config.json")):
-                export = trainer.export_hf()
+                export = trainer.export_hf(step)
             if self.is_main:
                 with open(os.path.join(directory, DONE + ".tmp"), "w") as fh:
-                    json.dump({"stage": name, "step": trainer.step, "weights": export}, fh)
+                    json.dump({"stage": name, "step": step, "weights": export}, fh)
                 os.replace(os.path.join(directory, DONE + ".tmp"), os.path.join(directory, DONE))
             self.trainer = None
             del trainer

@@ -1,10 +1,7 @@
 """Pure, jittable step functions: log-probs, values, and the actor and critic mini-batch updates.
 
-A training batch is a dict of global (N, ...) arrays sharded over the batch axes:
-
-- ``input_ids`` / ``attention_mask`` (N, P + R): left-padded prompt followed by the response;
-- ``responses`` / ``response_mask`` (N, R);
-- ``old_log_probs``, ``ref_log_probs``, ``advantages``, ``returns``, ``values`` (N, R) as needed.
+A training batch is a ``rlhf_jax.types.TrainBatch`` of global (N, ...) arrays sharded over the batch axes: the
+sequences (N, P + R), the responses and their mask (N, R), and the per-token arrays the run computes.
 
 Micro-batches are taken with a stride (row ``j * n_micro + i`` belongs to micro-batch
 ``i``) so that every micro-batch keeps rows on every data-parallel shard: splitting
@@ -32,8 +29,7 @@ from flax import nnx
 from rlhf_jax import algos
 from rlhf_jax.algos.entropy import auto_chunk_size
 from rlhf_jax.models.moe import load_balancing_loss
-
-Batch = dict[str, jax.Array]
+from rlhf_jax.types import TrainBatch
 
 
 def split_micro(tree: Any, n_micro: int) -> Any:
@@ -94,25 +90,24 @@ def response_values(model, input_ids, attention_mask, response_length: int):
     return model.token_values(input_ids, attention_mask)[:, -response_length - 1 : -1]
 
 
-def forward_log_probs(graphdef, params, batch: Batch, *, n_micro: int, temperature: float, with_entropy: bool):
+def forward_log_probs(graphdef, params, batch: TrainBatch, *, n_micro: int, temperature: float, with_entropy: bool):
     """Log-probs (and entropy) of the whole batch, one micro-batch at a time (lax.map)."""
     model = nnx.merge(graphdef, params)
-    keys = ("input_ids", "attention_mask", "responses")
-    micro = split_micro({k: batch[k] for k in keys}, n_micro)
+    micro = split_micro((batch.input_ids, batch.attention_mask, batch.responses), n_micro)
 
     def one(m):
-        logp, ent = response_log_probs(model, m["input_ids"], m["attention_mask"], m["responses"], temperature, with_entropy)
+        logp, ent = response_log_probs(model, *m, temperature, with_entropy)
         return (logp, ent) if with_entropy else logp
 
     out = jax.lax.map(one, micro)
     return merge_micro(out)
 
 
-def forward_values(graphdef, params, batch: Batch, *, n_micro: int):
+def forward_values(graphdef, params, batch: TrainBatch, *, n_micro: int):
     model = nnx.merge(graphdef, params)
-    R = batch["responses"].shape[1]
-    micro = split_micro({k: batch[k] for k in ("input_ids", "attention_mask")}, n_micro)
-    return merge_micro(jax.lax.map(lambda m: response_values(model, m["input_ids"], m["attention_mask"], R), micro))
+    R = batch.responses.shape[1]
+    micro = split_micro((batch.input_ids, batch.attention_mask), n_micro)
+    return merge_micro(jax.lax.map(lambda m: response_values(model, *m, R), micro))
 
 
 def advantage_stage(token_scores, response_mask, group_ids, old_log_probs, ref_log_probs, values, kl_coef,
@@ -205,20 +200,20 @@ def apply_update(tx, params, opt_state, grads):
     return keep(new_params, params), keep(new_opt_state, opt_state), grad_norm
 
 
-def actor_loss(spec: ActorLossSpec, logp, ent, m: Batch, m_mask, den, den_plain, key):
+def actor_loss(spec: ActorLossSpec, logp, ent, m: TrainBatch, m_mask, den, den_plain, key):
     """The actor loss of one micro-batch from its (b, R) log-probs and entropies, with mini-batch denominators.
 
     ``m`` holds the micro-batch's old_log_probs, advantages (and ref_log_probs); ``m_mask``
     its response mask. Returns (loss, metrics).
     """
-    old = m["old_log_probs"] if spec.use_old_log_probs else jax.lax.stop_gradient(logp)
+    old = m.old_log_probs if spec.use_old_log_probs else jax.lax.stop_gradient(logp)
     options = dict(spec.options)
     if spec.loss_mode == "clip_cov":
         options["rng"] = key
-    if "rollout_is_weights" in m:  # algorithm.rollout_correction.rollout_is
-        options["rollout_is_weights"] = m["rollout_is_weights"]
+    if m.rollout_is_weights is not None:  # algorithm.rollout_correction.rollout_is
+        options["rollout_is_weights"] = m.rollout_is_weights
     pg_loss, pg_metrics = algos.policy_loss(
-        spec.loss_mode, old_log_prob=old, log_prob=logp, advantages=m["advantages"], response_mask=m_mask,
+        spec.loss_mode, old_log_prob=old, log_prob=logp, advantages=m.advantages, response_mask=m_mask,
         loss_agg_mode=spec.loss_agg_mode, clip_ratio_low=spec.clip_ratio_low, clip_ratio_high=spec.clip_ratio_high,
         clip_ratio_c=spec.clip_ratio_c, denominator=den, norm_constant=spec.norm_constant, **options,
     )
@@ -231,7 +226,7 @@ def actor_loss(spec: ActorLossSpec, logp, ent, m: Batch, m_mask, den, den_plain,
     loss = pg_loss - spec.entropy_coeff * entropy
     aux = {"actor/pg_loss": pg_loss, "actor/entropy": entropy}
     if spec.use_kl_loss:
-        kl = algos.kl_loss(logp, m["ref_log_probs"], m_mask, spec.kl_loss_type, spec.loss_agg_mode,
+        kl = algos.kl_loss(logp, m.ref_log_probs, m_mask, spec.kl_loss_type, spec.loss_agg_mode,
                            denominator=den_plain, norm_constant=spec.norm_constant)
         loss = loss + spec.kl_loss_coef * kl
         aux["actor/kl_loss"] = kl
@@ -252,7 +247,7 @@ def add_router_loss(spec: ActorLossSpec, loss, metrics: dict, stats, share):
     return loss, metrics
 
 
-def add_value_loss(spec: ActorLossSpec, vpreds, m: Batch, m_mask, value_den, loss, metrics: dict):
+def add_value_loss(spec: ActorLossSpec, vpreds, m: TrainBatch, m_mask, value_den, loss, metrics: dict):
     """The actor loss plus ``vf_coef`` x the shared value head's clipped loss of ``vpreds`` (its values of the
     states that predict each response token, from the actor's own forward pass), and the critic metrics."""
     vloss, vmetrics = critic_loss(spec.value, vpreds, m, m_mask, value_den)
@@ -273,18 +268,18 @@ def actor_denominators(spec: ActorLossSpec, mask):
             algos.loss_denominator(mask, spec.loss_agg_mode, norm_constant=spec.norm_constant))
 
 
-def actor_update(graphdef, tx, spec: ActorLossSpec, params, frozen, opt_state, mb: Batch, rng, *, n_micro: int):
+def actor_update(graphdef, tx, spec: ActorLossSpec, params, frozen, opt_state, mb: TrainBatch, rng, *, n_micro: int):
     """One optimizer step on one mini-batch, accumulating gradients over ``n_micro`` micro-batches.
 
     ``params`` are the trained parameters (differentiated, updated), ``frozen`` the rest (constant)."""
-    mask = mb["response_mask"].astype(jnp.float32)
+    mask = mb.response_mask.astype(jnp.float32)
     den, den_plain = actor_denominators(spec, mask)
     value_den = value_denominator(spec, mask)
     micro = split_micro(mb, n_micro)
     tokens = jnp.sum(split_micro(mask, n_micro), axis=(1, 2))
     weights = tokens / jnp.maximum(jnp.sum(tokens), 1.0)
     rngs = jax.random.split(rng, n_micro)
-    R = mb["responses"].shape[1]
+    R = mb.responses.shape[1]
     moe = spec.router_aux_loss_coef is not None
 
     def micro_step(grad_acc, xs):
@@ -292,11 +287,11 @@ def actor_update(graphdef, tx, spec: ActorLossSpec, params, frozen, opt_state, m
 
         def loss_fn(p):
             model = nnx.merge(graphdef, p, frozen)
-            m_mask = m["response_mask"].astype(jnp.float32)
-            out = model.hidden_states(m["input_ids"], m["attention_mask"], with_router_stats=moe)
+            m_mask = m.response_mask.astype(jnp.float32)
+            out = model.hidden_states(m.input_ids, m.attention_mask, with_router_stats=moe)
             hidden, stats = out if moe else (out, None)
             hidden = hidden[:, -R - 1 : -1]  # the states that predict each response token
-            logp, ent = token_log_probs(model, hidden, m["responses"], spec.temperature, True)
+            logp, ent = token_log_probs(model, hidden, m.responses, spec.temperature, True)
             loss, metrics = actor_loss(spec, logp, ent, m, m_mask, den, den_plain, key)
             if moe:
                 loss, metrics = add_router_loss(spec, loss, metrics, stats,
@@ -317,27 +312,27 @@ def actor_update(graphdef, tx, spec: ActorLossSpec, params, frozen, opt_state, m
     return params, opt_state, {**summed, **averaged, "actor/grad_norm": grad_norm}
 
 
-def critic_loss(spec: CriticLossSpec, vpreds, m: Batch, m_mask, den):
-    loss, clipfrac = algos.value_loss(vpreds, m["values"], m["returns"], m_mask, spec.cliprange_value,
+def critic_loss(spec: CriticLossSpec, vpreds, m: TrainBatch, m_mask, den):
+    loss, clipfrac = algos.value_loss(vpreds, m.values, m.returns, m_mask, spec.cliprange_value,
                                       spec.loss_agg_mode, denominator=den, norm_constant=spec.norm_constant)
     vpred_mean = algos.masked_mean(vpreds, m_mask.astype(jnp.float32))
     return loss, {"critic/vf_loss": loss, "critic/vf_clipfrac": clipfrac, "critic/vpred_mean": vpred_mean}
 
 
-def critic_update(graphdef, tx, spec: CriticLossSpec, params, frozen, opt_state, mb: Batch, *, n_micro: int):
+def critic_update(graphdef, tx, spec: CriticLossSpec, params, frozen, opt_state, mb: TrainBatch, *, n_micro: int):
     """One critic optimizer step on one mini-batch (clipped value loss)."""
-    mask = mb["response_mask"].astype(jnp.float32)
+    mask = mb.response_mask.astype(jnp.float32)
     den = algos.loss_denominator(mask, spec.loss_agg_mode, norm_constant=spec.norm_constant)
     micro = split_micro(mb, n_micro)
     tokens = jnp.sum(split_micro(mask, n_micro), axis=(1, 2))
     weights = tokens / jnp.maximum(jnp.sum(tokens), 1.0)
-    R = mb["responses"].shape[1]
+    R = mb.responses.shape[1]
 
     def micro_step(grad_acc, m):
         def loss_fn(p):
             model = nnx.merge(graphdef, p, frozen)
-            vpreds = response_values(model, m["input_ids"], m["attention_mask"], R)
-            return critic_loss(spec, vpreds, m, m["response_mask"], den)
+            vpreds = response_values(model, m.input_ids, m.attention_mask, R)
+            return critic_loss(spec, vpreds, m, m.response_mask, den)
 
         (_, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
         return jax.tree.map(jnp.add, grad_acc, grads), aux

@@ -5,8 +5,9 @@ other training kinds register their trainer class here by dotted path (and their
 ``rlhf_jax.config.names.TRAINER_TYPES``), so
 importing this module stays cheap and a stage list can name any of them. A config
 with ``stages`` runs them in order (train/stages.py).
-Every trainer offers the same three calls to ``main``: ``plan_memory()``,
-``fit()`` and ``close()``, and is built as ``cls(cfg, lock_dir=True)``.
+Every trainer offers the same calls to ``main``: ``plan_memory()``, ``fit()``,
+``out_of_memory(error)`` and ``close()``, and is built as ``cls(cfg, lock_dir=True)``;
+the run loop drives it through the ``fit_loop.Trainer`` protocol.
 """
 
 from __future__ import annotations

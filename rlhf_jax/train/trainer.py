@@ -1,64 +1,55 @@
-"""The RL trainer: sample, score, old/ref log-probs and values, advantages, critic and actor updates.
+"""The RL trainer: one step is produce (sample and score a prompt batch: train/trainer_rollout.py) -> prepare
+(old/ref log-probs, values, advantages: train/prepare.py) -> update (critic and actor: train/update.py).
 
-The rollout side lives in train/trainer_rollout.py, checkpoints in trainer_checkpoints.py, the experience buffer
-and overlap in trainer_experience.py, and the run loop (shared with SFT and DPO) in fit_loop.py.
+``Trainer(cfg).fit()`` runs ``trainer.total_training_steps`` steps (or the epochs' worth) in the run loop shared
+with SFT and DPO (train/fit_loop.py): validation every ``trainer.test_freq`` steps and checkpoints every
+``trainer.save_freq`` steps, both also at the last step (verl's meaning: <= 0 never; None, the default, only at
+the end), a Hugging Face export per ``trainer.save_hf_checkpoint`` when it saves, resume from the latest complete
+checkpoint (``trainer.resume_mode=auto``), and a clean stop with a checkpoint on SIGTERM or SIGINT. Batches are
+produced ahead of training in rounds (train/trainer_experience.py).
 
-``Trainer(cfg).fit()`` runs ``trainer.total_training_steps`` steps (or the
-epochs' worth), validating every ``trainer.test_freq`` steps and checkpointing
-every ``trainer.save_freq`` steps, both also at the last step (verl's meaning:
-<= 0 never; None, the default, only at the end), and exporting a Hugging Face
-directory per ``trainer.save_hf_checkpoint`` when it saves. A run resumes from the latest
-complete checkpoint (``trainer.resume_mode=auto``). SIGTERM or SIGINT ends the run
-cleanly with a checkpoint of the last finished step (``train/preemption.py``).
-
-Randomness is a pure function of (trainer.seed, step): the sampler's key and the
-update key are derived from them, so a resumed run draws what the uninterrupted
-run would have drawn.
+Randomness is a pure function of (trainer.seed, step): the sampler's key and the update key are derived from
+them, so a resumed run draws what the uninterrupted run would have drawn.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import logging
-import os
 from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from ml_collections import ConfigDict
 
 from rlhf_jax import algos
 from rlhf_jax.algos.rollout_correction import correction_from_config, mismatch_metrics, rollout_correction
 from rlhf_jax.models.hub import resolve_model_path
-from rlhf_jax.data import PromptBatch, loader_from_config
-
+from rlhf_jax.data import loader_from_config
 from rlhf_jax.models import TASK_TOKEN_VALUE
-from rlhf_jax.rewards import RewardManager, place_on_last_token
+from rlhf_jax.rewards import RewardManager
 from rlhf_jax.rollout import Sampler
-from rlhf_jax.batch import pack_batch, trim_columns
+from rlhf_jax.train import experience, losses
 from rlhf_jax.train import metrics as M
-from rlhf_jax.train.batching import mini_batches
-from rlhf_jax.parallel.hosts import gather_all, sum_over_processes, to_global, to_local
-from rlhf_jax.runtime.checkpoint import Checkpointer
+from rlhf_jax.parallel.hosts import gather_all
 from rlhf_jax.train.engine import Role
-from rlhf_jax.train.experience import Experience
-from rlhf_jax.train.fit_loop import FitLoop
-from rlhf_jax.train.trainer_checkpoints import CheckpointMixin
-from rlhf_jax.train.trainer_experience import ExperienceMixin
-from rlhf_jax.train.trainer_rollout import RolloutMixin
-from rlhf_jax.rollout.generation import key_function
-from rlhf_jax.runtime.loggers import MetricLogger, dump_generations
+from rlhf_jax.train.fit_loop import RunLoop
 from rlhf_jax.train.optim import make_optimizer
-from rlhf_jax.runtime.profiling import StepProfiler
-from rlhf_jax.runtime.preemption import STOP, StepAbandoned, StopRequest
-from rlhf_jax.train.passes import PassPlan, compile_pass, describe, fit_pass, free_device_memory, gib, plan_passes
+from rlhf_jax.train.passes import (PassPlan, compile_pass, describe, fit_pass, free_device_memory, gib, pass_batch, plan_passes, step_passes)
 from rlhf_jax.runtime.oom import memory_hint
-from rlhf_jax.train.setup import (Components, actor_role, load_policy, prepare, reference_role,
-                                  sampler_graphdef)
+from rlhf_jax.train.prepare import Prepared, Preparer
+from rlhf_jax.runtime.preemption import STOP, StopRequest
+from rlhf_jax.train.setup import Components, actor_role, load_policy, prepare, reference_role, sampler_graphdef
 from rlhf_jax.train.steps import ActorLossSpec, CriticLossSpec, advantage_stage
+from rlhf_jax.train.trainer_checkpoints import (CheckpointItems, export_policy, model_record, restore_roles,
+                                                role_arrays)
+from rlhf_jax.train.trainer_experience import ExperienceBuffer
+from rlhf_jax.train.trainer_rollout import Producer, Rollouts
+from rlhf_jax.train.update import UpdateSchedule, update_role
+from rlhf_jax.train.validation import Validator
+from rlhf_jax.parallel import batch_sharding
+from rlhf_jax.types import PromptBatch, ScoredBatch
 
 log = logging.getLogger(__name__)
 
@@ -99,367 +90,244 @@ def actor_loss_spec(cfg: ConfigDict, recompute_old: bool, temperature: float, mo
     )
 
 
-class Trainer(FitLoop, RolloutMixin, CheckpointMixin, ExperienceMixin):
+class Trainer:
+    """The RL trainer (the ``fit_loop.Trainer`` protocol)."""
+
     def __init__(self, cfg: ConfigDict, components: Components | None = None, stop: StopRequest = STOP,
                  lock_dir: bool = False):
         """``lock_dir``: refuse at once if another run uses the output directory (``fit`` always checks)."""
-        self.stop = stop  # SIGTERM/SIGINT: see train/preemption.py
         c = components or prepare(cfg)
-        self.c, self.cfg, self.mesh, self.tok = c, c.cfg, c.mesh, c.tokenizer
-        cfg, d = self.cfg, self.cfg.derived
-        self.total_steps = int(d.total_training_steps)
-        self._open_output(lock_dir)
-        arr = cfg.actor_rollout_ref
-        self.actor = actor_role(cfg, c, self.total_steps, d.actor_updates_per_step)
-        self.lora = self.actor.config.lora
+        self.c, self.cfg, self.stop = c, c.cfg, stop
+        cfg, d, a = self.cfg, self.cfg.derived, self.cfg.actor_rollout_ref.actor
+        separate_critic = bool(cfg.critic.enable and not cfg.critic.shared_trunk)
+        critic_ckpt = cfg.critic.checkpoint if separate_critic else None
+        self.loop = RunLoop(cfg, stop, lock_dir, max_to_keep=cfg.trainer.max_actor_ckpt_to_keep, checkpoint_contents=(
+            tuple(a.checkpoint.save_contents), tuple(a.checkpoint.load_contents),
+            tuple(critic_ckpt.save_contents) if critic_ckpt else None,
+            tuple(critic_ckpt.load_contents) if critic_ckpt else None))
+        self.actor = actor_role(cfg, c, self.loop.total_steps, d.actor_updates_per_step)
         self.ref = reference_role(cfg, c, self.actor) if d.need_ref else None
-        self.critic = None  # a separate value model; under critic.shared_trunk the actor carries the value head
-        self.shared_value = bool(cfg.critic.enable and cfg.critic.shared_trunk)
-        if cfg.critic.enable and not self.shared_value:
-            ctx, clr = make_optimizer(cfg.critic.optim, cfg.critic.grad_clip, self.total_steps, d.critic_updates_per_step)
-            critic_path = resolve_model_path(cfg.critic.model.path, cfg.critic.model.revision) if cfg.critic.model.path else c.model_path
-            self.critic = Role(load_policy(cfg, c.model_path, self.mesh, c.rules, role="critic", task=TASK_TOKEN_VALUE,
-                                           path=critic_path),
-                               self.mesh, ctx, clr)
-        self._key_fn = key_function(self.mesh)
-        # Sampling runs on the training mesh, or on devices of its own (mesh.rollout_devices). Under LoRA it runs the
-        # plain model on weights with the adapters merged in (``_sampler_params``).
-        self.rollout_mesh = c.rollout_mesh
-        self._rollout_params_of: tuple[Any, Any] | None = None  # (actor params, their copy on the rollout mesh)
-        self.sampler = Sampler(sampler_graphdef(cfg, self.actor.config, self.actor.task,
-                                                None if self.lora else self.actor.graphdef),
-                               mesh=self.rollout_mesh or self.mesh, rules=c.rules,
-                               max_positions=self.actor.config.max_position_embeddings)
-        self._merge_fn = None
-        self.multi_turn = self._multi_turn_rollout()
-        self.reward_manager = RewardManager.from_config(cfg.reward_model, cfg.custom_reward_function,
-                                                        max_response_length=cfg.actor_rollout_ref.rollout.response_length)
-        self.reward_model = None
+        self.critic = self._critic(cfg, c) if separate_critic else None  # else the actor may carry the value head
+        self.loader = loader_from_config(cfg.data, c.tokenizer, "train", num_epochs=None, dataset=c.train_dataset)
+        self.rollouts = self._rollouts(cfg, c)
+        self.producer = Producer(self.rollouts, c.sampling, cfg.algorithm.filter_groups,
+                                 greedy_baseline=algos.estimator_info(cfg.algorithm.adv_estimator).needs_greedy_baseline,
+                                 rollout_data_dir=cfg.trainer.rollout_data_dir, loader=self.loader, stop=stop)
+        e = cfg.experience
+        self.experience = ExperienceBuffer(e.buffer_size, e.overlap, self.loop.total_steps, self.loader,
+                                           self.producer.produce)
+        self.validator = None if c.val_dataset is None else Validator(
+            self.rollouts, lambda: loader_from_config(cfg.data, c.tokenizer, "val", dataset=c.val_dataset),
+            c.val_dataset, c.val_sampling, stop, self.loop.logger, cfg.trainer.log_val_generations,
+            cfg.trainer.validation_data_dir, self.loop.is_main)
+        kc = cfg.algorithm.kl_ctrl
+        self.kl_ctrl = algos.init_kl_controller(kc.kl_coef, kc.type, kc.target_kl, kc.horizon)
+        self.critic_loss, self.actor_loss = self._losses(cfg, c)
+        correction = correction_from_config(cfg.algorithm.rollout_correction, a.tis_imp_ratio_cap)
+        self.passes = step_passes(cfg, correction, use_kl_loss=self.actor_loss.spec.use_kl_loss)
+        self.plans = plan_passes(cfg, actor_mlp_width=self.actor.config.intermediate_size,
+                                 critic_mlp_width=self.critic.config.intermediate_size if self.critic else None)
+        self.prepare = self._preparer(cfg, c, correction)
+        self.schedules = {
+            "update_actor": UpdateSchedule(self.passes.fields("update_actor"), a.ppo_epochs,
+                                           d.actor_num_mini_batches, a.shuffle, salt=0),
+            "update_critic": UpdateSchedule(self.passes.fields("update_critic"), cfg.critic.ppo_epochs,
+                                            d.critic_num_mini_batches, cfg.critic.shuffle, salt=1)}
+        self.num_params = sum(x.size for x in jax.tree.leaves(self.actor.state()))
+        self._size_keys: tuple[str, ...] | None = None
+
+    # ------------------------------------------------------------------ construction
+    def _critic(self, cfg: ConfigDict, c: Components) -> Role:
+        """A separate value model (critic.model.path, or the actor's checkpoint) with its own optimizer."""
+        tx, lr = make_optimizer(cfg.critic.optim, cfg.critic.grad_clip, self.loop.total_steps,
+                                cfg.derived.critic_updates_per_step)
+        path = (resolve_model_path(cfg.critic.model.path, cfg.critic.model.revision) if cfg.critic.model.path
+                else c.model_path)
+        model = load_policy(cfg, c.model_path, c.mesh, c.rules, role="critic", task=TASK_TOKEN_VALUE, path=path)
+        return Role(model, c.mesh, tx, lr)
+
+    def _rollouts(self, cfg: ConfigDict, c: Components) -> Rollouts:
+        """The sampler on the actor's weights (on the training mesh, or on mesh.rollout_devices; under LoRA the
+        plain model on merged weights), the multi-turn rollout and the scorers."""
+        spec = self.actor.config.lora
+        graphdef = sampler_graphdef(cfg, self.actor.config, self.actor.task, None if spec else self.actor.graphdef)
+        sampler = Sampler(graphdef, mesh=c.rollout_mesh or c.mesh, rules=c.rules,
+                          max_positions=self.actor.config.max_position_embeddings)
+        multi_turn = None
+        if cfg.actor_rollout_ref.rollout.multi_turn.enable:
+            from rlhf_jax.agents.multi_turn import MultiTurnRollout
+
+            multi_turn = MultiTurnRollout(cfg, sampler.graphdef, self.actor.config, c.tokenizer, c.mesh, c.rules,
+                                          cfg.data.max_prompt_length)
+        rewards = RewardManager.from_config(cfg.reward_model, cfg.custom_reward_function,
+                                            max_response_length=cfg.actor_rollout_ref.rollout.response_length)
+        reward_model = None
         if cfg.reward_model.enable:
             from rlhf_jax.rewards import RewardModelScorer
 
-            self.reward_model = RewardModelScorer.from_config(cfg.reward_model, mesh=self.mesh, rules=c.rules)
-        kc = cfg.algorithm.kl_ctrl
-        self.kl_ctrl = algos.init_kl_controller(kc.kl_coef, kc.type, kc.target_kl, kc.horizon)
-        self.critic_spec = CriticLossSpec(cfg.critic.cliprange_value, cfg.critic.loss_agg_mode,
-                                          arr.actor.loss_scale_factor)
-        self.actor_spec = actor_loss_spec(cfg, d.recompute_old_log_prob, c.sampling.logprob_temperature,
-                                          self.actor.config)
-        if self.shared_value:
-            self.actor_spec = dataclasses.replace(self.actor_spec, value=self.critic_spec,
-                                                  vf_coef=float(cfg.critic.vf_coef))
-        self.correction = correction_from_config(cfg.algorithm.rollout_correction,
-                                                 cfg.actor_rollout_ref.actor.tis_imp_ratio_cap)
-        self._correction_fn = jax.jit(functools.partial(rollout_correction, cfg=self.correction))
-        self._mismatch_fn = jax.jit(mismatch_metrics)
+            reward_model = RewardModelScorer.from_config(cfg.reward_model, mesh=c.mesh, rules=c.rules)
+        return Rollouts(self.actor, sampler, c.tokenizer, rewards, mesh=c.mesh, rules=c.rules,
+                        dp_size=cfg.derived.dp_size, reward_model=reward_model, multi_turn=multi_turn,
+                        rollout_mesh=c.rollout_mesh, weight_dtype=cfg.actor_rollout_ref.rollout.weight_dtype)
+
+    def _losses(self, cfg: ConfigDict, c: Components) -> tuple[losses.Loss, losses.Loss]:
+        """(critic, actor) losses; under critic.shared_trunk the value loss joins the actor's."""
+        critic_spec = CriticLossSpec(cfg.critic.cliprange_value, cfg.critic.loss_agg_mode,
+                                     cfg.actor_rollout_ref.actor.loss_scale_factor)
+        spec = actor_loss_spec(cfg, cfg.derived.recompute_old_log_prob, c.sampling.logprob_temperature,
+                               self.actor.config)
+        if cfg.critic.enable and cfg.critic.shared_trunk:
+            spec = dataclasses.replace(spec, value=critic_spec, vf_coef=float(cfg.critic.vf_coef))
+        return losses.critic(critic_spec), losses.actor(spec)
+
+    def _preparer(self, cfg: ConfigDict, c: Components, correction) -> Preparer:
         alg = cfg.algorithm
-        self._advantage_fn = jax.jit(functools.partial(
+        advantage_fn = jax.jit(functools.partial(
             advantage_stage, estimator=alg.adv_estimator, gamma=alg.gamma, lam=alg.lam,
             norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo, use_kl_in_reward=alg.use_kl_in_reward,
             kl_penalty=alg.kl_penalty))
-        self.loader = loader_from_config(cfg.data, self.tok, "train", num_epochs=None, dataset=c.train_dataset)
-        self.profiler = StepProfiler(cfg.trainer.profile_steps, cfg.trainer.profile_dir)
-        self.checkpointer = Checkpointer(os.path.join(self.out_dir, "checkpoints"),
-                                         max_to_keep=cfg.trainer.max_actor_ckpt_to_keep)
-        self.logger = MetricLogger(self.log_dir, cfg.trainer.logger, total_steps=self.total_steps, enabled=self.is_main,
-                                   run=(cfg.trainer.project_name, cfg.trainer.experiment_name, cfg.to_dict()))
-        self.step = 0
-        self.num_params = sum(x.size for x in jax.tree.leaves(self.actor.state()))
-        self.plans = plan_passes(cfg, actor_mlp_width=self.actor.config.intermediate_size,
-                                 critic_mlp_width=self.critic.config.intermediate_size if self.critic else None)
-        self._memory_planned = False
-        self._layout_metrics: dict[str, float] = {}
-        self._init_experience()
+        return Preparer(self.passes, self.plans, self.actor, self.ref, self._role_of("values"), correction,
+                        jax.jit(functools.partial(rollout_correction, cfg=correction)), jax.jit(mismatch_metrics),
+                        advantage_fn,
+                        self.actor_loss.spec.temperature, c.sampling.n, c.mesh, cfg.derived.dp_size,
+                        int(c.sampling.pad_token_id), self.stop)
+
+    def _role_of(self, name: str) -> Role | None:
+        values = self.actor if self.passes.values == "actor" else self.critic
+        return {"old_log_prob": self.actor, "ref": self.ref, "values": values, "update_actor": self.actor,
+                "update_critic": self.critic}[name]
 
     # ------------------------------------------------------------------ one step
-    def train_step(self, pb: PromptBatch) -> dict[str, Any]:
-        """One step on a prompt batch: sample and score it now, then train on it."""
+    def step(self, step: int) -> dict[str, Any]:
+        """Training step ``step`` + 1: the oldest produced batch trained on (producing the rounds that fall due)."""
+        self.plan_memory()
+        return self.experience.train_next(step, self.rollouts.weights, functools.partial(self.learn, step=step))
+
+    def train_on(self, pb: PromptBatch, step: int) -> dict[str, Any]:
+        """Step ``step`` + 1 on the prompt batch ``pb``, sampled now (how benchmarks and tests drive single steps:
+        the loader's fetch stays outside the step's time)."""
         self.plan_memory()
         timer = M.Timer()
         with timer("step"):
-            experience = self._produce(pb, self.step)
-        return self._learn(experience, timer)
+            scored = self.producer.produce(pb, step, version=step)
+        return self.learn(scored, timer, step)
 
-    def _learn(self, experience: Experience, timer: M.Timer) -> dict[str, Any]:
-        """Train on one produced batch: old/ref log-probs, values, advantages, critic and actor updates.
-        ``timer`` is the step's (its "step" phase may already hold the batch's production)."""
+    def learn(self, scored: ScoredBatch, timer: M.Timer, step: int) -> dict[str, Any]:
+        """prepare -> update on one produced batch; ``timer`` is the step's (its "step" phase may already hold
+        the batch's production)."""
         self.plan_memory()
-        cfg, d, n = self.cfg, self.cfg.derived, self.c.sampling.n
-        pb, out, baselines = experience.pb, experience.out, experience.baselines
-        out_metrics: dict[str, Any] = dict(experience.metrics)
-        out_metrics["training/weight_version"] = float(experience.version)
-        out_metrics["training/staleness"] = float(self.step - experience.version)
+        metrics = {**scored.metrics, "training/weight_version": float(scored.version),
+                   "training/staleness": float(step - scored.version)}
         with timer("step"):
-            host = {k: gather_all(getattr(out, k)) for k in ("prompts", "prompt_mask", "responses", "response_mask")}
-            with timer("reward"):  # the reward stage's last part: each score placed on its response's last token
-                token_scores = experience.scores  # (N, R) already with multi_turn.per_turn_rewards
-                if token_scores.ndim == 1:
-                    token_scores = jax.block_until_ready(place_on_last_token(token_scores, out.response_mask))
-            host["response_valid"] = gather_all(out.valid_mask())  # the sequence's tokens (tool responses too)
-            batch, rollout_logprobs = self._training_batch(out, host)
-            need_old = d.recompute_old_log_prob or cfg.algorithm.use_kl_in_reward or self.correction.enabled
-            if need_old:
-                with timer("old_log_prob"):
-                    batch["old_log_probs"] = self._forward_pass("old_log_prob", self.actor, batch, host)
-                    out_metrics.update({k: float(v) for k, v in self._mismatch_fn(
-                        batch["old_log_probs"], rollout_logprobs, batch["response_mask"]).items()})
-            else:
-                batch["old_log_probs"] = rollout_logprobs  # unused by the loss (ratio 1), kept for shapes
-            sampled_mask = batch["response_mask"]
-            if self.correction.enabled:  # before the advantages: rejected tokens leave every later stage
-                weights, batch["response_mask"], corr_metrics = self._correction_fn(
-                    batch["old_log_probs"], rollout_logprobs, sampled_mask)
-                if weights is not None:
-                    batch["rollout_is_weights"] = weights
-                out_metrics.update({k: float(v) for k, v in corr_metrics.items()})
-            if self.ref is not None:
-                with timer("ref"):
-                    batch["ref_log_probs"] = jax.block_until_ready(
-                        self._forward_pass("ref", self.ref, batch, host))
-            if self.critic is not None or self.shared_value:
-                with timer("values"):
-                    batch["values"] = jax.block_until_ready(
-                        self._forward_pass("values", self._pass_role("values"), batch, host))
-            self._abandon_if_stopping()  # the last point before the step changes state (KL controller, weights)
-            with timer("adv"):
-                group_ids = to_global(self.mesh, np.repeat(np.arange(len(pb)) + jax.process_index() * len(pb), n).astype(np.int32))
-                token_scores = token_scores[:, :batch["response_mask"].shape[1]]
-                rewards, adv, returns, current_kl = self._advantage_fn(
-                    token_scores, batch["response_mask"], group_ids, batch.get("old_log_probs"), batch.get("ref_log_probs"),
-                    batch.get("values"), self.kl_ctrl["value"], baselines)
-                batch["advantages"], batch["returns"] = jax.block_until_ready((adv, returns))
-                if cfg.algorithm.use_kl_in_reward:
-                    out_metrics["actor/reward_kl_penalty"] = float(current_kl)
-                    out_metrics["actor/reward_kl_penalty_coeff"] = float(self.kl_ctrl["value"])
-                    self.kl_ctrl = algos.update_kl_controller(self.kl_ctrl, current_kl, d.rollout_batch_size)
+            prepared = self.prepare(scored, self.kl_ctrl["value"], timer)
+            metrics.update(prepared.metrics)
+            if self.cfg.algorithm.use_kl_in_reward:
+                metrics.update({"actor/reward_kl_penalty": float(prepared.current_kl),
+                                "actor/reward_kl_penalty_coeff": float(self.kl_ctrl["value"])})
+                self.kl_ctrl = algos.update_kl_controller(self.kl_ctrl, prepared.current_kl,
+                                                          self.cfg.derived.rollout_batch_size)
             if self.critic is not None:
                 with timer("update_critic"):
-                    out_metrics.update(self._update_critic(batch, host))
-                    jax.block_until_ready(self.critic.params)
-            if self.step >= cfg.trainer.critic_warmup:
+                    metrics.update(self._update("update_critic", self.critic, self.critic_loss, prepared, step))
+            if step >= self.cfg.trainer.critic_warmup:
                 with timer("update_actor"):
-                    out_metrics.update(self._update_actor(batch, host))
-                    jax.block_until_ready(self.actor.params)
-        # Metrics cover every process's rows (gathered after the step's timer: they are not part of the step).
-        arrays = {k: gather_all(v) for k, v in batch.items() if k in ("advantages", "returns", "values")}
-        arrays["response_mask"] = gather_all(sampled_mask)  # lengths of what was sampled, before any rejection
-        arrays.update(token_level_scores=gather_all(token_scores), token_level_rewards=gather_all(rewards),
-                      prompt_mask=gather_all(out.prompt_mask))
-        out_metrics.update(self._layout_metrics)
-        out_metrics.update(M.data_metrics(arrays, max_prompt_length=cfg.data.max_prompt_length,
-                                          max_response_length=cfg.actor_rollout_ref.rollout.response_length))
-        resp_tokens = int(arrays["response_mask"].sum())
-        total_tokens = resp_tokens + int(arrays["prompt_mask"].sum())
-        seconds = {k[len("timing_s/"):]: v for k, v in experience.metrics.items() if k.startswith("timing_s/")}
-        for k, v in timer.seconds.items():  # the production's stages plus this step's own
-            seconds[k] = seconds.get(k, 0.0) + v
-        out_metrics.update(M.timing_metrics(seconds, response_tokens=resp_tokens, total_tokens=total_tokens))
-        out_metrics.update(M.perf_metrics(total_tokens=total_tokens, step_seconds=timer.seconds["step"],
-                                          update_seconds=timer.seconds.get("update_actor", 0.0), num_params=self.num_params,
-                                          ppo_epochs=cfg.actor_rollout_ref.actor.ppo_epochs,
-                                          num_devices=d.num_devices + cfg.mesh.rollout_devices))
-        out_metrics["actor/kl_coef"] = float(cfg.actor_rollout_ref.actor.kl_loss_coef)
-        out_metrics["actor/lr"] = float(self.actor.lr_fn(self.step))
-        if self.critic is not None:
-            out_metrics["critic/lr"] = float(self.critic.lr_fn(self.step))
-        out_metrics["training/global_step"] = self.step + 1
-        out_metrics["training/epoch"] = pb.epoch
-        return out_metrics
+                    metrics.update(self._update("update_actor", self.actor, self.actor_loss, prepared, step))
+        return metrics | self._step_metrics(scored, prepared, timer, step)
 
-    def _abandon_if_stopping(self) -> None:
-        if self.stop.agreed():
-            raise StepAbandoned
-
-    def _permutation(self, n: int, epoch: int, salt: int, shuffle: bool) -> np.ndarray:
-        if not shuffle:
-            return np.arange(n)
-        return np.random.default_rng([int(self.cfg.trainer.seed), self.step, epoch, salt]).permutation(n)
-
-    # ------------------------------------------------------------------ memory plan
-    def _pass_role(self, name: str) -> Role | None:
-        cfg, d = self.cfg, self.cfg.derived
-        if name == "old_log_prob":
-            return self.actor if (d.recompute_old_log_prob or cfg.algorithm.use_kl_in_reward) else None
-        values = self.actor if self.shared_value else self.critic
-        return {"ref": self.ref, "update_actor": self.actor, "values": values, "update_critic": self.critic}[name]
-
-    def plan_memory(self) -> None:
-        """Compile every training pass before the first step, size automatic (-1) micro-batches to the largest that
-        XLA's memory estimate fits, and stop with the keys to change when a size the user set cannot fit."""
-        if self._memory_planned:
-            return
-        free = free_device_memory()
-        for name, plan in list(self.plans.items()):
-            role = self._pass_role(name)
-            if role is None:
-                continue
-            hint = memory_hint(self.cfg, "critic" if role is self.critic else "actor")
-            plan, need = fit_pass(plan, lambda p: compile_pass(self, name, role, p), free, hint)
-            self.plans[name] = plan
-            estimate = f"~{gib(need)} per device" if need is not None else "no estimate on this backend"
-            self.logger.text(f"memory plan: {name}: micro-batches of {describe(plan)} per shard, {estimate}"
-                             + (f" ({gib(free)} free)" if free is not None else ""))
-        self._memory_planned = True
-
-    # ------------------------------------------------------------------ batch layout
-    def _training_batch(self, out, host: dict) -> tuple[dict, jax.Array]:
-        """The step's training batch and the sampler's log-probs, on the same (N, R') response grid.
-
-        Packed passes keep the full response width R (their shapes do not depend on it); when no pass
-        is packed, the all-padding prompt and response columns are cut (to power-of-two widths).
-        """
-        self._layout_metrics = {}
-        if any(p.packed for p in self.plans.values()):
-            width_p, width_r = out.prompts.shape[1], out.responses.shape[1]
-        else:
-            width_p, width_r = trim_columns(host["prompt_mask"], host["response_valid"])
-        P = out.prompts.shape[1]
-        responses, rmask = out.responses[:, :width_r], out.response_mask[:, :width_r]
-        # The attention mask covers every token of the sequence; response_mask only the trained ones (multi-turn
-        # rollouts leave holes at tool responses), which every loss, entropy, KL and token mean uses.
-        batch = {"input_ids": jnp.concatenate([out.prompts[:, P - width_p:], responses], axis=1),
-                 "attention_mask": jnp.concatenate([out.prompt_mask[:, P - width_p:], out.valid_mask()[:, :width_r]],
-                                                   axis=1),
-                 "responses": responses, "response_mask": rmask}
-        real = int(host["prompt_mask"].sum() + host["response_valid"].sum())
-        self._layout_metrics.update({"perf/real_tokens": float(real),
-                                     "perf/padded_tokens_unpacked": float(host["responses"].shape[0] * (width_p + width_r))})
-        return batch, out.logprobs[:, :width_r]
-
-    def _micros(self, plan: PassPlan, host: dict, rows: np.ndarray | None = None) -> list[dict]:
-        """Packed micro-batches of ``host`` (global numpy; ``rows`` selects and orders a mini-batch) on the mesh."""
-        if rows is not None:
-            host = {k: v[rows] for k, v in host.items()}
-        dp = self.cfg.derived.dp_size
-        packed = pack_batch(host["prompts"], host["prompt_mask"], host["responses"], host["response_valid"],
-                            dp=dp, row_len=plan.row_len, max_rows_per_micro=plan.rows_per_micro,
-                            pad_token_id=int(self.c.sampling.pad_token_id))
-        for key, count in (("packed_tokens", packed.padded_tokens), ("placed_tokens", packed.placed_tokens)):
-            name = f"perf/{key}/{plan.name}"  # cells computed; tokens laid in them (shared prompts once)
-            self._layout_metrics[name] = self._layout_metrics.get(name, 0.0) + float(count)
-
-        def local(x: np.ndarray) -> np.ndarray:  # this process's shards: a contiguous block of every array
-            n = x.shape[0] // jax.process_count()
-            return x[jax.process_index() * n:(jax.process_index() + 1) * n]
-
-        return [{k: to_global(self.mesh, local(v)) for k, v in packed.micro(i).items()}
-                for i in range(packed.num_micro)]
-
-    def _forward_pass(self, name: str, role: Role, batch: dict, host: dict) -> jax.Array:
-        """Old/ref log-probs or values (N, R') of the whole batch, packed or padded as the pass is planned."""
-        plan = self.plans[name]
-        if not plan.packed:
-            if name == "values":
-                return role.values(batch, n_micro=plan.num_micro)
-            return role.log_probs(batch, n_micro=plan.num_micro, temperature=self.actor_spec.temperature)
-        micros = self._micros(plan, host)
-        grid_shape = tuple(batch["response_mask"].shape)
-        dp = self.cfg.derived.dp_size
-        if name == "values":
-            return role.values_packed(micros, grid_shape, dp=dp)
-        return role.log_probs_packed(micros, grid_shape, dp=dp, temperature=self.actor_spec.temperature)
-
-    def _update_actor(self, batch: dict, host: dict) -> dict:
-        cfg, d = self.cfg, self.cfg.derived
-        keys = ["input_ids", "attention_mask", "responses", "response_mask", "old_log_probs", "advantages"]
-        if self.actor_spec.use_kl_loss:
-            keys.append("ref_log_probs")
-        if "rollout_is_weights" in batch:
-            keys.append("rollout_is_weights")
-        if self.shared_value:
-            keys += ["values", "returns"]
-        plan = self.plans["update_actor"]
-        sub = {k: batch[k] for k in keys if not plan.packed or k not in ("input_ids", "attention_mask", "responses")}
-        collected: dict[str, list] = {}
-        update_key = jax.random.fold_in(jax.random.key(int(cfg.trainer.seed)), self.step)
-        a = cfg.actor_rollout_ref.actor
-        num = d.actor_num_mini_batches
-        for epoch in range(a.ppo_epochs):
-            perm = self._permutation(d.rollout_batch_size, epoch, 0, a.shuffle)
-            for i, mb in enumerate(mini_batches(self.mesh, sub, num, perm)):
-                key = jax.random.fold_in(update_key, epoch * 1000 + i)
-                if plan.packed:
-                    metrics = self.actor.update_packed(self.actor_spec, self._micros(plan, host, perm[i::num]), mb,
-                                                       dp=d.dp_size, rng=key)
-                else:
-                    metrics = self.actor.update_actor(self.actor_spec, mb, key, n_micro=plan.num_micro)
-                for k, v in metrics.items():
-                    collected.setdefault(k, []).append(v)
-        return {k: float(np.mean([float(x) for x in v])) for k, v in collected.items()}
-
-    def _update_critic(self, batch: dict, host: dict) -> dict:
-        cfg, d = self.cfg, self.cfg.derived
-        plan = self.plans["update_critic"]
-        keys = ("input_ids", "attention_mask", "responses", "response_mask", "values", "returns")
-        sub = {k: batch[k] for k in keys if not plan.packed or k not in ("input_ids", "attention_mask", "responses")}
-        collected: dict[str, list] = {}
-        num = d.critic_num_mini_batches
-        for epoch in range(cfg.critic.ppo_epochs):
-            perm = self._permutation(d.rollout_batch_size, epoch, 1, cfg.critic.shuffle)
-            for i, mb in enumerate(mini_batches(self.mesh, sub, num, perm)):
-                if plan.packed:
-                    metrics = self.critic.update_packed(self.critic_spec, self._micros(plan, host, perm[i::num]), mb,
-                                                        dp=d.dp_size)
-                else:
-                    metrics = self.critic.update_critic(self.critic_spec, mb, n_micro=plan.num_micro)
-                for k, v in metrics.items():
-                    collected.setdefault(k, []).append(v)
-        return {k: float(np.mean([float(x) for x in v])) for k, v in collected.items()}
-
-    # ------------------------------------------------------------------ validation
-    def validate(self) -> dict[str, float]:
-        if self.c.val_dataset is None:
-            return {}
-        sampling = self.c.val_sampling
-        loader = loader_from_config(self.cfg.data, self.tok, "val", dataset=self.c.val_dataset)
-        by_source: dict[str, list[float]] = {}
-        examples = []
-        dump: dict[str, list] = {"inputs": [], "outputs": [], "gts": [], "scores": []}
-        for pb in loader:
-            if self.stop.agreed():  # a stop request abandons validation: partial scores would mislead
-                return {}
-            out, keep, text_mask = self._sample(pb, sampling, self._rollout_key(sampling.seed, 0), {})
-            responses, rmask = to_local(out.responses)[:keep], to_local(text_mask)[:keep]
-            scores, _, texts, _ = self._score(pb, responses, rmask, sampling.n)
-            dump["inputs"] += [t for t in pb.prompt_text for _ in range(sampling.n)]
-            dump["gts"] += [g for g in pb.ground_truth for _ in range(sampling.n)]
-            dump["outputs"] += texts
-            dump["scores"] += [float(x) for x in scores]
-            for i, s in enumerate(scores):
-                src = pb.data_source[i // sampling.n]
-                by_source.setdefault(src, []).append(float(s))
-                if len(examples) < self.cfg.trainer.log_val_generations:
-                    examples.append({"prompt": pb.prompt_text[i // sampling.n], "response": texts[i], "score": float(s),
-                                     "ground_truth": str(pb.ground_truth[i // sampling.n])})
-        if self.cfg.trainer.validation_data_dir:
-            dump_generations(os.path.expanduser(self.cfg.trainer.validation_data_dir), self.step, **dump)
-        # Each process scored its own prompts: combine per-source sums and counts over processes.
-        sources = sorted({e.data_source for e in self.c.val_dataset.examples})
-        totals = np.zeros((len(sources), 3))
-        for j, src in enumerate(sources):
-            groups = np.asarray(by_source.get(src, []), np.float64).reshape(-1, sampling.n)
-            totals[j] = (groups.mean(1).sum(), groups.max(1).sum() if groups.size else 0.0, groups.shape[0])
-        totals = sum_over_processes(totals)
-        metrics = {}
-        for j, src in enumerate(sources):
-            mean_sum, best_sum, count = totals[j]
-            if count == 0:
-                continue
-            metrics[f"val-core/{src}/reward/mean@{sampling.n}"] = float(mean_sum / count)
-            if sampling.n > 1:
-                metrics[f"val-core/{src}/reward/best@{sampling.n}/mean"] = float(best_sum / count)
-        if examples and self.is_main:
-            for ex in examples:
-                self.logger.text(f"[val] {json.dumps(ex, ensure_ascii=False)}")
-            self.logger.val_generations(self.step, examples)
+    def _update(self, name: str, role: Role, loss: losses.Loss, prepared: Prepared, step: int) -> dict[str, float]:
+        metrics = update_role(role, loss, prepared.layouts[name], prepared.batch, self.schedules[name],
+                              mesh=self.c.mesh, seed=int(self.cfg.trainer.seed), step=step)
+        jax.block_until_ready(role.params)
         return metrics
 
-    # ------------------------------------------------------------------ the loop (FitLoop)
-    def _next_step(self) -> dict[str, Any]:
-        return self._train_next()  # the loader is rewound to what a resumed run must sample again
+    def _step_metrics(self, scored: ScoredBatch, prepared: Prepared, timer: M.Timer, step: int) -> dict[str, Any]:
+        """Data, timing and throughput metrics over every process's rows (gathered after the step's timer: they
+        are not part of the step)."""
+        cfg, d, batch = self.cfg, self.cfg.derived, prepared.batch
+        arrays = {k: gather_all(getattr(batch, k)) for k in ("advantages", "returns", "values")
+                  if getattr(batch, k) is not None}
+        arrays["response_mask"] = gather_all(prepared.sampled_mask)  # what was sampled, before any rejection
+        arrays.update(token_level_scores=gather_all(prepared.token_scores),
+                      token_level_rewards=gather_all(prepared.rewards), prompt_mask=prepared.host["prompt_mask"])
+        out = prepared.packer.metrics()
+        out.update(M.data_metrics(arrays, max_prompt_length=cfg.data.max_prompt_length,
+                                  max_response_length=cfg.actor_rollout_ref.rollout.response_length))
+        resp_tokens = int(arrays["response_mask"].sum())
+        total_tokens = resp_tokens + int(arrays["prompt_mask"].sum())
+        seconds = {k[len("timing_s/"):]: v for k, v in scored.metrics.items() if k.startswith("timing_s/")}
+        for k, v in timer.seconds.items():  # the production's stages plus this step's own
+            seconds[k] = seconds.get(k, 0.0) + v
+        out.update(M.timing_metrics(seconds, response_tokens=resp_tokens, total_tokens=total_tokens))
+        out.update(M.perf_metrics(total_tokens=total_tokens, step_seconds=timer.seconds["step"],
+                                  update_seconds=timer.seconds.get("update_actor", 0.0), num_params=self.num_params,
+                                  ppo_epochs=cfg.actor_rollout_ref.actor.ppo_epochs,
+                                  num_devices=d.num_devices + cfg.mesh.rollout_devices))
+        out["actor/kl_coef"] = float(cfg.actor_rollout_ref.actor.kl_loss_coef)
+        out["actor/lr"] = float(self.actor.lr_fn(step))
+        if self.critic is not None:
+            out["critic/lr"] = float(self.critic.lr_fn(step))
+        out["training/global_step"] = step + 1
+        out["training/epoch"] = scored.prompts.epoch
+        return out
 
-    def _close_resources(self) -> None:
-        self._close_experience()
-        self.reward_manager.close()
+    # ------------------------------------------------------------------ memory plan
+    def plan_memory(self) -> tuple[str, ...]:
+        """Compile every pass the step runs before the first step, size automatic (-1) micro-batches to the largest
+        that XLA's memory estimate fits, and stop with the keys to change when a size the user set cannot fit."""
+        if self._size_keys is not None:
+            return self._size_keys
+        free, cfg = free_device_memory(), self.cfg
+        for name, plan in list(self.plans.items()):
+            if not self.passes.runs(name):
+                continue
+            hint = memory_hint(cfg, "critic" if self._role_of(name) is self.critic else "actor")
+            plan, need = fit_pass(plan, functools.partial(self.compile_pass, name), free, hint)
+            self.plans[name] = plan
+            estimate = f"~{gib(need)} per device" if need is not None else "no estimate on this backend"
+            self.loop.logger.text(f"memory plan: {name}: micro-batches of {describe(plan)} per shard, {estimate}"
+                                  + (f" ({gib(free)} free)" if free is not None else ""))
+        self._size_keys = tuple(k for p in self.plans.values() for k in p.size_keys)
+        return self._size_keys
 
+    def compile_pass(self, name: str, plan: PassPlan):
+        """Pass ``name`` compiled at ``plan`` for the largest batch the config allows (what the memory plan reads)."""
+        loss = {"update_actor": self.actor_loss, "update_critic": self.critic_loss}.get(name)
+        return compile_pass(name, self._role_of(name), plan, pass_batch(self.cfg, self.passes, name, plan.packed),
+                            dp=self.cfg.derived.dp_size, temperature=self.actor_loss.spec.temperature, loss=loss)
 
+    # ------------------------------------------------------------------ the loop's other calls
+    def validate(self, step: int) -> dict[str, float]:
+        return self.validator(step) if self.validator is not None else {}
+
+    def checkpoint_items(self, saved: dict | None = None) -> CheckpointItems:
+        """The roles' arrays; with the actor's "extra": the KL coefficient, the data position and the batches
+        produced but not yet trained on."""
+        if saved is None:
+            pending, described, data_state = self.experience.checkpoint()
+        else:  # restore targets of the checkpoint's pending batches
+            described, data_state = saved.get("pending", []), None
+            pending = experience.templates(described, lambda ndim: batch_sharding(self.c.mesh, ndim, self.c.rules))
+        state = {"kl_coef": float(self.kl_ctrl["value"]), "data_state": data_state, "pending": described}
+        return CheckpointItems(role_arrays(self.actor, self.critic), model_record(self.actor, self.cfg, self.c), state,
+                               required=("data_state", "kl_coef"), state_arrays={"experience": pending})
+
+    def restore(self, arrays: dict[str, Any], state: dict | None) -> None:
+        restore_roles(arrays, self.actor, self.critic)
+        if state is not None:
+            self.kl_ctrl = {**self.kl_ctrl, "value": jnp.asarray(state["kl_coef"], jnp.float32)}
+            self.loader.set_state(state["data_state"])
+            self.experience.restore(arrays.get("experience", {}), state.get("pending", []))
+
+    def export_hf(self, step: int) -> str:
+        return export_policy(self.actor, self.loop.out_dir, step, self.c.tokenizer, self.c.model_path)
+
+    def fit(self) -> dict[str, Any]:
+        return self.loop.fit(self)
+
+    def out_of_memory(self, error: BaseException) -> str | None:
+        return self.loop.out_of_memory(error)
+
+    def close(self) -> None:
+        self.experience.close()
+        self.rollouts.close()
+        self.loop.close()

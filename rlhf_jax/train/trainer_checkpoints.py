@@ -1,7 +1,7 @@
-"""The trainer's checkpoints: what a step saves (per ``checkpoint.save_contents``), how a run resumes (per
-``load_contents``, setting aside unreadable checkpoints under ``resume_mode=auto``), and the HF export.
-
-A mixin of ``Trainer``: it reads the trainer's roles, loader, KL controller and checkpointer.
+"""The checkpoint service: it saves what a trainer's ``checkpoint_items()`` holds (per the roles'
+``checkpoint.save_contents``), and resumes a run (per ``load_contents``, setting aside unreadable checkpoints
+under ``resume_mode=auto``). It reads nothing of a trainer but its items, and hands the restored ones back
+through ``trainer.restore``.
 """
 
 from __future__ import annotations
@@ -11,67 +11,105 @@ import os
 import sys
 from typing import Any
 
-import jax.numpy as jnp
 import numpy as np
 
 from rlhf_jax.models import lora, save_pretrained
 from rlhf_jax.models.lora_peft import ADAPTER_DIR, save_adapter
-from rlhf_jax.parallel import batch_sharding
-from rlhf_jax.train import experience
 from rlhf_jax.runtime import ckpt_contents
 from rlhf_jax.parallel.hosts import sum_over_processes
 from rlhf_jax.runtime.checkpoint import CheckpointError, Checkpointer, quiet_storage_noise, resolve_resume
 
 
-class CheckpointMixin:
-    def _extra_state(self) -> dict:
-        state = {
-            "step": self.step,
-            "epoch": self.step // max(self.cfg.derived.steps_per_epoch, 1),
-            "seed": int(self.cfg.trainer.seed),
-            "model": {"hf_config": self.actor.config.hf_config, "task": self.actor.task,
-                      "tokenizer_path": self.c.tokenizer_path,
-                      "param_dtype": self.cfg.actor_rollout_ref.model.dtype,
-                      "lora": dataclasses.asdict(self.lora) if self.lora else None,
-                      "base_model_path": self.c.model_path},
-        }
-        if "extra" in self.cfg.actor_rollout_ref.actor.checkpoint.save_contents:
-            _, pending, data_state = self._pending_for_checkpoint()
-            state.update(kl_coef=float(self.kl_ctrl["value"]), data_state=data_state, pending=pending)
-        return state
+@dataclasses.dataclass
+class CheckpointItems:
+    """What a trainer checkpoints."""
 
-    def _role_arrays(self) -> dict[str, Any]:
-        """Every checkpointable array tree of this run, by checkpoint item name."""
-        # Frozen parameters too (the export tool reads them here), except the base weights of a LoRA run: those are
-        # the base model's, read again from its directory.
-        arrays = {"actor_params": self.actor.params if self.lora else self.actor.state(), "actor_opt": self.actor.opt_state}
-        if self.critic is not None:
-            arrays.update(critic_params=self.critic.params, critic_opt=self.critic.opt_state)
-        return arrays
+    arrays: dict[str, Any]  # model and optimizer array trees by item name (ckpt_contents.ARRAY_ITEMS)
+    model: dict  # the policy's description (what the export tool needs to rebuild it)
+    state: dict  # the trainer's JSON state beyond the weights (the data position, ...), saved with "extra"
+    required: tuple[str, ...]  # the fields of ``state`` a resume needs to restore it
+    state_arrays: dict[str, Any] = dataclasses.field(default_factory=dict)  # array state saved with "extra"
 
-    def _contents(self, which: str) -> tuple[tuple[str, ...], tuple[str, ...] | None]:
-        """(actor, critic) checkpoint contents (``save_contents`` or ``load_contents``); critic None without one."""
-        actor = self.cfg.actor_rollout_ref.actor.checkpoint[which]
-        return tuple(actor), (tuple(self.cfg.critic.checkpoint[which]) if self.critic is not None else None)
 
-    def save_checkpoint(self) -> None:
-        everything = self._role_arrays()
-        arrays = {item: everything[item] for item in ckpt_contents.array_items(*self._contents("save_contents"))}
-        if "extra" in self._contents("save_contents")[0] and self._pending:  # sampled, not yet trained on
-            arrays["experience"] = self._pending_for_checkpoint()[0]
-        self.checkpointer.save(self.step, arrays, {**self._extra_state(), "items": sorted(arrays)})
+def model_record(actor, cfg, c) -> dict:
+    """The description of the actor a checkpoint records (``c``: the run's components)."""
+    return {"hf_config": actor.config.hf_config, "task": actor.task, "tokenizer_path": c.tokenizer_path,
+            "param_dtype": cfg.actor_rollout_ref.model.dtype,
+            "lora": dataclasses.asdict(actor.config.lora) if actor.config.lora else None,
+            "base_model_path": c.model_path}
 
-    def maybe_resume(self) -> None:
-        """Restore the checkpoint resume_mode names. Under ``auto`` a checkpoint that cannot be read (deleted
-        files, damaged data) is moved aside as ``<step>.unreadable`` and the previous complete one is used."""
-        t = self.cfg.trainer
-        root, step = resolve_resume(self.checkpointer.directory, t.resume_mode, t.resume_from_path)
-        own = root == self.checkpointer.directory
+
+def role_arrays(actor, critic=None) -> dict[str, Any]:
+    """The checkpointable array trees of the roles by item name. Frozen parameters too (the export tool reads
+    them here), except the base weights of a LoRA run: those are the base model's, read again from its
+    directory."""
+    arrays = {"actor_params": actor.params if actor.config.lora else actor.state(), "actor_opt": actor.opt_state}
+    if critic is not None:
+        arrays.update(critic_params=critic.params, critic_opt=critic.opt_state)
+    return arrays
+
+
+def restore_roles(arrays: dict[str, Any], actor, critic=None) -> None:
+    """Put restored role arrays back into the roles (items a checkpoint lacks keep their current values)."""
+    if "actor_params" in arrays:
+        actor.load_trained(arrays["actor_params"])
+    actor.opt_state = arrays.get("actor_opt", actor.opt_state)
+    if critic is not None:
+        critic.params = arrays.get("critic_params", critic.params)
+        critic.opt_state = arrays.get("critic_opt", critic.opt_state)
+
+
+def export_policy(actor, out_dir: str, step: int, tokenizer, model_path: str) -> str:
+    """The actor as a plain HF directory ``<out_dir>/hf/global_step_<step>`` (adapters merged); with LoRA also the
+    adapter alone in PEFT's layout (``<dir>/lora_adapter``)."""
+    out = os.path.join(out_dir, "hf", f"global_step_{step}")
+    model = actor.model()
+    save_pretrained(lora.merged_model(model), out, tokenizer=tokenizer, copy_from=model_path)
+    if actor.config.lora:
+        save_adapter(model, os.path.join(out, ADAPTER_DIR), base_model=model_path)
+    return out
+
+
+class CheckpointService:
+    """Saves and restores a trainer's checkpoint items in ``directory``."""
+
+    def __init__(self, directory: str, max_to_keep: int | None, actor_save: tuple, actor_load: tuple,
+                 critic_save: tuple | None, critic_load: tuple | None, *, steps_per_epoch: int, seed: int,
+                 is_main: bool):
+        """``critic_*``: the critic's contents (None: no separate critic in this run)."""
+        self.checkpointer = Checkpointer(directory, max_to_keep=max_to_keep)
+        self.directory = self.checkpointer.directory
+        self.save_contents, self.load_contents = (actor_save, critic_save), (actor_load, critic_load)
+        self.steps_per_epoch, self.seed, self.is_main = steps_per_epoch, seed, is_main
+
+    def check(self) -> None:
+        self.checkpointer.check()
+
+    def complete_steps(self) -> list[int]:
+        return self.checkpointer.complete_steps()
+
+    def close(self) -> None:
+        self.checkpointer.close()
+
+    def save(self, step: int, items: CheckpointItems) -> None:
+        arrays = {item: items.arrays[item] for item in ckpt_contents.array_items(*self.save_contents)}
+        record = {"step": step, "epoch": step // max(self.steps_per_epoch, 1), "seed": self.seed, "model": items.model}
+        if "extra" in self.save_contents[0]:
+            record.update(items.state)
+            arrays.update({k: v for k, v in items.state_arrays.items() if v})
+        self.checkpointer.save(step, arrays, {**record, "items": sorted(arrays)})
+
+    def resume(self, trainer, mode: str, resume_from_path: str | None, logger) -> int:
+        """Restore the checkpoint ``mode`` names into ``trainer``; returns its step (0: none). Under ``auto`` a
+        checkpoint that cannot be read (deleted files, damaged data) is moved aside as ``<step>.unreadable`` and
+        the previous complete one is used."""
+        root, step = resolve_resume(self.directory, mode, resume_from_path)
+        own = root == self.directory
         while step is not None:
             ckpt = self.checkpointer if own else Checkpointer(root, async_save=False)
             with quiet_storage_noise() as quiet:
                 try:
-                    extra, restored = self._read_checkpoint(ckpt, step)
+                    record, restored, with_state = self._read(ckpt, step, trainer)
                     problem = None
                 except Exception as e:  # noqa: BLE001 - any damage, whatever layer of Orbax notices it
                     first_line = (str(e).strip().splitlines() or [""])[0].split(" [tensorstore_spec")[0]
@@ -80,7 +118,7 @@ class CheckpointMixin:
             if not sum_over_processes(np.asarray([problem is not None], np.int64))[0]:
                 break
             problem = problem or "on another process"
-            if not (own and t.resume_mode == "auto"):
+            if not (own and mode == "auto"):
                 raise CheckpointError(f"checkpoint {root}/{step} cannot be read ({problem})")
             aside = self.checkpointer.set_aside(step)
             previous = self.checkpointer.latest_step()
@@ -90,42 +128,22 @@ class CheckpointMixin:
                       file=sys.stderr, flush=True)
             step = previous
         if step is None:
-            return
-        if "actor_params" in restored:
-            self.actor.load_trained(restored["actor_params"])
-        self.actor.opt_state = restored.get("actor_opt", self.actor.opt_state)
-        if self.critic is not None:
-            self.critic.params = restored.get("critic_params", self.critic.params)
-            self.critic.opt_state = restored.get("critic_opt", self.critic.opt_state)
-        actor_load, critic_load = self._contents("load_contents")
-        if ckpt_contents.restores_extra(actor_load, extra):
-            self.kl_ctrl = {**self.kl_ctrl, "value": jnp.asarray(extra["kl_coef"], jnp.float32)}
-            self.loader.set_state(extra["data_state"])
-            self._restore_pending(restored.get("experience", {}), extra.get("pending", []))
-        self.step = int(extra["step"])
-        _, lacking = ckpt_contents.items_to_restore(actor_load, critic_load, ckpt_contents.saved_items(extra))
-        fresh = lacking + ([] if ckpt_contents.restores_extra(actor_load, extra) else ["data position, KL coefficient"])
-        self.logger.text(f"resumed from {root}/{step} (step {self.step})"
-                         + (f"; not restored (load_contents / saved without them): {', '.join(fresh)}" if fresh else ""))
+            return 0
+        trainer.restore(restored, record if with_state else None)
+        _, lacking = ckpt_contents.items_to_restore(*self.load_contents, ckpt_contents.saved_items(record))
+        fresh = lacking + ([] if with_state else ["data position, KL coefficient"])
+        logger.text(f"resumed from {root}/{step} (step {int(record['step'])})"
+                    + (f"; not restored (load_contents / saved without them): {', '.join(fresh)}" if fresh else ""))
+        return int(record["step"])
 
-    def _read_checkpoint(self, ckpt: Checkpointer, step: int) -> tuple[dict, dict]:
-        """(extra, arrays) of one checkpoint; changes nothing, so a failure leaves the trainer as it was."""
-        extra = ckpt.restore_extra(step)
-        items, _ = ckpt_contents.items_to_restore(*self._contents("load_contents"), ckpt_contents.saved_items(extra))
-        everything = self._role_arrays()
-        templates = {item: everything[item] for item in items}
-        if extra.get("pending") and ckpt_contents.restores_extra(self._contents("load_contents")[0], extra):
-            templates["experience"] = experience.templates(
-                extra["pending"], lambda ndim: batch_sharding(self.mesh, ndim, self.c.rules))
-        return extra, ckpt.restore_arrays(step, templates) if templates else {}
-
-    def export_hf(self) -> str:
-        """The actor as a plain HF directory (adapters merged); with LoRA also the adapter alone in PEFT's layout
-        (``<dir>/lora_adapter``)."""
-        out = os.path.join(self.out_dir, "hf", f"global_step_{self.step}")
-        model = self.actor.model()
-        save_pretrained(lora.merged_model(model), out, tokenizer=self.tok, copy_from=self.c.model_path)
-        if self.lora:
-            save_adapter(model, os.path.join(out, ADAPTER_DIR), base_model=self.c.model_path)
-        return out
-
+    def _read(self, ckpt: Checkpointer, step: int, trainer) -> tuple[dict, dict, bool]:
+        """(record, arrays, whether the state is restored) of one checkpoint; changes nothing, so a failure leaves
+        the trainer as it was."""
+        record = ckpt.restore_extra(step)
+        items, _ = ckpt_contents.items_to_restore(*self.load_contents, ckpt_contents.saved_items(record))
+        wanted = trainer.checkpoint_items(saved=record)
+        with_state = ckpt_contents.restores_extra(self.load_contents[0], record, wanted.required)
+        templates = {item: wanted.arrays[item] for item in items}
+        if with_state:
+            templates.update({k: v for k, v in wanted.state_arrays.items() if v})
+        return record, ckpt.restore_arrays(step, templates) if templates else {}, with_state

@@ -1,8 +1,9 @@
-"""The RL trainer's rollout side: the sampler's weights (merged LoRA adapters, a copy on separate rollout
-devices), single- and multi-turn sampling, scoring, DAPO's dynamic sampling and ReMax's greedy baselines, and
-``_produce``, which turns one prompt batch into an ``Experience`` for the update (train/trainer.py ``_learn``).
+"""Sampling and scoring with the policy's current weights.
 
-``RolloutMixin`` is mixed into ``Trainer``; the attributes it reads are set in ``Trainer.__init__``.
+``Rollouts`` samples prompt batches (single-turn, or the multi-turn rollout) with the sampler's weights (merged
+LoRA adapters, a copy on separate rollout devices) and scores the responses; the RL trainer and the validation
+of RL and SFT runs use it. ``Producer`` turns one prompt batch into a ``ScoredBatch`` for an RL update, with
+DAPO's dynamic sampling and ReMax's greedy baselines.
 """
 
 from __future__ import annotations
@@ -17,94 +18,97 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding
 
-from rlhf_jax import algos
-from rlhf_jax.data import PromptBatch
 from rlhf_jax.models import lora
 from rlhf_jax.parallel import batch_sharding
 from rlhf_jax.rewards.reward_model import decode_responses
-from rlhf_jax.rollout.decode import RolloutBatch
 from rlhf_jax.rollout.sampler import cast_floating
 from rlhf_jax.train import metrics as M
 from rlhf_jax.parallel.hosts import to_global, to_local
 from rlhf_jax.rollout.dynamic_sampling import ROLLOUT_KEYS, Collected, varied_groups
-from rlhf_jax.train.experience import Experience
-from rlhf_jax.rollout.generation import generate_batch
+from rlhf_jax.rollout.generation import generate_batch, key_function
 from rlhf_jax.runtime.loggers import dump_generations
+from rlhf_jax.runtime.preemption import StepAbandoned, StopRequest
+from rlhf_jax.types import PromptBatch, RolloutBatch, ScoredBatch
 
 
-def in_weight_dtype(cfg, weights):
-    """``weights`` as ``rollout.weight_dtype`` (a copy, freed when the rollout that reads it ends), or as they are when
-    it is None."""
-    name = cfg.actor_rollout_ref.rollout.get("weight_dtype")
-    return weights if name is None else cast_floating(weights, name)
+class Rollouts:
+    """The sampler over the actor's weights, and the scorers of its responses."""
 
+    def __init__(self, actor, sampler, tokenizer, reward_manager, *, mesh, rules, dp_size: int, reward_model=None,
+                 multi_turn=None, rollout_mesh=None,
+                 weight_dtype: str | None = None):
+        """``sampler`` runs ``actor``'s weights on ``rollout_mesh`` (None: the training mesh); ``multi_turn``: the
+        tool-calling rollout (train/multi_turn.py) or None; ``reward_model``: a scorer that replaces the rule-based
+        ``reward_manager``, or None; ``weight_dtype``: the dtype of the sampler's copy of the weights
+        (``rollout.weight_dtype``; None: no copy)."""
+        self.actor, self.sampler, self.tok, self.reward_manager = actor, sampler, tokenizer, reward_manager
+        self.mesh, self.rules, self.dp_size = mesh, rules, dp_size
+        self.reward_model, self.multi_turn, self.rollout_mesh = reward_model, multi_turn, rollout_mesh
+        self._key_fn = key_function(mesh)
+        self.weight_dtype = weight_dtype
+        self._merge_fn = None
+        self._rollout_params_of: tuple[Any, Any] | None = None  # (actor params, their copy on the rollout mesh)
 
-class RolloutMixin:
-    # ------------------------------------------------------------------ LoRA
-    def _sampler_params(self):
-        """The sampler's weights: the actor's, with the adapters merged in under LoRA (a temporary copy of the
-        adapted weights only, for the rollout; the decode step then runs no extra low-rank matmuls)."""
-        if not self.lora:
-            return self.actor.state()
-        state = self.actor.state()
-        if self._merge_fn is None:
-            shardings = {lora.path_key(p): v.get_value() for p, v in nnx.to_flat_state(self.actor.frozen_shardings)}
-            shapes = jax.eval_shape(functools.partial(lora.merged_weights, spec=self.lora), state)
-            self._merge_fn = jax.jit(functools.partial(lora.merged_weights, spec=self.lora),
-                                     out_shardings={k: shardings[k] for k in shapes})
-        return lora.merged_state(state, self.lora, self._merge_fn(state))
-
-    # ------------------------------------------------------------------ rollout + scoring
-    def _rollout_key(self, seed: int, step: int) -> jax.Array:
+    def key(self, seed: int, step: int) -> jax.Array:
         """The sampler key of (seed, step) (see train/generation.py)."""
         return self._key_fn(seed, step)
 
-    def _rollout_weights(self):
-        """The sampler's weights (``_sampler_params``, in ``rollout.weight_dtype`` when set) where it runs: on
-        separate rollout devices, a copy made once per update."""
+    def _sampler_params(self):
+        """The sampler's weights: the actor's, with the adapters merged in under LoRA (a temporary copy of the
+        adapted weights only, for the rollout; the decode step then runs no extra low-rank matmuls)."""
+        spec, state = self.actor.config.lora, self.actor.state()
+        if not spec:
+            return state
+        if self._merge_fn is None:
+            shardings = {lora.path_key(p): v.get_value() for p, v in nnx.to_flat_state(self.actor.frozen_shardings)}
+            shapes = jax.eval_shape(functools.partial(lora.merged_weights, spec=spec), state)
+            self._merge_fn = jax.jit(functools.partial(lora.merged_weights, spec=spec),
+                                     out_shardings={k: shardings[k] for k in shapes})
+        return lora.merged_state(state, spec, self._merge_fn(state))
+
+    def _in_weight_dtype(self, weights):
+        """``weights`` in ``weight_dtype`` (a copy, freed when the rollout that reads it ends), or as they are."""
+        return weights if self.weight_dtype is None else cast_floating(weights, self.weight_dtype)
+
+    def weights(self):
+        """The sampler's weights (in ``weight_dtype`` when set) where it runs: on separate rollout devices, a copy
+        made once per update."""
         if self.rollout_mesh is None:
-            return in_weight_dtype(self.cfg, self._sampler_params())
+            return self._in_weight_dtype(self._sampler_params())
         params = self.actor.params  # replaced by every update
         if self._rollout_params_of is None or self._rollout_params_of[0] is not params:
-            weights = in_weight_dtype(self.cfg, self._sampler_params())  # cast first: fewer bytes to move
+            weights = self._in_weight_dtype(self._sampler_params())  # cast first: fewer bytes to move
             shardings = jax.tree.map(lambda x: NamedSharding(self.rollout_mesh, x.sharding.spec), weights)
             self._rollout_params_of = (params, jax.device_put(weights, shardings))
         return self._rollout_params_of[1]
 
-    def _generate(self, pb: PromptBatch, sampling, key, bucket: bool = True, weights: Any = None):
+    def generate(self, pb: PromptBatch, sampling, key, bucket: bool = True, weights: Any = None):
         """Sample from a (process-local) prompt batch (see train/generation.py) with ``weights`` (default: the
         current ones); the result is on the training mesh."""
         mesh = self.rollout_mesh or self.mesh
-        dp = self.cfg.derived.dp_size if self.rollout_mesh is None else self.rollout_mesh.devices.size
-        weights = self._rollout_weights() if weights is None else weights
+        dp = self.dp_size if self.rollout_mesh is None else self.rollout_mesh.devices.size
+        weights = self.weights() if weights is None else weights
         out, keep = generate_batch(self.sampler, weights, mesh, dp, pb, sampling, key, bucket)
         if self.rollout_mesh is not None:
-            rows = {1: batch_sharding(self.mesh, 1, self.c.rules), 2: batch_sharding(self.mesh, 2, self.c.rules)}
+            rows = {1: batch_sharding(self.mesh, 1, self.rules), 2: batch_sharding(self.mesh, 2, self.rules)}
             out = jax.tree.map(lambda x: jax.device_put(x, rows[x.ndim]), out)
         return out, keep
 
-    def _multi_turn_rollout(self):
-        """Multi-turn tool-calling rollouts (train/multi_turn.py) when rollout.multi_turn.enable, else None."""
-        if not self.cfg.actor_rollout_ref.rollout.multi_turn.enable:
-            return None
-        from rlhf_jax.agents.multi_turn import MultiTurnRollout
-
-        return MultiTurnRollout(self.cfg, self.sampler.graphdef, self.actor.config, self.tok, self.mesh, self.c.rules,
-                                self.cfg.data.max_prompt_length)
-
-    def _sample(self, pb: PromptBatch, sampling, key, out_metrics: dict, bucket: bool = True, weights: Any = None):
-        """Single-turn sampling (``_generate``) or the multi-turn rollout; (batch, kept rows, the mask of the
+    def sample(self, pb: PromptBatch, sampling, key, out_metrics: dict, bucket: bool = True, weights: Any = None):
+        """Single-turn sampling (``generate``) or the multi-turn rollout; (batch, kept rows, the mask of the
         response tokens the reward reads: every token of the sequence, tool responses included)."""
         if self.multi_turn is None:
-            out, keep = self._generate(pb, sampling, key, bucket, weights)
+            out, keep = self.generate(pb, sampling, key, bucket, weights)
             return out, keep, out.response_mask
-        weights = self._rollout_weights() if weights is None else weights
+        weights = self.weights() if weights is None else weights
         out, metrics = self.multi_turn.rollout(weights, pb, sampling, key)
         out_metrics.update(metrics)
         return out, len(pb) * sampling.n, out.valid_mask()
 
-    def _score(self, pb: PromptBatch, responses: np.ndarray, rmask: np.ndarray,
-               n: int) -> tuple[np.ndarray, dict, list[str], dict[str, np.ndarray]]:
+    def score(self, pb: PromptBatch, responses: np.ndarray, rmask: np.ndarray,
+              n: int) -> tuple[np.ndarray, dict, list[str], dict[str, np.ndarray]]:
+        """(scores (rows,), reward metrics, response texts, the reward function's extra values) of ``n`` responses
+        per prompt of ``pb``."""
         texts = decode_responses(self.tok, responses, rmask)
         rep = lambda xs: [x for x in xs for _ in range(n)]  # noqa: E731  prompt-major, as the sampler orders rows
         env_scores = self.multi_turn.take_scores() if self.multi_turn is not None else None
@@ -116,42 +120,80 @@ class RolloutMixin:
                                            response_lengths=rmask.sum(-1))
         return result.scores.astype(np.float32), result.metrics(), texts, result.extras
 
+    def close(self) -> None:
+        self.reward_manager.close()
+
+
+@dataclasses.dataclass
+class Producer:
+    """Prompt batch -> ScoredBatch for training step ``step``: sample, score (per-turn rewards of multi-turn
+    rollouts), DAPO's dynamic sampling (``algorithm.filter_groups``) and ReMax's greedy baselines."""
+
+    rollouts: Rollouts
+    sampling: Any  # the training SamplingParams
+    filter_groups: Any  # the algorithm.filter_groups section
+    greedy_baseline: bool  # the estimator needs a greedy rollout's score per prompt (ReMax)
+    rollout_data_dir: str | None  # trainer.rollout_data_dir: where sampled responses are dumped
+    loader: Any  # dynamic sampling draws further prompt batches from it
+    stop: StopRequest
+
+    def produce(self, pb: PromptBatch, step: int, data_state: Any = None, abandonable: bool = True,
+                weights: Any = None, version: int = 0) -> ScoredBatch:
+        """Sample and score one prompt batch for training step ``step`` (0-based) with ``weights`` of version
+        ``version`` (default: the current ones)."""
+        timer = M.Timer()
+        out_metrics: dict[str, Any] = {}
+        if self.filter_groups.enable:
+            out, pb, scores = self._dynamic_rollout(pb, timer, out_metrics, step, version)
+        else:
+            out, scores = self._rollout(pb, timer, out_metrics, self.rollouts.key(self.sampling.seed, step), step,
+                                        abandonable=abandonable, weights=weights, version=version)
+        baselines = None
+        if self.greedy_baseline:
+            with timer("gen_max"):  # verl's name for ReMax's greedy baseline rollout
+                baselines = self._greedy_baselines(pb, self.sampling.n, step, weights)
+        mesh = self.rollouts.mesh
+        with timer("reward"):
+            scores = jax.block_until_ready(to_global(mesh, np.asarray(scores, np.float32)))
+        out_metrics.update({f"timing_s/{k}": v for k, v in timer.seconds.items()})
+        return ScoredBatch(rollout=out, scores=scores, baselines=baselines, prompts=pb, version=version,
+                           data_state=data_state, metrics=out_metrics)
+
     def _rollout(self, pb: PromptBatch, timer, out_metrics: dict, key, step: int, extras: dict | None = None,
-                 abandonable: bool = True, weights: Any = None, version: int | None = None):
+                 abandonable: bool = True, weights: Any = None, version: int = 0):
         """Sample the prompts and score the responses for training step ``step`` (0-based): (the sampler's batch,
-        process-local scores (N,), or token-level rewards (N, R) with multi_turn.per_turn_rewards). ``abandonable``: a stop request abandons the step after the sampling."""
+        process-local scores (N,), or token-level rewards (N, R) with multi_turn.per_turn_rewards).
+        ``abandonable``: a stop request abandons the step after the sampling."""
+        r, n = self.rollouts, self.sampling.n
         with timer("gen"):  # waits for the sampler: dispatch is asynchronous, the reward would be billed for it
             # every row is trained on
-            out, _, text_mask = self._sample(pb, self.c.sampling, key, out_metrics, bucket=False, weights=weights)
+            out, _, text_mask = r.sample(pb, self.sampling, key, out_metrics, bucket=False, weights=weights)
             out = jax.block_until_ready(out)
-        if abandonable:
-            self._abandon_if_stopping()
+        if abandonable and self.stop.agreed():
+            raise StepAbandoned
         with timer("reward"):
-            scores, reward_metrics, texts, found = self._score(pb, to_local(out.responses), to_local(text_mask),
-                                                               self.c.sampling.n)
+            scores, reward_metrics, texts, found = r.score(pb, to_local(out.responses), to_local(text_mask), n)
         out_metrics.update(reward_metrics)
-        if self.cfg.trainer.rollout_data_dir:
-            n = self.c.sampling.n
-            dump_generations(os.path.expanduser(self.cfg.trainer.rollout_data_dir), step + 1,
+        if self.rollout_data_dir:
+            dump_generations(os.path.expanduser(self.rollout_data_dir), step + 1,
                              [t for t in pb.prompt_text for _ in range(n)], texts,
-                             [g for g in pb.ground_truth for _ in range(n)], scores,
-                             weight_version=self.step if version is None else version)
+                             [g for g in pb.ground_truth for _ in range(n)], scores, weight_version=version)
         if extras is not None:
             extras.update(found)
-        token_rewards = self.multi_turn.take_token_rewards() if self.multi_turn is not None else None
+        token_rewards = r.multi_turn.take_token_rewards() if r.multi_turn is not None else None
         if token_rewards is not None:  # multi_turn.per_turn_rewards: each turn's reward on its last token
             return out, token_rewards
         return out, scores
 
-    def _dynamic_rollout(self, pb: PromptBatch, timer, out_metrics: dict, step: int):
+    def _dynamic_rollout(self, pb: PromptBatch, timer, out_metrics: dict, step: int, version: int):
         """DAPO's dynamic sampling (train/dynamic_sampling.py): batches until train_batch_size groups vary."""
-        fg, n = self.cfg.algorithm.filter_groups, self.c.sampling.n
-        collected = Collected(n, int(self.c.sampling.pad_token_id))
-        base_key, rounds = self._rollout_key(self.c.sampling.seed, step), 0
+        fg, n = self.filter_groups, self.sampling.n
+        collected = Collected(n, int(self.sampling.pad_token_id))
+        base_key, rounds = self.rollouts.key(self.sampling.seed, step), 0
         while True:
             extras: dict = {}
             key = base_key if rounds == 0 else jax.random.fold_in(base_key, rounds)
-            out, scores = self._rollout(pb, timer, out_metrics, key, step, extras)
+            out, scores = self._rollout(pb, timer, out_metrics, key, step, extras, version=version)
             rounds += 1
             if fg.metric == "acc" and "acc" not in extras:
                 raise ValueError("algorithm.filter_groups.metric=acc: the reward function returns no 'acc' (return "
@@ -167,34 +209,13 @@ class RolloutMixin:
             pb = next(self.loader)
         out_metrics["train/num_gen_batches"] = float(rounds)
         rows = collected.batch(len(pb))
-        out = RolloutBatch(**{k: to_global(self.mesh, rows[k]) for k in ROLLOUT_KEYS})
+        out = RolloutBatch(**{k: to_global(self.rollouts.mesh, rows[k]) for k in ROLLOUT_KEYS})
         return out, pb, rows["scores"]
 
     def _greedy_baselines(self, pb: PromptBatch, n: int, step: int, weights: Any = None) -> jax.Array:
         """ReMax's baseline: the score of one greedy response per prompt, repeated for the prompt's n samples."""
-        greedy = dataclasses.replace(self.c.sampling, n=1, do_sample=False)
-        out, keep = self._generate(pb, greedy, self._rollout_key(greedy.seed, step), weights=weights)
-        scores, _, _, _ = self._score(pb, to_local(out.responses)[:keep], to_local(out.response_mask)[:keep], 1)
-        return to_global(self.mesh, np.repeat(scores, n).astype(np.float32))
-
-    def _produce(self, pb: PromptBatch, step: int, data_state: Any = None, abandonable: bool = True,
-                 weights: Any = None, version: int | None = None) -> Experience:
-        """Sample and score one prompt batch for training step ``step`` (0-based) with ``weights`` of version
-        ``version`` (default: the current ones)."""
-        version = self.step if version is None else version
-        timer = M.Timer()
-        out_metrics: dict[str, Any] = {}
-        if self.cfg.algorithm.filter_groups.enable:
-            out, pb, scores = self._dynamic_rollout(pb, timer, out_metrics, step)
-        else:
-            out, scores = self._rollout(pb, timer, out_metrics, self._rollout_key(self.c.sampling.seed, step), step,
-                                        abandonable=abandonable, weights=weights, version=version)
-        baselines = None
-        if algos.estimator_info(self.cfg.algorithm.adv_estimator).needs_greedy_baseline:
-            with timer("gen_max"):  # verl's name for ReMax's greedy baseline rollout
-                baselines = self._greedy_baselines(pb, self.c.sampling.n, step, weights)
-        with timer("reward"):
-            scores = jax.block_until_ready(to_global(self.mesh, np.asarray(scores, np.float32)))
-        out_metrics.update({f"timing_s/{k}": v for k, v in timer.seconds.items()})
-        return Experience(pb=pb, out=out, scores=scores, baselines=baselines, version=version,
-                          data_state=data_state, metrics=out_metrics)
+        greedy = dataclasses.replace(self.sampling, n=1, do_sample=False)
+        r = self.rollouts
+        out, keep = r.generate(pb, greedy, r.key(greedy.seed, step), weights=weights)
+        scores, _, _, _ = r.score(pb, to_local(out.responses)[:keep], to_local(out.response_mask)[:keep], 1)
+        return to_global(r.mesh, np.repeat(scores, n).astype(np.float32))

@@ -86,7 +86,7 @@ def test_generate_samples_multi_turn_trajectories_as_validation_does(tmp_path):
                 "data.val_files": ("builtin:arithmetic?max_value=4&test_size=6",),
                 "trainer.validation_data_dir": str(tmp_path / "val")}
     trainer = Trainer(make_config(str(tmp_path / "run"), "grpo", **settings))
-    trainer.validate()
+    trainer.validate(0)
     trainer.close()
     dumped = [json.loads(line)["output"] for line in open(tmp_path / "val" / "0.jsonl")]
     rows = generate(make_config(str(tmp_path / "gen_run"), "grpo", **settings), str(tmp_path / "gen.parquet"))

@@ -334,7 +334,6 @@ def test_out_of_memory_in_a_step_is_one_line_naming_the_keys(tmp_path, finished_
     import jax
     import jax.numpy as jnp
 
-    from rlhf_jax.runtime.oom import out_of_memory_message
     from rlhf_jax.train.trainer import Trainer
     from tests.train.helpers import make_config
 
@@ -345,13 +344,14 @@ def test_out_of_memory_in_a_step_is_one_line_naming_the_keys(tmp_path, finished_
         with pytest.raises(Exception) as caught:
             jax.jit(lambda a: jnp.broadcast_to(a[0], (1 << 40,)) * 2)(jnp.ones(4)).block_until_ready()
         assert "RESOURCE_EXHAUSTED" in str(caught.value)
-        message = out_of_memory_message(trainer, caught.value)
+        trainer.loop.plan_memory(trainer)  # the planned passes' size keys are what the message names
+        message = trainer.out_of_memory(caught.value)
         assert message is not None and "\n" not in message
         assert message.startswith("out of memory in training step 1 (RESOURCE_EXHAUSTED"), message
         for key in ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", "enable_gradient_checkpointing",
                     "compute_dtype=bfloat16", "mesh.fsdp", f"step 1 in {out}/checkpoints is intact"):
             assert key in message, (key, message)
-        assert out_of_memory_message(trainer, ValueError("not memory")) is None
+        assert trainer.out_of_memory(ValueError("not memory")) is None
     finally:
         trainer.close()
 

@@ -18,9 +18,8 @@ def test_steps_after_the_first_compile_nothing(tmp_path):
         # ppo: sampler, reference, critic values and update, actor log-probs and update all run every step.
         trainer = Trainer(make_config(str(tmp_path), "ppo", **{"trainer.total_training_steps": 4}))
         counts = []
-        for _ in range(4):
-            trainer.train_step(next(trainer.loader))
-            trainer.step += 1
+        for step in range(4):
+            trainer.train_on(next(trainer.loader), step)
             counts.append(len(traces))
         trainer.close()
     finally:

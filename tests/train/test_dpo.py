@@ -119,7 +119,7 @@ def test_sequence_log_probs_match_transformers(tmp_path):
             got = np.asarray(trainer._sequence_log_probs(role, batch, s, 2))
             np.testing.assert_allclose(got, want[s], rtol=1e-5, atol=2e-4, err_msg=s)
     # Validation in batches of 3, 3 and 2 pairs (each padded to whole shards; padding pairs are not counted).
-    val = trainer.validate()
+    val = trainer.validate(0)
     np.testing.assert_allclose(val["val/logps/chosen"], want["chosen"].mean(), rtol=1e-5, atol=2e-4)
     np.testing.assert_allclose(val["val/logps/rejected"], want["rejected"].mean(), rtol=1e-5, atol=2e-4)
     assert val["val/rewards/margins"] == 0 and val["val/rewards/accuracies"] == 0  # policy == reference
@@ -160,16 +160,16 @@ def test_stop_signal_and_resume_are_exact(tmp_path):
     full = DPOTrainer(make_config(full_dir, **over), stop=StopRequest())
     full.fit()
     stopped = DPOTrainer(make_config(split_dir, **over), stop=StopRequest())
-    step = stopped.train_step
+    step = stopped.step
 
-    def signalled(pb):
-        if stopped.step == 1:  # inside step 2
+    def signalled(n):
+        if stopped.loop.step == 1:  # inside step 2
             os.kill(os.getpid(), signal.SIGTERM)
-        return step(pb)
+        return step(n)
 
-    stopped.train_step = signalled
+    stopped.step = signalled
     stopped.fit()
-    assert stopped.step == 2 and stopped.checkpointer.all_steps() == [2]
+    assert stopped.loop.step == 2 and stopped.loop.checkpoints.complete_steps() == [2]
     resumed = DPOTrainer(make_config(split_dir, **over), stop=StopRequest())
     resumed.fit()
     full_rows, split_rows = read_metrics(full_dir), read_metrics(split_dir)

@@ -27,7 +27,7 @@ class StopAfter(StopRequest):
         self.steps, self.trainer = steps, None
 
     def agreed(self) -> bool:
-        return self.trainer is not None and self.trainer.step >= self.steps
+        return self.trainer is not None and self.trainer.loop.step >= self.steps
 
     @property
     def name(self) -> str:

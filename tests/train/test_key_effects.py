@@ -54,9 +54,9 @@ def test_checkpoint_contents_previous_removed_and_profiled_steps(tmp_path):
     # A resume restores what was saved and asked for; the actor's optimizer and the data position start fresh.
     second = Trainer(make_config(out, "ppo", **{**settings, "trainer__total_training_steps": 4}))
     fresh_opt, fresh_data = _host(second.actor.opt_state), second.loader.get_state()
-    second.maybe_resume()
+    second.loop.resume(second)
     try:
-        assert second.step == 3
+        assert second.loop.step == 3
         assert _same(_host(second.actor.params), _host(first.actor.params))
         assert _same(_host(second.critic.opt_state), _host(first.critic.opt_state))
         assert _same(_host(second.actor.opt_state), fresh_opt)
@@ -73,9 +73,9 @@ def test_load_contents_without_model_keeps_the_initial_weights(tmp_path):
     second = Trainer(make_config(out, trainer__total_training_steps=2,
                                  actor_rollout_ref__actor__checkpoint__load_contents=("optimizer", "extra")))
     initial = _host(second.actor.params)
-    second.maybe_resume()
+    second.loop.resume(second)
     try:
-        assert second.step == 1
+        assert second.loop.step == 1
         assert _same(_host(second.actor.params), initial) and not _same(initial, _host(first.actor.params))
         assert _same(_host(second.actor.opt_state), _host(first.actor.opt_state))
         assert second.loader.get_state() == first.loader.get_state()  # "extra": the data position
@@ -114,7 +114,7 @@ def test_reward_model_alone_decides_the_score_with_batches_over_the_mesh(tmp_pat
                       reward_model__micro_batch_size_per_gpu=1, custom_reward_function__path=None,
                       trainer__total_training_steps=1, trainer__rollout_data_dir=dump)
     trainer = Trainer(cfg)
-    rm = trainer.reward_model
+    rm = trainer.rollouts.reward_model
     # micro_batch_size_per_gpu rows on each of the 4 data-parallel shards (mesh 2 x 2 x 2, tensor 2)
     assert rm.micro_batch_size == 4 and rm.row_sharding.spec[0] == ("data", "fsdp")
     trainer.fit()
@@ -149,7 +149,7 @@ def test_overlong_penalty_and_clip_metric_use_the_rollout_length(tmp_path):
                       trainer__total_training_steps=1)
     trainer = Trainer(cfg)
     try:
-        assert trainer.reward_manager.overlong[2] == 6
+        assert trainer.rollouts.reward_manager.overlong[2] == 6
         assert trainer.c.sampling.max_new_tokens == 6
     finally:
         trainer.close()
@@ -173,7 +173,7 @@ def test_chat_template_replaces_the_tokenizers(tmp_path):
 
 def _rollout_probs_diff(trainer) -> float:
     trainer.fit()
-    return read_metrics(trainer.out_dir)[-1]["training/rollout_probs_diff_mean"]
+    return read_metrics(trainer.loop.out_dir)[-1]["training/rollout_probs_diff_mean"]
 
 
 def test_gpus_per_node_is_the_devices_the_run_uses(tmp_path):
@@ -182,12 +182,12 @@ def test_gpus_per_node_is_the_devices_the_run_uses(tmp_path):
                       mesh__tensor=1, trainer__total_training_steps=1)
     trainer = Trainer(cfg)
     first = set(jax.devices()[:4])
-    assert trainer.mesh.devices.size == 4 and set(trainer.mesh.devices.flat) == first
+    assert trainer.c.mesh.devices.size == 4 and set(trainer.c.mesh.devices.flat) == first
     assert trainer.cfg.derived.num_devices == 4 and trainer.cfg.derived.dp_size == 4
     assert all(leaf.sharding.device_set == first for leaf in jax.tree.leaves(trainer.actor.params))
     # float32 sampling gives the float32 training passes' log-probs (compare the rollout dtype test below)
     assert _rollout_probs_diff(trainer) < 1e-6
-    assert all("bf16[" not in program.as_text() for program in trainer.sampler._compiled.values())
+    assert all("bf16[" not in program.as_text() for program in trainer.rollouts.sampler._compiled.values())
 
 
 def test_rollout_dtype_is_the_samplers_compute_dtype(tmp_path):
@@ -196,10 +196,10 @@ def test_rollout_dtype_is_the_samplers_compute_dtype(tmp_path):
     trainer = Trainer(cfg)
     # the actor (its training passes) keeps float32 compute; the sampler computes in bfloat16 over the same arrays
     assert trainer.actor.config.dtype == jnp.float32 and trainer.cfg.actor_rollout_ref.model.compute_dtype == "float32"
-    assert nnx.merge(trainer.sampler.graphdef, trainer.actor.state()).config.dtype == jnp.bfloat16
+    assert nnx.merge(trainer.rollouts.sampler.graphdef, trainer.actor.state()).config.dtype == jnp.bfloat16
     diff = _rollout_probs_diff(trainer)
     # the compiled decode program holds bfloat16 activations (its KV cache among them; XLA:CPU widens the dots)
-    (program,) = trainer.sampler._compiled.values()
+    (program,) = trainer.rollouts.sampler._compiled.values()
     assert re.search(r"dynamic-update-slice\S* = bf16\[", program.as_text())
     # the sampled log-probs are bfloat16 ones: they differ from the float32 recomputation by far more than
     # float32 rounding

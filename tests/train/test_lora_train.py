@@ -78,7 +78,7 @@ def test_reference_is_the_base_model_without_a_second_copy(run):
     # weights are temporary; the tied embedding has no adapter, so the merge shares it too).
     assert copies == {"built": 1, "trained": 1}
     # The sampler's merged weights are new arrays for the adapted projections only.
-    sampler = dict(nnx.to_flat_state(trainer._sampler_params()))
+    sampler = dict(nnx.to_flat_state(trainer.rollouts._sampler_params()))
     for path, var in nnx.to_flat_state(trainer.actor.frozen):
         adapted = str(path[-1]) in lora.PROJECTIONS
         assert (sampler[path].get_value() is var.get_value()) != adapted, path
@@ -128,8 +128,8 @@ def test_continue_from_adapter_and_resume(run, tmp_path):
     again.close()
     # Resuming the run restores the adapters and keeps the reference sharing the base arrays.
     resumed = Trainer(make_config(out, "grpo", **LORA, **{"trainer.total_training_steps": 4}))
-    resumed.maybe_resume()
-    assert resumed.step == 3
+    resumed.loop.resume(resumed)
+    assert resumed.loop.step == 3
     for p, v in _host(resumed.actor.params).items():
         np.testing.assert_array_equal(v, adapters[p], err_msg=str(p))
     assert {id(x) for x in jax.tree.leaves(resumed.ref.state())} == {id(x) for x in jax.tree.leaves(resumed.actor.frozen)}

@@ -17,7 +17,9 @@ from rlhf_jax import algos
 from rlhf_jax.rewards.shaping import place_on_last_token
 from rlhf_jax.rollout.decode import RolloutBatch
 from rlhf_jax.parallel.hosts import to_global
+from rlhf_jax.train import losses
 from rlhf_jax.train.steps import actor_denominators, actor_loss
+from rlhf_jax.types import TrainBatch
 
 from tests.train.helpers import loss_specs
 
@@ -59,8 +61,8 @@ def test_tool_positions_get_zero_gradient_and_denominators_count_trained_tokens(
     adv = rng.normal(size=(B, T))
     spec = loss_specs(loss_agg_mode=agg, entropy_coeff=0.05, use_kl_loss=True, kl_loss_coef=0.2,
                       clip_ratio_low=0.1, clip_ratio_high=0.1)[0]
-    m = {"old_log_probs": jnp.asarray(old, jnp.float32), "ref_log_probs": jnp.asarray(ref, jnp.float32),
-         "advantages": jnp.asarray(adv * trained, jnp.float32)}
+    m = TrainBatch(old_log_probs=jnp.asarray(old, jnp.float32), ref_log_probs=jnp.asarray(ref, jnp.float32),
+                   advantages=jnp.asarray(adv * trained, jnp.float32))
     mask = jnp.asarray(trained)
     den, den_plain = actor_denominators(spec, mask)
 
@@ -139,11 +141,11 @@ def setup(tmp_path_factory):
     return path, make_mesh(2, 2, 2), with_holes(ragged_batch(0, vocab=128), seed=2)
 
 
-def _padded(mesh, host) -> dict:
+def _padded(mesh, host) -> TrainBatch:
     g = lambda x: to_global(mesh, x)  # noqa: E731
-    return {"input_ids": g(np.concatenate([host["prompts"], host["responses"]], 1)),
-            "attention_mask": g(np.concatenate([host["prompt_mask"], host["response_valid"]], 1)),
-            "responses": g(host["responses"]), "response_mask": g(host["response_mask"])}
+    return TrainBatch(input_ids=g(np.concatenate([host["prompts"], host["responses"]], 1)),
+                      attention_mask=g(np.concatenate([host["prompt_mask"], host["response_valid"]], 1)),
+                      responses=g(host["responses"]), response_mask=g(host["response_mask"]))
 
 
 def _packed(mesh, host) -> list[dict]:  # laid out by the valid tokens, as the trainer packs
@@ -158,8 +160,8 @@ def test_old_log_probs_on_sequences_with_holes_packed_equal_padded(setup):
     valid = host["response_valid"].astype(bool)
     np.testing.assert_allclose(packed[valid], padded[valid], atol=1e-5)
     # the trained tokens after a tool response read it: with the tool tokens hidden their log-probs change
-    hidden = actor.log_probs({**_padded(mesh, host), "attention_mask": to_global(
-        mesh, np.concatenate([host["prompt_mask"], host["response_mask"]], 1))}, n_micro=2, temperature=0.7)
+    hidden = actor.log_probs(_padded(mesh, host).replace(attention_mask=to_global(
+        mesh, np.concatenate([host["prompt_mask"], host["response_mask"]], 1))), n_micro=2, temperature=0.7)
     after_tool = (host["response_mask"] > 0) & (np.cumsum(valid & (host["response_mask"] == 0), 1) > 0)
     assert after_tool.any() and not np.allclose(np.asarray(hidden)[after_tool], padded[after_tool], atol=1e-4)
 
@@ -175,13 +177,15 @@ def test_actor_update_with_holes_packed_equals_padded(setup):
         role = _role(path, mesh)
         before = jax.tree.map(np.asarray, role.params)
         logp = role.log_probs(_padded(mesh, host), n_micro=1, temperature=0.7)
-        grid = {"response_mask": g(host["response_mask"]), "advantages": g(host["advantages"]),
-                "old_log_probs": logp + g(host["noise"]) * g(host["response_mask"]),
-                "ref_log_probs": logp - g(host["noise"]) * g(host["response_mask"])}
+        grid = TrainBatch(response_mask=g(host["response_mask"]), advantages=g(host["advantages"]),
+                          old_log_probs=logp + g(host["noise"]) * g(host["response_mask"]),
+                          ref_log_probs=logp - g(host["noise"]) * g(host["response_mask"]))
         if packed:
-            metrics = role.update_packed(spec, _packed(mesh, host), grid, dp=DP, rng=key)
+            metrics = role.update_packed(losses.actor(spec), _packed(mesh, host), grid, dp=DP, rng=key)
         else:
-            metrics = role.update_actor(spec, {**_padded(mesh, host), **grid}, key, n_micro=2)
+            p = _padded(mesh, host)
+            mb = grid.replace(input_ids=p.input_ids, attention_mask=p.attention_mask, responses=p.responses)
+            metrics = role.update(losses.actor(spec), mb, n_micro=2, rng=key)
         grads = jax.tree.map(lambda b, a: b - np.asarray(a), before, role.params)
         results.append(({k: float(v) for k, v in metrics.items()}, grads, role.params))
     (m_pad, g_pad, _), (m_packed, g_packed, params) = results

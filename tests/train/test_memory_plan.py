@@ -15,7 +15,7 @@ import pytest
 from rlhf_jax.batch.packing import row_length
 from rlhf_jax.config.validate import finalize
 from rlhf_jax.runtime.oom import memory_hint
-from rlhf_jax.train.passes import (HEADROOM, compile_pass, compiled_bytes, fit_pass, free_device_memory, plan_passes,
+from rlhf_jax.train.passes import (HEADROOM, compiled_bytes, fit_pass, free_device_memory, plan_passes,
                                    preferred_grad_tokens)
 from rlhf_jax.train.trainer import Trainer
 from tests.train.helpers import make_config
@@ -42,7 +42,7 @@ def test_a_micro_batch_that_cannot_fit_stops_before_the_first_step(tmp_path, smo
         with pytest.raises(MemoryError, match=key.replace(".", r"\.")) as err:
             trainer.fit()
         assert "enable_gradient_checkpointing" in str(err.value)
-        assert trainer.step == 0
+        assert trainer.loop.step == 0
         metrics = os.path.join(str(tmp_path), "metrics.jsonl")
         assert not os.path.exists(metrics) or os.path.getsize(metrics) == 0  # no step was run or logged
     finally:
@@ -57,7 +57,7 @@ def test_an_automatic_micro_batch_is_sized_to_fit(tmp_path, smollm2_dir):
         whole_rows = -(-start.seqs_per_shard * trainer.cfg.derived.max_seq_len // start.row_len)
         whole = dataclasses.replace(start, rows_per_micro=whole_rows)
         free = free_device_memory()
-        plan, need = fit_pass(whole, lambda p: compile_pass(trainer, "update_actor", trainer.actor, p), free,
+        plan, need = fit_pass(whole, lambda p: trainer.compile_pass("update_actor", p), free,
                               memory_hint(trainer.cfg, "actor"))
         assert plan.auto and 1 <= plan.rows_per_micro < whole_rows
         assert need <= HEADROOM * free * 1.05  # free memory moves a little between readings
@@ -66,7 +66,7 @@ def test_an_automatic_micro_batch_is_sized_to_fit(tmp_path, smollm2_dir):
         trainer.plan_memory()
         own = trainer.plans["update_actor"]
         assert own.auto and own.rows_per_micro <= start.rows_per_micro
-        assert compiled_bytes(compile_pass(trainer, "update_actor", trainer.actor, own)) <= HEADROOM * free_device_memory() * 1.05
+        assert compiled_bytes(trainer.compile_pass("update_actor", own)) <= HEADROOM * free_device_memory() * 1.05
     finally:
         trainer.close()
 

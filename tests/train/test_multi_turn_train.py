@@ -45,7 +45,7 @@ def test_grpo_trains_on_multi_turn_rollouts_with_tool_tokens_masked(tmp_path):
         assert math.isfinite(last[k]), k
     # the trained tokens are the assistant turns only: at most 3 turns x 6 tokens
     assert last["response_length/max"] <= 18
-    sampler = next(iter(trainer.multi_turn._samplers.values()))
+    sampler = next(iter(trainer.rollouts.multi_turn._samplers.values()))
     assert sampler.decoded_tokens > 0 and sampler.prefilled_tokens > 0
 
 
@@ -116,7 +116,7 @@ def test_grpo_trains_a_workflow_agent_written_against_the_openai_client(tmp_path
         assert row["multi_turn/calls_per_batch"] >= 1  # the clients' calls sampled together (see test_client.py)
         assert 0 < row["multi_turn/masked_token_fraction"] < 1  # the agent's own messages are not trained
         assert math.isfinite(row["actor/pg_loss"]) and math.isfinite(row["actor/grad_norm"])
-    sampler = next(iter(trainer.multi_turn._samplers.values()))
+    sampler = next(iter(trainer.rollouts.multi_turn._samplers.values()))
     assert sampler.decoded_tokens > 0
 
 

@@ -21,8 +21,10 @@ from rlhf_jax.batch import first_fit_decreasing, micro_layout, pack_batch, row_b
 from rlhf_jax.batch.packing import BRANCH_BITS, MAX_BRANCHES, logit_list_size
 from rlhf_jax.parallel import make_mesh
 from rlhf_jax.parallel.hosts import to_global
+from rlhf_jax.train import losses
 from rlhf_jax.train.engine import Role
 from rlhf_jax.train.steps import ActorLossSpec
+from rlhf_jax.types import TrainBatch
 from tests.train.helpers import loss_specs
 
 N, P, R, DP = 16, 12, 10, 4
@@ -67,11 +69,11 @@ def _role(path, mesh, task=None, attn="auto", dtype=jnp.float32):
     return Role(model, mesh, optax.sgd(1.0), lambda step: 1.0)
 
 
-def _padded(mesh, host) -> dict:
+def _padded(mesh, host) -> TrainBatch:
     g = lambda x: to_global(mesh, x)  # noqa: E731
-    return {"input_ids": g(np.concatenate([host["prompts"], host["responses"]], 1)),
-            "attention_mask": g(np.concatenate([host["prompt_mask"], host["response_mask"]], 1)),
-            "responses": g(host["responses"]), "response_mask": g(host["response_mask"])}
+    return TrainBatch(input_ids=g(np.concatenate([host["prompts"], host["responses"]], 1)),
+                      attention_mask=g(np.concatenate([host["prompt_mask"], host["response_mask"]], 1)),
+                      responses=g(host["responses"]), response_mask=g(host["response_mask"]))
 
 
 def _micros(mesh, host, rows=None, row_len=32, rows_per_micro=1) -> list[dict]:
@@ -172,20 +174,22 @@ def assert_grads_close(g_pad, g_packed, params):
 def _grad_step(role, spec, mesh, host, packed: bool, key):
     g = lambda x: to_global(mesh, x)  # noqa: E731
     before = jax.tree.map(np.asarray, role.params)
-    grid = {"response_mask": g(host["response_mask"]), "advantages": g(host["advantages"])}
+    mask = g(host["response_mask"])
+    grid = TrainBatch(response_mask=mask, advantages=g(host["advantages"]))
     if isinstance(spec, ActorLossSpec):
+        loss = losses.actor(spec)
         logp = role.log_probs(_padded(mesh, host), n_micro=1, temperature=spec.temperature)
-        grid["old_log_probs"] = logp + g(host["noise"]) * grid["response_mask"]  # ratios away from 1: clipping active
-        grid["ref_log_probs"] = logp - g(host["noise"]) * grid["response_mask"]
+        grid = grid.replace(old_log_probs=logp + g(host["noise"]) * mask,  # ratios away from 1: clipping active
+                            ref_log_probs=logp - g(host["noise"]) * mask)
     else:
-        grid["values"] = g(host["noise"])
-        grid["returns"] = g(host["returns"])
+        loss = losses.critic(spec)
+        grid = grid.replace(values=g(host["noise"]), returns=g(host["returns"]))
     if packed:
-        metrics = role.update_packed(spec, _micros(mesh, host), grid, dp=DP, rng=key if isinstance(spec, ActorLossSpec) else None)
+        metrics = role.update_packed(loss, _micros(mesh, host), grid, dp=DP, rng=key)
     else:
-        mb = {**_padded(mesh, host), **grid}
-        metrics = (role.update_actor(spec, mb, key, n_micro=2) if isinstance(spec, ActorLossSpec)
-                   else role.update_critic(spec, mb, n_micro=2))
+        p = _padded(mesh, host)
+        mb = grid.replace(input_ids=p.input_ids, attention_mask=p.attention_mask, responses=p.responses)
+        metrics = role.update(loss, mb, n_micro=2, rng=key)
     grads = jax.tree.map(lambda b, a: b - np.asarray(a), before, role.params)
     return {k: float(v) for k, v in metrics.items()}, grads
 

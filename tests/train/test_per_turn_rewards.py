@@ -96,15 +96,15 @@ def test_a_trainer_step_trains_on_the_per_turn_grid(tmp_path):
         "data.train_files": ("builtin:guess_number?max_value=3&max_steps=3&train_size=16",),
         "data.val_files": ("builtin:guess_number?max_value=3&max_steps=3&test_size=4",)})
     trainer = Trainer(cfg)
-    experience = trainer._produce(next(trainer.loader), 0)
+    experience = trainer.producer.produce(next(trainer.loader), 0)
     grid = np.asarray(experience.scores)
-    mask = np.asarray(experience.out.response_mask)
+    mask = np.asarray(experience.rollout.response_mask)
     assert grid.shape == mask.shape
     np.testing.assert_allclose(grid.sum(-1), 3.0, atol=1e-6)  # 0.5 + 1.0 + 1.5 on every row
     for row, m in zip(grid, mask):
         ends = [t for t in range(len(m)) if m[t] and (t + 1 == len(m) or not m[t + 1])]  # last token of each turn
         np.testing.assert_allclose(row[ends], [0.5, 1.0, 1.5], atol=1e-6)
-    metrics = trainer._learn(experience, M.Timer())
+    metrics = trainer.learn(experience, M.Timer(), step=0)
     assert metrics["critic/score/mean"] == pytest.approx(3.0)
     assert math.isfinite(metrics["actor/pg_loss"]) and math.isfinite(metrics["actor/grad_norm"])
     trainer.close()

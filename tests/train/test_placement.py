@@ -18,11 +18,11 @@ def test_split_placement_trains_like_the_shared_layout(tmp_path):
 
     split = str(tmp_path / "split")
     trainer = Trainer(make_config(split, **steps, **{"mesh.rollout_devices": 4, "mesh.tensor": 1}))
-    train_devices, rollout_devices = set(trainer.mesh.devices.flat), set(trainer.rollout_mesh.devices.flat)
+    train_devices, rollout_devices = set(trainer.c.mesh.devices.flat), set(trainer.c.rollout_mesh.devices.flat)
     assert len(train_devices) == len(rollout_devices) == 4 and not train_devices & rollout_devices
     trainer.fit()
     # The sampler's weights live on the rollout devices only, and are the trained ones.
-    sampling_params = trainer._rollout_weights()
+    sampling_params = trainer.rollouts.weights()
     for copy, trained in zip(jax.tree.leaves(sampling_params), jax.tree.leaves(trainer.actor.params)):
         assert set(copy.sharding.device_set) <= rollout_devices
         assert set(trained.sharding.device_set) <= train_devices

@@ -36,7 +36,7 @@ def _run(tmp_path_factory, name: str) -> dict:
     try:
         trainer.fit()
         actor = trainer.actor
-        sampler_weights = trainer._rollout_weights()
+        sampler_weights = trainer.rollouts.weights()
         programs = [p.as_text() for p in actor._compiled.values() if hasattr(p, "as_text")]
         return {
             "metrics": read_metrics(out)[-1],
@@ -122,7 +122,10 @@ def test_model_dtype_is_the_parameter_and_optimizer_state_dtype(param_dtype):
     from rlhf_jax.train.engine import Role
     from rlhf_jax.train.optim import make_optimizer
     from rlhf_jax.train.setup import DTYPES
-    from rlhf_jax.train.steps import ActorLossSpec
+    from rlhf_jax.train import losses
+    from rlhf_jax.types import TrainBatch
+
+    from tests.train.helpers import loss_specs
 
     hf = {"model_type": "qwen2", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
           "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64}
@@ -135,16 +138,15 @@ def test_model_dtype_is_the_parameter_and_optimizer_state_dtype(param_dtype):
              "responses": rng.integers(0, 64, (2, 4)).astype(np.int32), "response_mask": np.ones((2, 4), np.int32),
              "old_log_probs": np.full((2, 4), -4.0, np.float32), "advantages": rng.standard_normal((2, 4)).astype(np.float32)}
     before = jax.tree.map(np.asarray, role.params)
-    metrics = role.update_actor(ActorLossSpec(), {k: jnp.asarray(v) for k, v in batch.items()}, jax.random.key(0),
-                                n_micro=1)
+    mb = TrainBatch(**{k: jnp.asarray(v) for k, v in batch.items()})
+    metrics = role.update(losses.actor(loss_specs()[0]), mb, n_micro=1, rng=jax.random.key(0))
     assert np.isfinite(float(metrics["actor/grad_norm"])) and float(metrics["actor/grad_norm"]) > 0
     moments = [x for x in jax.tree.leaves(role.opt_state) if getattr(x, "ndim", 0) > 0]
     assert moments and {str(x.dtype) for x in moments} == {param_dtype}
     assert {str(x.dtype) for x in jax.tree.leaves(role.params)} == {param_dtype}
     assert any((np.asarray(a) != b).any() for a, b in zip(jax.tree.leaves(role.params), jax.tree.leaves(before)))
-    (program,) = [p for k, p in role._compiled.items() if k[0] == "actor_update"]
-    text = program.lower(role.params, role.frozen, role.opt_state, {k: jnp.asarray(v) for k, v in batch.items()},
-                         jax.random.key(0)).as_text()
+    (program,) = [p for k, p in role._compiled.items() if k[0] == "actor"]
+    text = program.lower(role.params, role.frozen, role.opt_state, mb, jax.random.key(0)).as_text()
     assert "bf16" in text  # the forward and backward passes compute in bf16 either way
 
 
@@ -157,7 +159,7 @@ def test_bf16_weight_copy_on_separate_rollout_devices(tmp_path):
     trainer = Trainer(cfg)
     try:
         trainer.fit()
-        weights = trainer._rollout_weights()
+        weights = trainer.rollouts.weights()
         rollout_devices = set(trainer.rollout_mesh.devices.flat)
         floats = [x for x in jax.tree.leaves(weights) if jnp.issubdtype(x.dtype, jnp.floating)]
         assert floats and all(x.dtype == jnp.bfloat16 and x.sharding.device_set <= rollout_devices for x in floats)

@@ -17,8 +17,10 @@ from rlhf_jax import models
 from rlhf_jax.parallel import make_mesh
 from rlhf_jax.parallel.hosts import to_global
 from rlhf_jax.train.engine import Role
+from rlhf_jax.train.losses import SFT as SFT_LOSS
 from rlhf_jax.runtime.preemption import StopRequest
 from rlhf_jax.train.sft import SFTTrainer
+from rlhf_jax.types import TrainBatch
 from tests.train.helpers import cli_args, make_config, read_metrics, run_main
 
 N, P, R, VOCAB = 16, 10, 12, 128
@@ -40,11 +42,12 @@ def sft_batch(seed: int) -> dict[str, np.ndarray]:
     return out
 
 
-def _device(mesh, host):
+def _device(mesh, host) -> TrainBatch:
+    """The SFT batch: the trained tokens (holes at user turns) are its response mask."""
     g = lambda x: to_global(mesh, x)  # noqa: E731
-    return {"input_ids": g(np.concatenate([host["prompts"], host["responses"]], 1)),
-            "attention_mask": g(np.concatenate([host["prompt_mask"], host["response_mask"]], 1)),
-            "responses": g(host["responses"]), "loss_mask": g(host["loss_mask"])}
+    return TrainBatch(input_ids=g(np.concatenate([host["prompts"], host["responses"]], 1)),
+                      attention_mask=g(np.concatenate([host["prompt_mask"], host["response_mask"]], 1)),
+                      responses=g(host["responses"]), response_mask=g(host["loss_mask"]))
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +78,7 @@ def test_loss_equals_transformers_masked_cross_entropy(setup):
     weights = host["loss_mask"].astype(np.float64)
     expected = (nll * weights).sum() / weights.sum()
 
-    metrics = _role(path, mesh).update_sft(_device(mesh, host), n_micro=1)
+    metrics = _role(path, mesh).update(SFT_LOSS, _device(mesh, host), n_micro=1)
     assert abs(float(metrics["train/loss"]) - expected) < 1e-5
     assert float(metrics["train/loss_tokens"]) == weights.sum()
 
@@ -87,7 +90,7 @@ def test_micro_batches_do_not_change_the_gradient(setup):
     grads, losses = [], []
     for n_micro in (1, 2, 4):  # 4 shards x 4 rows: 4, 2 and 1 rows per shard and micro-batch
         role = _role(path, mesh)
-        metrics = role.update_sft(_device(mesh, host), n_micro=n_micro)
+        metrics = role.update(SFT_LOSS, _device(mesh, host), n_micro=n_micro)
         grads.append([b - np.asarray(a) for a, b in zip(jax.tree.leaves(role.params), before)])
         losses.append(float(metrics["train/loss"]))
     assert max(abs(g).max() for g in grads[0]) > 1e-3  # a real gradient
@@ -105,14 +108,15 @@ def test_packed_rows_equal_padded_rows(setup):
     host = sft_batch(3)
     padded = _role(path, mesh)
     before = [np.asarray(x) for x in jax.tree.leaves(padded.params)]
-    expected = padded.update_sft(_device(mesh, host), n_micro=1)
+    expected = padded.update(SFT_LOSS, _device(mesh, host), n_micro=1)
     for rows_per_micro in (1, 8):  # one row a micro-batch (several micro-batches), then all rows in one
         packed = pack_batch(host["prompts"], host["prompt_mask"], host["responses"], host["response_mask"], dp=4,
                             row_len=32, max_rows_per_micro=rows_per_micro)
         assert (packed.num_micro > 1) == (rows_per_micro == 1)
         role = _role(path, mesh)
         micros = [{k: to_global(mesh, v) for k, v in packed.micro(i).items()} for i in range(packed.num_micro)]
-        metrics = role.update_packed(None, micros, {"loss_mask": to_global(mesh, host["loss_mask"])}, dp=4, loss="sft")
+        grid = TrainBatch(response_mask=to_global(mesh, host["loss_mask"]))
+        metrics = role.update_packed(SFT_LOSS, micros, grid, dp=4)
         np.testing.assert_allclose(float(metrics["train/loss"]), float(expected["train/loss"]), rtol=1e-5)
         for a, b, c in zip(jax.tree.leaves(role.params), jax.tree.leaves(padded.params), before):
             np.testing.assert_allclose(c - np.asarray(a), c - np.asarray(b), atol=1e-6, rtol=0)
@@ -136,7 +140,7 @@ class StopAfter(StopRequest):
         self.steps, self.trainer = steps, None
 
     def agreed(self) -> bool:
-        return self.trainer is not None and self.trainer.step >= self.steps
+        return self.trainer is not None and self.trainer.loop.step >= self.steps
 
 
 def _params(trainer) -> list[np.ndarray]:
@@ -151,7 +155,7 @@ def test_stopped_run_resumes_exactly(tmp_path):
     first = SFTTrainer(make_config(split_dir, recipe="sft", **SFT_FAST), stop=stop)
     stop.trainer = first
     first.fit()
-    assert first.step == 2 and [r["step"] for r in read_metrics(split_dir)] == [1, 2]
+    assert first.loop.step == 2 and [r["step"] for r in read_metrics(split_dir)] == [1, 2]
     second = SFTTrainer(make_config(split_dir, recipe="sft", **SFT_FAST))
     second.fit()
     for a, b in zip(_params(full), _params(second)):

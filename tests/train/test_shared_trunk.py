@@ -15,6 +15,7 @@ from rlhf_jax.models import TASK_CAUSAL_LM_VALUE, TASK_TOKEN_VALUE, CausalLMWith
 from rlhf_jax.train import steps
 from rlhf_jax.train.setup import prepare
 from rlhf_jax.train.trainer import Trainer
+from rlhf_jax.types import TrainBatch
 from tests.conftest import left_padded_batch
 from tests.train.helpers import loss_specs, make_config, read_metrics
 
@@ -64,7 +65,8 @@ def test_the_joint_loss_is_the_sum_of_both_losses_from_one_forward_pass(hf_check
     batch = {"input_ids": ids, "attention_mask": mask, "responses": responses, "response_mask": response_mask,
              "old_log_probs": rng.normal(-2, 0.3, (N, R)), "advantages": rng.normal(0, 1, (N, R)),
              "values": rng.normal(0, 0.5, (N, R)), "returns": rng.normal(0, 1, (N, R))}
-    batch = {k: jnp.asarray(v, jnp.float32 if v.dtype == np.float64 else jnp.int32) for k, v in batch.items()}
+    batch = TrainBatch(**{k: jnp.asarray(v, jnp.float32 if v.dtype == np.float64 else jnp.int32)
+                          for k, v in batch.items()})
     critic_spec = dataclasses.replace(loss_specs()[1], cliprange_value=0.2)
     spec = loss_specs(value=critic_spec, vf_coef=0.3)[0]
     graphdef, params = nnx.split(shared)
@@ -83,13 +85,13 @@ def test_the_joint_loss_is_the_sum_of_both_losses_from_one_forward_pass(hf_check
     assert len(calls) == 1  # log-probs and values from one forward pass
 
     # The same terms computed separately: the actor loss of the plain spec, the value loss of the head's values.
-    mask_f = batch["response_mask"].astype(jnp.float32)
-    logp, ent = steps.response_log_probs(shared, batch["input_ids"], batch["attention_mask"], batch["responses"], 1.0,
+    mask_f = batch.response_mask.astype(jnp.float32)
+    logp, ent = steps.response_log_probs(shared, batch.input_ids, batch.attention_mask, batch.responses, 1.0,
                                          True)
     den, den_plain = steps.actor_denominators(spec, mask_f)
     _, actor_metrics = steps.actor_loss(dataclasses.replace(spec, value=None), logp, ent, batch, mask_f, den,
                                         den_plain, jax.random.key(0))
-    vpreds = steps.response_values(shared, batch["input_ids"], batch["attention_mask"], R)
+    vpreds = steps.response_values(shared, batch.input_ids, batch.attention_mask, R)
     vden = steps.value_denominator(spec, mask_f)
     vloss, _ = steps.critic_loss(critic_spec, vpreds, batch, mask_f, vden)
     assert float(metrics["critic/vf_loss"]) == pytest.approx(float(vloss), rel=1e-5)

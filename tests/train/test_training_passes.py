@@ -35,9 +35,8 @@ def early_stopping_model(tmp_path_factory) -> str:
 
 def _steps(trainer: Trainer, count: int) -> list[dict]:
     out = []
-    for _ in range(count):
-        out.append(trainer.train_step(next(trainer.loader)))
-        trainer.step += 1
+    for step in range(count):
+        out.append(trainer.train_on(next(trainer.loader), step))
     return out
 
 

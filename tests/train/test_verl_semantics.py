@@ -96,13 +96,13 @@ def test_dapo_filter_groups_fills_the_batch_with_varied_groups(tmp_path):
         "trainer.total_training_steps": 2, "actor_rollout_ref.rollout.n": 4, "data.max_response_length": 8,
         "reward_model.overlong_buffer.enable": False}))
     seen = []
-    original = trainer._rollout
+    original = trainer.producer._rollout
 
     def recording(pb, *args, **kwargs):  # the real rollout; records which prompts each batch held
         seen.append(list(pb.extra_info))
         return original(pb, *args, **kwargs)
 
-    trainer._rollout = recording
+    trainer.producer._rollout = recording
     trainer.fit()
     rows = read_metrics(out)
     assert [r["step"] for r in rows] == [1, 2]

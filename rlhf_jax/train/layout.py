@@ -1,0 +1,107 @@
+"""How a pass lays out its rows: ``Padded`` (the batch's (N, P + R) rows, split into micro-batches of sequences) or
+``Packed`` (the sequences laid end to end in rows of a fixed length, batch/packing.py). A pass's plan picks its
+layout once (``layout``); the step then calls the same three methods whatever the layout.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import jax
+import numpy as np
+
+from rlhf_jax.batch import pack_batch
+from rlhf_jax.parallel.hosts import to_global
+from rlhf_jax.train.losses import Loss
+from rlhf_jax.train.passes import PassPlan
+from rlhf_jax.types import TrainBatch
+
+
+class Packer:
+    """Packs one batch's sequences into micro-batches on the mesh, and counts the tokens it lays out.
+
+    ``sequences()`` gives the batch's global host arrays ``prompts``, ``prompt_mask``, ``responses`` and
+    ``response_valid`` (the response tokens the model reads); it is called once, at the first packing.
+    ``tokens[pass]`` = [cells computed, tokens laid in them (shared prompts once)], summed over the pass's calls.
+    """
+
+    def __init__(self, mesh, dp: int, pad_token_id: int, sequences: Callable[[], dict[str, np.ndarray]]):
+        self.mesh, self.dp, self.pad_token_id, self._sequences = mesh, dp, pad_token_id, sequences
+        self._host: dict[str, np.ndarray] | None = None
+        self.tokens: dict[str, list[float]] = {}
+
+    def micros(self, plan: PassPlan, rows: np.ndarray | None = None) -> list[dict]:
+        """Packed micro-batches of the sequences (``rows`` selects and orders a mini-batch) at ``plan``'s size."""
+        if self._host is None:
+            self._host = self._sequences()
+        host = self._host if rows is None else {k: v[rows] for k, v in self._host.items()}
+        packed = pack_batch(host["prompts"], host["prompt_mask"], host["responses"], host["response_valid"],
+                            dp=self.dp, row_len=plan.row_len, max_rows_per_micro=plan.rows_per_micro,
+                            pad_token_id=self.pad_token_id)
+        counts = self.tokens.setdefault(plan.name, [0.0, 0.0])
+        counts[0] += float(packed.padded_tokens)
+        counts[1] += float(packed.placed_tokens)
+
+        def local(x: np.ndarray) -> np.ndarray:  # this process's shards: a contiguous block of every array
+            n = x.shape[0] // jax.process_count()
+            return x[jax.process_index() * n:(jax.process_index() + 1) * n]
+
+        return [{k: to_global(self.mesh, local(v)) for k, v in packed.micro(i).items()}
+                for i in range(packed.num_micro)]
+
+    def metrics(self) -> dict[str, float]:
+        """``perf/packed_tokens/<pass>`` and ``perf/placed_tokens/<pass>`` of every pass that packed."""
+        return {f"perf/{key}/{name}": counts[i] for name, counts in self.tokens.items()
+                for i, key in enumerate(("packed_tokens", "placed_tokens"))}
+
+
+@dataclasses.dataclass(frozen=True)
+class Padded:
+    """Micro-batches of ``plan.rows_per_micro`` sequences per shard, in one program per pass."""
+
+    plan: PassPlan
+
+    def log_probs(self, role, batch: TrainBatch, temperature: float) -> jax.Array:
+        return role.log_probs(batch, n_micro=self.plan.num_micro, temperature=temperature)
+
+    def values(self, role, batch: TrainBatch) -> jax.Array:
+        return role.values(batch, n_micro=self.plan.num_micro)
+
+    def carried(self, batch: TrainBatch) -> TrainBatch:
+        """What an update's mini-batches carry: the whole batch."""
+        return batch
+
+    def update(self, role, loss: Loss, mb: TrainBatch, rows: np.ndarray | None = None, rng=None) -> dict:
+        """One optimizer step on the mini-batch ``mb`` (``rows``: its rows of the batch, unused here)."""
+        del rows
+        return role.update(loss, mb, n_micro=self.plan.num_micro, rng=rng)
+
+
+@dataclasses.dataclass(frozen=True)
+class Packed:
+    """Micro-batches of ``plan.rows_per_micro`` packed rows per shard, one program call each; the outputs land on
+    the batch's (N, R) grid."""
+
+    plan: PassPlan
+    packer: Packer
+
+    def log_probs(self, role, batch: TrainBatch, temperature: float) -> jax.Array:
+        return role.log_probs_packed(self.packer.micros(self.plan), batch.response_mask.shape, dp=self.packer.dp,
+                                     temperature=temperature)
+
+    def values(self, role, batch: TrainBatch) -> jax.Array:
+        return role.values_packed(self.packer.micros(self.plan), batch.response_mask.shape, dp=self.packer.dp)
+
+    def carried(self, batch: TrainBatch) -> TrainBatch:
+        """What an update's mini-batches carry: the per-token grid (the packed micro-batches hold the tokens)."""
+        return batch.grid()
+
+    def update(self, role, loss: Loss, mb: TrainBatch, rows: np.ndarray | None = None, rng=None) -> dict:
+        """One optimizer step on the mini-batch ``mb``, packed from the sequences ``rows`` of the batch."""
+        return role.update_packed(loss, self.packer.micros(self.plan, rows), mb, dp=self.packer.dp, rng=rng)
+
+
+def layout(plan: PassPlan, packer: Packer) -> Padded | Packed:
+    """The layout ``plan`` asks for."""
+    return Packed(plan, packer) if plan.packed else Padded(plan)
