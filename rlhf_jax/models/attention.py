@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 
 from rlhf_jax.models import attention_kernels
+from rlhf_jax.parallel.backend import compile_backend
 from rlhf_jax.models.dots import einsum_f32
 from rlhf_jax.models.blockwise import DEFAULT_BLOCK, blockwise_attention, soft_cap, visible
 
@@ -146,7 +147,7 @@ def attention(q_BTHD, k_BSKD, v_BSKD, *, q_slots_BT=None, key_valid_BS=None, q_s
         raise ValueError(f"sliding_window must be >= 1, got {sliding_window}")
     scale = D**-0.5 if scale is None else scale
     call = CallShape(T, S, D, jnp.dtype(q_BTHD.dtype).name, q_slots_BT is None, q_segment_ids_BT is not None)
-    backend = jax.default_backend()
+    backend = compile_backend()
     chosen, reason = select_implementation(implementation, backend, call,
                                            splash_available=backend == "tpu" and _splash_importable())
     if softcap is not None and chosen in ("cudnn", "splash"):  # the kernel wrappers do not cap scores

@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 
 from rlhf_jax.batch.packing import row_length
+from rlhf_jax.parallel.backend import compile_backend
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +112,7 @@ def plan_passes(cfg, *, actor_mlp_width: int, critic_mlp_width: int | None = Non
                 backend: str | None = None) -> dict[str, PassPlan]:
     """The layout of every pass this config runs (unpacked passes get ``packed=False``); the MLP widths of the
     actor's and critic's models and the backend (default: jax's) decide where automatic gradient passes start."""
-    backend = backend or jax.default_backend()
+    backend = backend or compile_backend()
     arr, critic, d = cfg.actor_rollout_ref, cfg.critic, cfg.derived
     a = "actor_rollout_ref."
     max_len = int(d.max_seq_len)
