@@ -202,6 +202,14 @@ def free_device_memory() -> int | None:
     stats = dev.memory_stats() or {}
     if "bytes_limit" in stats:
         return int(stats["bytes_limit"] - stats.get("bytes_in_use", 0))
+    if dev.platform != "cpu":  # an accelerator that reports no limit: its chip's memory (plan/targets.py) less the
+        from rlhf_jax.plan.targets import chip_of  # arrays alive on it
+
+        chip = chip_of(dev)
+        if chip is None:
+            return None
+        used = sum(s.data.nbytes for a in jax.live_arrays() for s in a.addressable_shards if s.device == dev)
+        return chip.usable_bytes(dev.platform) - used
     try:
         with open("/proc/meminfo") as f:
             info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f}
@@ -225,10 +233,12 @@ def gib(n: float) -> str:
     return f"{n / 1024**3:.2f} GiB"
 
 
-def fit_pass(plan: PassPlan, compile_at: Callable[[PassPlan], object], free: int | None, hint: str) -> tuple[PassPlan, int | None]:
-    """The plan (automatic sizes halved until they fit) and its estimated bytes; raises when a set size does not fit."""
+def fit_pass(plan: PassPlan, compile_at: Callable[[PassPlan], object], free: int | None, hint: str,
+             need_of: Callable[[object], int | None] = compiled_bytes) -> tuple[PassPlan, int | None]:
+    """The plan (automatic sizes halved until they fit) and its estimated bytes (``need_of`` the compiled pass);
+    raises when a set size does not fit."""
     while True:
-        need = compiled_bytes(compile_at(plan))
+        need = need_of(compile_at(plan))
         if free is None or need is None or need <= HEADROOM * free:
             return plan, need
         # Activation memory grows about linearly with the micro-batch: aim straight at the size that fits.

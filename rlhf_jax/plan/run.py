@@ -1,0 +1,229 @@
+"""The plan of a run on a target: every program compiled for it, the memory plan's micro-batches, costs and verdict.
+
+The training passes go through the memory plan a run makes before its first step (``train/passes.fit_pass``:
+automatic micro-batches shrink until XLA's estimate fits, a size the user set that does not fit is an error naming
+its keys), against the target chip's memory less what the run keeps resident (parameters, optimizer state,
+reference and critic).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Callable
+
+import jax
+from ml_collections import ConfigDict
+
+from rlhf_jax.config import finalize
+from rlhf_jax.parallel.backend import compiling_for
+from rlhf_jax.plan import arithmetic as ar
+from rlhf_jax.plan import programs as pg
+from rlhf_jax.plan.abstract import count_params, per_device_bytes
+from rlhf_jax.plan.report import ProgramCost, program_cost
+from rlhf_jax.plan.targets import Chip, Target, chip_of, target, target_devices
+from rlhf_jax.rollout import scheduler
+from rlhf_jax.train.passes import HEADROOM, PassPlan, compile_pass, describe, fit_pass, gib, memory_hint, plan_passes
+
+ROLLOUT_KEYS = ("data.train_batch_size / actor_rollout_ref.rollout.n, actor_rollout_ref.rollout.max_num_seqs, "
+                "data.max_prompt_length / max_response_length")
+RESIDENT_KEYS = ("shard the parameters over more devices (mesh.fsdp), train LoRA adapters "
+                 "(actor_rollout_ref.model.lora_rank), or keep parameters in bfloat16 (actor_rollout_ref.model.dtype)")
+
+
+@dataclasses.dataclass
+class RunPlan:
+    target: Target
+    devices: int
+    model_name: str
+    params: int
+    programs: list[ProgramCost]
+    passes: dict[str, PassPlan]
+    resident_bytes: int
+    usable_bytes: int
+    sampling_s: float | None
+    training_s: float | None
+    problems: list[str]  # one line each: what does not fit and the keys to change
+
+    @property
+    def fits(self) -> bool:
+        return not self.problems
+
+    @property
+    def peak_bytes(self) -> int:
+        return max([self.resident_bytes] + [p.peak_bytes for p in self.programs])
+
+    @property
+    def step_s(self) -> float | None:
+        return None if self.sampling_s is None or self.training_s is None else self.sampling_s + self.training_s
+
+    @property
+    def micro_batches(self) -> dict[str, str]:
+        return {k: describe(v) for k, v in self.passes.items()}
+
+
+def local_target() -> Target:
+    """The devices JAX sees now, as a target (a real run's machine); a CPU's memory is the host's, shared."""
+    from rlhf_jax.train.passes import free_device_memory
+
+    dev = jax.devices()[0]
+    chip = chip_of(dev) or Chip(dev.device_kind, int(free_device_memory() or 0), 0.0, 0.0)
+    return Target("local", chip, dev.platform, jax.device_count(), jax.process_count(), "")
+
+
+def finalized(cfg: ConfigDict, devices: int, hosts: int) -> ConfigDict:
+    """``cfg`` checked and derived for ``devices`` devices over ``hosts`` processes (data files are not read)."""
+    cfg = ConfigDict(cfg.to_dict())
+    return finalize(cfg, num_devices=devices, num_processes=hosts, check_paths=False)
+
+
+def _timed(progress: Callable[[str], None], what: str, fn: Callable):
+    start = time.perf_counter()
+    progress(f"{what} ...")
+    out = fn()
+    progress(f"{what}: {time.perf_counter() - start:.1f} s")
+    return out
+
+
+def plan_run(cfg: ConfigDict, topology: str | None = None, *,
+             progress: Callable[[str], None] = lambda _: None) -> RunPlan:
+    """Compile every program of the run ``cfg`` describes for ``topology`` (a name of ``targets.TARGETS``; None or
+    "local": the devices JAX sees) and return its plan. Nothing is allocated and no weight is read."""
+    local = topology in (None, "local")
+    t = local_target() if local else target(topology)
+    devices = jax.devices() if local else target_devices(t)
+    cfg = finalized(cfg, len(devices), t.hosts)
+    with compiling_for(devices[0].platform):
+        return _plan(cfg, t, devices, progress)
+
+
+def _usable(t: Target) -> int:
+    return int(t.chip.hbm_bytes) if t.name == "local" and t.platform == "cpu" else t.chip.usable_bytes(t.platform)
+
+
+def _plan(cfg: ConfigDict, t: Target, devices: list, progress) -> RunPlan:
+    run = _timed(progress, "abstract models", lambda: pg.build_run(cfg, devices))
+    d, arr = cfg.derived, cfg.actor_rollout_ref
+    chip, usable = t.chip if t.chip.peak_flops else None, _usable(t)
+    shape = ar.ModelShape.of(run.actor.config)
+    n_train = run.mesh.devices.size
+    tensor = int(d.mesh_shape[2])
+    resident_trees = [run.actor.params, run.actor.frozen, run.actor.opt_state]
+    if run.ref is not None and not run.actor.config.lora:
+        resident_trees.append(run.ref.params)
+    if run.critic is not None:
+        resident_trees += [run.critic.params, run.critic.opt_state]
+    resident = per_device_bytes(resident_trees)
+    problems = []
+    if resident > HEADROOM * usable:
+        problems.append(f"parameters and optimizer state alone need {gib(resident)} per device, more than the "
+                        f"{gib(HEADROOM * usable)} usable: {RESIDENT_KEYS}")
+    programs: list[ProgramCost] = []
+
+    # ------------------------------------------------------------------ rollout: LoRA merge, weight copy, sampler
+    merge, merged_state = _timed(progress, "compiling the LoRA merge", lambda: pg.merge_program(run)) if run.actor.config.lora \
+        else (None, None)
+    weights = pg.sampler_weights(run, merged_state)
+    weight_bytes = float(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(weights)))
+    if merge is not None:
+        programs.append(program_cost("lora_merge", merge, chip, resident_bytes=resident,
+                                     resident_arg_bytes=per_device_bytes(run.actor.state()),
+                                     model_flops=None, note="adapters merged into the weights before each rollout"))
+    sampler, prompts = _timed(progress, "compiling the sampler (prefill + decode loops)", lambda: pg.sampler_program(run, weights))
+    mesh = run.rollout_mesh or run.mesh
+    n_roll = mesh.devices.size
+    shards = n_roll if run.rollout_mesh is not None else int(d.dp_size)
+    samples, R, P = prompts * run.sampling.n, run.sampling.max_new_tokens, int(cfg.data.max_prompt_length)
+    slots = scheduler.num_slots(samples, shards, run.sampling.max_num_seqs)
+    tp_roll = 1 if run.rollout_mesh is not None else tensor
+    cache_itemsize = jax.numpy.dtype(arr.rollout.dtype).itemsize
+    work = ar.decode_work(shape, prompts=prompts, prompt_len=P, n=run.sampling.n, response_len=R, slots=slots,
+                          weight_bytes_per_device=weight_bytes / tp_roll, cache_itemsize=cache_itemsize,
+                          slots_per_device=slots / shards / tp_roll)
+    sampling_s = None
+    if chip is not None:
+        sampling_s = (work.prefill_flops / n_roll / chip.peak_flops
+                      + work.decode_steps * max(work.step_flops / n_roll / chip.peak_flops,
+                                                work.step_bytes_per_device / chip.hbm_bytes_per_s))
+    if run.rollout_mesh is not None:
+        roll_resident = per_device_bytes(weights)
+        programs.append(dataclasses.replace(
+            program_cost("rollout_copy", None, None), argument_bytes=roll_resident, peak_bytes=roll_resident,
+            note=f"weights copied onto the {n_roll} rollout devices after each update (device to device)"))
+        sampler_resident, sampler_args = roll_resident, roll_resident
+    else:
+        merged_bytes = per_device_bytes(merged_state) - per_device_bytes(run.actor.state()) if merged_state else 0
+        sampler_resident, sampler_args = resident, per_device_bytes(weights) - max(0, merged_bytes)
+    cost = program_cost("sampler", sampler, chip, looped=True, resident_bytes=sampler_resident,
+                        resident_arg_bytes=sampler_args,
+                        model_flops=(work.prefill_flops + work.decode_steps * work.step_flops) / n_roll,
+                        model_bytes=work.decode_steps * work.step_bytes_per_device,
+                        note=f"{prompts} prompts x n={run.sampling.n}, {slots} slots, {work.decode_steps} decode steps")
+    programs.append(dataclasses.replace(cost, roofline_s=sampling_s))
+    sampler_usable = usable if run.rollout_mesh is None else _usable(t)
+    if cost.peak_bytes > HEADROOM * sampler_usable:
+        problems.append(f"the sampler needs about {gib(cost.peak_bytes)} per device, more than the "
+                        f"{gib(HEADROOM * sampler_usable)} usable: lower {ROLLOUT_KEYS}, or "
+                        "actor_rollout_ref.rollout.dtype=bfloat16")
+
+    # ------------------------------------------------------------------ training passes, through the memory plan
+    training_s = 0.0 if chip is not None else None
+    plans = plan_passes(cfg, actor_mlp_width=run.actor.config.intermediate_size,
+                        critic_mlp_width=run.critic.config.intermediate_size if run.critic else None,
+                        backend=t.backend if t.name != "local" else None)
+    free = usable - resident
+    max_len = int(d.max_seq_len)
+    for name, plan in list(plans.items()):
+        role = pg.pass_role(run, name)
+        if role is None:
+            del plans[name]
+            continue
+        update = name.startswith("update")
+        held = per_device_bytes([role.params, role.frozen]) if update else per_device_bytes(role.state())
+        need_of = lambda c, held=held: _extra_bytes(c, held)  # noqa: E731
+        hint = memory_hint(cfg, "critic" if role is run.critic else "actor")
+        compile_at = lambda p, name=name, role=role: compile_pass(run.ctx, name, role, p)  # noqa: E731
+        try:
+            plan, _ = _timed(progress, f"compiling {name}", lambda: fit_pass(plan, compile_at, free, hint, need_of))
+        except MemoryError as e:
+            problems.append(str(e))
+        plans[name] = plan
+        calls, tokens, looped = _calls_and_tokens(cfg, name, plan, max_len)
+        remat = role.config.remat
+        flops = ar.sequence_flops(shape, max(1, tokens // max_len), max_len) * (
+            ar.training_multiplier(remat) if update else 1.0) / n_train
+        reads = float(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(role.state()))) / tensor
+        programs.append(program_cost(name, compile_at(plan), chip, calls=calls, looped=looped, resident_bytes=resident,
+                                     resident_arg_bytes=held, model_flops=flops,
+                                     model_bytes=reads * (3 if update else 1), note=describe(plan)))
+        if chip is not None:
+            training_s += programs[-1].roofline_s or 0.0
+    return RunPlan(t, len(devices), str(run.hf.get("_name_or_path") or arr.model.path), count_params(run.actor.state()),
+                   programs, plans, resident, usable, sampling_s, training_s, problems)
+
+
+def _extra_bytes(compiled, held: int) -> int | None:
+    """What a pass adds on a device beyond the resident arrays: its other arguments (micro-batch, gradient
+    accumulator), outputs and temporaries."""
+    from rlhf_jax.plan.report import memory_of
+
+    arg, out, temp, alias = memory_of(compiled)
+    if not (arg or out or temp):
+        return None
+    return arg - held + out + temp - alias
+
+
+def _calls_and_tokens(cfg: ConfigDict, name: str, plan: PassPlan, max_len: int) -> tuple[int, int, bool]:
+    """(calls per step, tokens per call over all shards, whether one call loops over micro-batches)."""
+    d = cfg.derived
+    dp = int(d.dp_size)
+    repeat = 1
+    if name == "update_actor":
+        repeat = int(d.actor_num_mini_batches) * int(cfg.actor_rollout_ref.actor.ppo_epochs)
+    elif name == "update_critic":
+        repeat = int(d.critic_num_mini_batches) * int(cfg.critic.ppo_epochs)
+    if plan.packed:
+        whole = -(-plan.seqs_per_shard * max_len // plan.row_len)
+        per_batch = -(-whole // plan.rows_per_micro)
+        return per_batch * repeat, dp * plan.rows_per_micro * plan.row_len, False
+    return repeat, dp * plan.seqs_per_shard * max_len, plan.num_micro > 1
