@@ -70,21 +70,6 @@ def abstract_model(model_cfg, task: str, mesh, rules) -> nnx.Module:
     return nnx.merge(graphdef, nnx.from_flat_state(flat))
 
 
-def per_device_bytes(tree: Any) -> int:
-    """Bytes one device holds of the (abstract or real) arrays of ``tree`` (the largest shard's, summed)."""
-    total = 0
-    for leaf in jax.tree.leaves(tree):
-        shape, sharding = getattr(leaf, "shape", None), getattr(leaf, "sharding", None)
-        if shape is None:
-            continue
-        shard = sharding.shard_shape(shape) if sharding is not None else shape
-        size = 1
-        for n in shard:
-            size *= n
-        total += size * leaf.dtype.itemsize
-    return total
-
-
 def count_params(tree: Any) -> int:
     return sum(int(x.size) for x in jax.tree.leaves(tree) if hasattr(x, "size"))
 

@@ -19,11 +19,12 @@ from rlhf_jax.config import finalize
 from rlhf_jax.parallel.backend import compiling_for
 from rlhf_jax.plan import arithmetic as ar
 from rlhf_jax.plan import programs as pg
-from rlhf_jax.plan.abstract import count_params, per_device_bytes
+from rlhf_jax.plan.abstract import count_params
 from rlhf_jax.plan.report import ProgramCost, program_cost
 from rlhf_jax.plan.targets import Chip, Target, chip_of, target, target_devices
 from rlhf_jax.rollout import scheduler
-from rlhf_jax.train.passes import HEADROOM, PassPlan, compile_pass, describe, fit_pass, gib, memory_hint, plan_passes
+from rlhf_jax.train.passes import (HEADROOM, PassPlan, compile_pass, describe, fit_pass, gib, held_bytes, memory_hint,
+                                  pass_bytes, per_device_bytes, plan_passes)
 
 ROLLOUT_KEYS = ("data.train_batch_size / actor_rollout_ref.rollout.n, actor_rollout_ref.rollout.max_num_seqs, "
                 "data.max_prompt_length / max_response_length")
@@ -152,8 +153,8 @@ def _plan(cfg: ConfigDict, t: Target, devices: list, progress) -> RunPlan:
             note=f"weights copied onto the {n_roll} rollout devices after each update (device to device)"))
         sampler_resident, sampler_args = roll_resident, roll_resident
     else:
-        merged_bytes = per_device_bytes(merged_state) - per_device_bytes(run.actor.state()) if merged_state else 0
-        sampler_resident, sampler_args = resident, per_device_bytes(weights) - max(0, merged_bytes)
+        merged_bytes = programs[0].output_bytes if merge is not None else 0  # the merged weights are new arrays
+        sampler_resident, sampler_args = resident, per_device_bytes(weights) - merged_bytes
     cost = program_cost("sampler", sampler, chip, looped=True, resident_bytes=sampler_resident,
                         resident_arg_bytes=sampler_args,
                         model_flops=(work.prefill_flops + work.decode_steps * work.step_flops) / n_roll,
@@ -179,8 +180,8 @@ def _plan(cfg: ConfigDict, t: Target, devices: list, progress) -> RunPlan:
             del plans[name]
             continue
         update = name.startswith("update")
-        held = per_device_bytes([role.params, role.frozen]) if update else per_device_bytes(role.state())
-        need_of = lambda c, held=held: _extra_bytes(c, held)  # noqa: E731
+        held = held_bytes(role, name)
+        need_of = lambda c, held=held: pass_bytes(c, held)  # noqa: E731 - as Trainer.plan_memory measures it
         hint = memory_hint(cfg, "critic" if role is run.critic else "actor")
         compile_at = lambda p, name=name, role=role: compile_pass(run.ctx, name, role, p)  # noqa: E731
         try:
@@ -200,17 +201,6 @@ def _plan(cfg: ConfigDict, t: Target, devices: list, progress) -> RunPlan:
             training_s += programs[-1].roofline_s or 0.0
     return RunPlan(t, len(devices), str(run.hf.get("_name_or_path") or arr.model.path), count_params(run.actor.state()),
                    programs, plans, resident, usable, sampling_s, training_s, problems)
-
-
-def _extra_bytes(compiled, held: int) -> int | None:
-    """What a pass adds on a device beyond the resident arrays: its other arguments (micro-batch, gradient
-    accumulator), outputs and temporaries."""
-    from rlhf_jax.plan.report import memory_of
-
-    arg, out, temp, alias = memory_of(compiled)
-    if not (arg or out or temp):
-        return None
-    return arg - held + out + temp - alias
 
 
 def _calls_and_tokens(cfg: ConfigDict, name: str, plan: PassPlan, max_len: int) -> tuple[int, int, bool]:

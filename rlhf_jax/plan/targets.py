@@ -101,7 +101,9 @@ def target(name: str) -> Target:
 
 
 def _tpu_environment(t: Target) -> None:
-    """libtpu looks for a TPU VM's metadata when it loads; say there is none (it otherwise prints warnings)."""
+    """libtpu looks for a TPU VM's metadata when it loads; say there is none (it otherwise prints warnings). It also
+    takes a lock file that only one process may hold: compiling needs no TPU, so several processes may compile."""
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
     os.environ.setdefault("TPU_ACCELERATOR_TYPE", t.name)
     os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")

@@ -229,6 +229,40 @@ def compiled_bytes(compiled) -> int | None:
     return int(ma.temp_size_in_bytes + ma.output_size_in_bytes - ma.alias_size_in_bytes)
 
 
+def per_device_bytes(tree) -> int:
+    """Bytes one device holds of the (real or abstract) arrays of ``tree``: each array's shard, summed."""
+    total = 0
+    for leaf in jax.tree.leaves(tree):
+        shape, sharding = getattr(leaf, "shape", None), getattr(leaf, "sharding", None)
+        if shape is None:
+            continue
+        shard = sharding.shard_shape(shape) if sharding is not None else shape
+        count = 1
+        for n in shard:
+            count *= n
+        total += count * leaf.dtype.itemsize
+    return total
+
+
+def held_bytes(role, name: str) -> int:
+    """Per-device bytes of the resident arrays (parameters) the pass ``name`` takes as arguments."""
+    return per_device_bytes([role.params, role.frozen] if name.startswith("update") else role.state())
+
+
+def pass_bytes(compiled, held: int) -> int | None:
+    """What a compiled pass adds on a device beyond the run's resident arrays: its other arguments (the micro-batch,
+    the gradient accumulator), its outputs and temporaries; ``held``: the resident arguments' bytes (``held_bytes``).
+    None when XLA gives no memory analysis."""
+    try:
+        ma = compiled.memory_analysis()
+    except Exception:  # noqa: BLE001 - some backends do not implement it
+        return None
+    if ma is None:
+        return None
+    return int(ma.argument_size_in_bytes - held + ma.output_size_in_bytes + ma.temp_size_in_bytes
+               - ma.alias_size_in_bytes)
+
+
 def gib(n: float) -> str:
     return f"{n / 1024**3:.2f} GiB"
 

@@ -53,7 +53,8 @@ from rlhf_jax.train.loggers import MetricLogger, dump_generations
 from rlhf_jax.train.optim import make_optimizer
 from rlhf_jax.train.profiling import StepProfiler
 from rlhf_jax.train.preemption import STOP, StepAbandoned, StopRequest
-from rlhf_jax.train.passes import PassPlan, compile_pass, describe, fit_pass, free_device_memory, gib, memory_hint, plan_passes
+from rlhf_jax.train.passes import (PassPlan, compile_pass, describe, fit_pass, free_device_memory, gib, held_bytes,
+                                  memory_hint, pass_bytes, plan_passes)
 from rlhf_jax.train.setup import (Components, actor_role, load_policy, prepare, reference_role,
                                   sampler_graphdef)
 from rlhf_jax.train.steps import ActorLossSpec, CriticLossSpec, advantage_stage
@@ -293,7 +294,9 @@ class Trainer(FitLoop, RolloutMixin, CheckpointMixin, ExperienceMixin):
             if role is None:
                 continue
             hint = memory_hint(self.cfg, "critic" if role is self.critic else "actor")
-            plan, need = fit_pass(plan, lambda p: compile_pass(self, name, role, p), free, hint)
+            held = held_bytes(role, name)
+            plan, need = fit_pass(plan, lambda p: compile_pass(self, name, role, p), free, hint,
+                                  lambda compiled: pass_bytes(compiled, held))
             self.plans[name] = plan
             estimate = f"~{gib(need)} per device" if need is not None else "no estimate on this backend"
             self.logger.text(f"memory plan: {name}: micro-batches of {describe(plan)} per shard, {estimate}"
