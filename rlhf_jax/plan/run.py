@@ -94,8 +94,14 @@ def plan_run(cfg: ConfigDict, topology: str | None = None, *,
     t = local_target() if local else target(topology)
     devices = jax.devices() if local else target_devices(t)
     cfg = finalized(cfg, len(devices), t.hosts)
-    with compiling_for(devices[0].platform):
-        return _plan(cfg, t, devices, progress)
+    # Executables for compile-only devices cannot be read back from jax's persistent compilation cache.
+    cache = jax.config.jax_enable_compilation_cache
+    jax.config.update("jax_enable_compilation_cache", cache and local)
+    try:
+        with compiling_for(devices[0].platform):
+            return _plan(cfg, t, devices, progress)
+    finally:
+        jax.config.update("jax_enable_compilation_cache", cache)
 
 
 def _usable(t: Target) -> int:

@@ -12,21 +12,21 @@ import sys
 
 import pytest
 
-from configs.grpo import get_config as grpo_config
 from rlhf_jax.plan import TARGETS, format_table, plan_run
 from rlhf_jax.plan.targets import target
+from tests.train.helpers import load_recipe
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.mark.parametrize("topology", ["v5e-8", "h100-8"])
 def test_every_program_of_the_default_run_compiles_for_the_target(topology):
-    plan = plan_run(grpo_config(), topology)
+    plan = plan_run(load_recipe("grpo"), topology)
     names = [p.name for p in plan.programs]
     # configs/grpo.py: GRPO with a KL loss, one mini-batch (no old-log-prob pass), no critic
     assert names == ["sampler", "ref", "update_actor"], names
     for p in plan.programs:
-        assert p.argument_bytes > 0 and p.temp_bytes > 0, p  # XLA's memory analysis of the executable for the target
+        assert p.argument_bytes > 0 and p.output_bytes > 0, p  # XLA's memory analysis of the executable for the target
         assert p.flops and p.flops > 0 and p.roofline_s > 0, p
     assert plan.fits and plan.devices == 8
     assert plan.programs[1].source == ("xla" if topology == "v5e-8" else "model")  # GPU: no cost analysis
@@ -35,17 +35,24 @@ def test_every_program_of_the_default_run_compiles_for_the_target(topology):
 
 
 def test_lora_ppo_with_rollout_devices_compiles_merge_copy_critic_and_values():
-    cfg = grpo_config()
+    cfg = load_recipe("grpo")
     cfg.algorithm.adv_estimator = "gae"
     cfg.critic.enable = True
     cfg.actor_rollout_ref.model.lora_rank = 4
     cfg.actor_rollout_ref.actor.ppo_mini_batch_size = 8  # two mini-batches: old log-probs are recomputed
     cfg.mesh.rollout_devices = 4
-    plan = plan_run(cfg, "v5p-16")
+    plan = plan_run(cfg, "v6e-8")
     names = [p.name for p in plan.programs]
     assert names == ["lora_merge", "rollout_copy", "sampler", "old_log_prob", "ref", "update_actor", "values",
                      "update_critic"], names
-    assert plan.devices == 8 and TARGETS["v5p-16"].hosts == 2
+    assert plan.devices == 8 and plan.fits
+    copy = plan.programs[1]
+    assert copy.argument_bytes == copy.peak_bytes > 0  # the sampler's weights on each rollout device
+
+
+def test_two_host_slice_compiles():
+    plan = plan_run(load_recipe("grpo"), "v5p-16")
+    assert plan.devices == 8 and TARGETS["v5p-16"].hosts == 2 and plan.fits
 
 
 def test_unknown_topology_lists_the_known_ones():
