@@ -3,7 +3,8 @@
 Qwen2.5-0.5B, Qwen2.5-7B and Qwen3-30B-A3B (config.json bundled in rlhf_jax/plan/model_configs: no download),
 n = 8 samples of 64 prompts a step, prompts up to 1024 and responses up to 2048 tokens, 4 actor mini-batches, a KL
 loss against the reference, bfloat16 compute with float32 master weights, remat on, parameters sharded over every
-device (mesh.fsdp), LoRA (rank 32, every linear layer) or full fine-tuning. Each case runs in its own process, one
+device (mesh.fsdp), micro-batches of 16384 packed tokens per device (verl's default token budget; the forward
+passes inherit it), LoRA (rank 32, every linear layer) or full fine-tuning. Each case runs in its own process, one
 at a time (the compiles of a 7B run take minutes on a small CPU), and its line is appended to the JSON file.
 
     python benchmarks/plan_grpo.py                                  # every case; writes benchmarks/results/plan_grpo.json
@@ -20,8 +21,8 @@ import sys
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MODELS = ("Qwen/Qwen2.5-0.5B-Instruct", "Qwen/Qwen2.5-7B-Instruct", "Qwen/Qwen3-30B-A3B")
-TARGETS = ("v5p-8", "v6e-8", "h100-8")
+MODELS = ("Qwen/Qwen2.5-7B-Instruct", "Qwen/Qwen2.5-0.5B-Instruct", "Qwen/Qwen3-30B-A3B")
+TARGETS = ("h100-8", "v5p-8", "v6e-8")
 MODES = ("lora", "full")
 
 
@@ -31,7 +32,8 @@ def overrides(model: str, mode: str) -> list[str]:
     out = [f"{a}model.path={model}", "--config.data.max_prompt_length=1024", "--config.data.max_response_length=2048",
            f"{a}rollout.n=8", "--config.data.train_batch_size=64", f"{a}actor.ppo_mini_batch_size=16",
            f"{a}model.compute_dtype=bfloat16", f"{a}rollout.dtype=bfloat16",
-           f"{a}model.enable_gradient_checkpointing=True", "--config.mesh.data=1", "--config.mesh.fsdp=-1"]
+           f"{a}model.enable_gradient_checkpointing=True", "--config.mesh.data=1", "--config.mesh.fsdp=-1",
+           f"{a}actor.use_dynamic_bsz=True", f"{a}actor.ppo_max_token_len_per_gpu=16384"]
     if mode == "lora":
         out += [f"{a}model.lora_rank=32", f"{a}model.lora_alpha=64"]
     return out
@@ -46,7 +48,8 @@ def one_case(model: str, target: str, mode: str) -> dict:
     cfg = load_config_from_argv(argv)
     start = time.perf_counter()
     try:
-        plan = plan_run(cfg, target, progress=lambda line: print(line, file=sys.stderr, flush=True))
+        plan = plan_run(cfg, target, progress=lambda line: print(line, file=sys.stderr, flush=True),
+                        stop_at_first_problem=False)
     except ValueError as e:  # e.g. LoRA on a Mixture-of-Experts model
         return {"model": model, "target": target, "mode": mode, "error": str(e)}
     table = format_table(plan)

@@ -86,10 +86,14 @@ def _timed(progress: Callable[[str], None], what: str, fn: Callable):
     return out
 
 
-def plan_run(cfg: ConfigDict, topology: str | None = None, *,
-             progress: Callable[[str], None] = lambda _: None) -> RunPlan:
+def plan_run(cfg: ConfigDict, topology: str | None = None, *, progress: Callable[[str], None] = lambda _: None,
+             stop_at_first_problem: bool = True) -> RunPlan:
     """Compile every program of the run ``cfg`` describes for ``topology`` (a name of ``targets.TARGETS``; None or
-    "local": the devices JAX sees) and return its plan. Nothing is allocated and no weight is read."""
+    "local": the devices JAX sees) and return its plan. Nothing is allocated and no weight is read.
+
+    What cannot fit raises ``MemoryError`` with one line naming the keys to change, at the first problem (before
+    the remaining programs compile); with ``stop_at_first_problem=False`` every program is compiled and the
+    problems are listed in ``RunPlan.problems``."""
     local = topology in (None, "local")
     t = local_target() if local else target(topology)
     devices = jax.devices() if local else target_devices(t)
@@ -99,7 +103,7 @@ def plan_run(cfg: ConfigDict, topology: str | None = None, *,
     jax.config.update("jax_enable_compilation_cache", cache and local)
     try:
         with compiling_for(devices[0].platform):
-            return _plan(cfg, t, devices, progress)
+            return _plan(cfg, t, devices, progress, stop_at_first_problem)
     finally:
         jax.config.update("jax_enable_compilation_cache", cache)
 
@@ -108,44 +112,81 @@ def _usable(t: Target) -> int:
     return int(t.chip.hbm_bytes) if t.name == "local" and t.platform == "cpu" else t.chip.usable_bytes(t.platform)
 
 
-def _plan(cfg: ConfigDict, t: Target, devices: list, progress) -> RunPlan:
+class _Stop(Exception):
+    """The first problem, when the plan stops at it."""
+
+
+@dataclasses.dataclass
+class _State:
+    """What the parts of one plan share."""
+
+    cfg: ConfigDict
+    run: pg.RunParts
+    target: Target
+    chip: Chip | None  # None: no peak figures (CPU)
+    usable: int
+    resident: int
+    progress: Callable[[str], None]
+    stop: bool
+    problems: list[str] = dataclasses.field(default_factory=list)
+    programs: list[ProgramCost] = dataclasses.field(default_factory=list)
+
+    def problem(self, line: str) -> None:
+        self.problems.append(line)
+        if self.stop:
+            raise _Stop(line)
+
+
+def _plan(cfg: ConfigDict, t: Target, devices: list, progress, stop: bool) -> RunPlan:
     run = _timed(progress, "abstract models", lambda: pg.build_run(cfg, devices))
-    d, arr = cfg.derived, cfg.actor_rollout_ref
-    chip, usable = t.chip if t.chip.peak_flops else None, _usable(t)
-    shape = ar.ModelShape.of(run.actor.config)
-    n_train = run.mesh.devices.size
-    tensor = int(d.mesh_shape[2])
     resident_trees = [run.actor.params, run.actor.frozen, run.actor.opt_state]
     if run.ref is not None and not run.actor.config.lora:
         resident_trees.append(run.ref.params)
     if run.critic is not None:
         resident_trees += [run.critic.params, run.critic.opt_state]
-    resident = per_device_bytes(resident_trees)
-    problems = []
-    if resident > HEADROOM * usable:
-        problems.append(f"parameters and optimizer state alone need {gib(resident)} per device, more than the "
-                        f"{gib(HEADROOM * usable)} usable: {RESIDENT_KEYS}")
-    programs: list[ProgramCost] = []
+    st = _State(cfg, run, t, t.chip if t.chip.peak_flops else None, _usable(t), per_device_bytes(resident_trees),
+                progress, stop)
+    try:
+        if st.resident > HEADROOM * st.usable:
+            st.problem(f"parameters and optimizer state alone need {gib(st.resident)} per device, more than the "
+                       f"{gib(HEADROOM * st.usable)} usable: {RESIDENT_KEYS}")
+        plans, training_s = _training(st)  # the largest programs first: a run that cannot fit stops soonest
+        sampling_s = _rollout(st)
+    except _Stop as e:
+        raise MemoryError(str(e)) from None
+    order = ["lora_merge", "rollout_copy", "sampler"]
+    programs = sorted(st.programs, key=lambda p: order.index(p.name) if p.name in order else len(order))
+    return RunPlan(t, len(devices), str(run.hf.get("_name_or_path") or cfg.actor_rollout_ref.model.path),
+                   count_params(run.actor.state()), programs, plans, st.resident, st.usable, sampling_s, training_s,
+                   st.problems)
 
-    # ------------------------------------------------------------------ rollout: LoRA merge, weight copy, sampler
-    merge, merged_state = _timed(progress, "compiling the LoRA merge", lambda: pg.merge_program(run)) if run.actor.config.lora \
-        else (None, None)
+
+def _rollout(st: _State) -> float | None:
+    """The LoRA merge, the weight copy onto rollout devices and the sampler; returns the sampling roofline time."""
+    run, cfg, chip = st.run, st.cfg, st.chip
+    d, arr = cfg.derived, cfg.actor_rollout_ref
+    merge, merged_state = (_timed(st.progress, "compiling the LoRA merge", lambda: pg.merge_program(run))
+                           if run.actor.config.lora else (None, None))
     weights = pg.sampler_weights(run, merged_state)
     weight_bytes = float(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(weights)))
+    merged_bytes = 0
     if merge is not None:
-        programs.append(program_cost("lora_merge", merge, chip, resident_bytes=resident,
-                                     resident_arg_bytes=per_device_bytes(run.actor.state()),
-                                     model_flops=None, note="adapters merged into the weights before each rollout"))
-    sampler, prompts = _timed(progress, "compiling the sampler (prefill + decode loops)", lambda: pg.sampler_program(run, weights))
+        cost = program_cost("lora_merge", merge, chip, resident_bytes=st.resident,
+                            resident_arg_bytes=per_device_bytes(run.actor.state()),
+                            note="adapters merged into the weights before each rollout")
+        st.programs.append(cost)
+        merged_bytes = cost.output_bytes  # the merged weights are new arrays
+    sampler, prompts = _timed(st.progress, "compiling the sampler (prefill + decode loops)",
+                              lambda: pg.sampler_program(run, weights))
     mesh = run.rollout_mesh or run.mesh
     n_roll = mesh.devices.size
     shards = n_roll if run.rollout_mesh is not None else int(d.dp_size)
-    samples, R, P = prompts * run.sampling.n, run.sampling.max_new_tokens, int(cfg.data.max_prompt_length)
-    slots = scheduler.num_slots(samples, shards, run.sampling.max_num_seqs)
-    tp_roll = 1 if run.rollout_mesh is not None else tensor
-    cache_itemsize = jax.numpy.dtype(arr.rollout.dtype).itemsize
-    work = ar.decode_work(shape, prompts=prompts, prompt_len=P, n=run.sampling.n, response_len=R, slots=slots,
-                          weight_bytes_per_device=weight_bytes / tp_roll, cache_itemsize=cache_itemsize,
+    R, P = run.sampling.max_new_tokens, int(cfg.data.max_prompt_length)
+    slots = scheduler.num_slots(prompts * run.sampling.n, shards, run.sampling.max_num_seqs)
+    tp_roll = 1 if run.rollout_mesh is not None else int(d.mesh_shape[2])
+    work = ar.decode_work(ar.ModelShape.of(run.actor.config), prompts=prompts, prompt_len=P, n=run.sampling.n,
+                          response_len=R, slots=slots, weight_bytes_per_device=weight_bytes / tp_roll,
+                          cache_itemsize=jax.numpy.dtype(arr.rollout.dtype).itemsize,
                           slots_per_device=slots / shards / tp_roll)
     sampling_s = None
     if chip is not None:
@@ -153,35 +194,38 @@ def _plan(cfg: ConfigDict, t: Target, devices: list, progress) -> RunPlan:
                       + work.decode_steps * max(work.step_flops / n_roll / chip.peak_flops,
                                                 work.step_bytes_per_device / chip.hbm_bytes_per_s))
     if run.rollout_mesh is not None:
-        roll_resident = per_device_bytes(weights)
-        programs.append(dataclasses.replace(
-            program_cost("rollout_copy", None, None), argument_bytes=roll_resident, peak_bytes=roll_resident,
+        held = per_device_bytes(weights)
+        st.programs.append(dataclasses.replace(
+            program_cost("rollout_copy", None, None), argument_bytes=held, peak_bytes=held,
             note=f"weights copied onto the {n_roll} rollout devices after each update (device to device)"))
-        sampler_resident, sampler_args = roll_resident, roll_resident
+        resident, resident_args = held, held
     else:
-        merged_bytes = programs[0].output_bytes if merge is not None else 0  # the merged weights are new arrays
-        sampler_resident, sampler_args = resident, per_device_bytes(weights) - merged_bytes
-    cost = program_cost("sampler", sampler, chip, looped=True, resident_bytes=sampler_resident,
-                        resident_arg_bytes=sampler_args,
+        resident, resident_args = st.resident, per_device_bytes(weights) - merged_bytes
+    cost = program_cost("sampler", sampler, chip, looped=True, resident_bytes=resident, resident_arg_bytes=resident_args,
                         model_flops=(work.prefill_flops + work.decode_steps * work.step_flops) / n_roll,
                         model_bytes=work.decode_steps * work.step_bytes_per_device,
                         note=f"{prompts} prompts x n={run.sampling.n}, {slots} slots, {work.decode_steps} decode steps")
-    programs.append(dataclasses.replace(cost, roofline_s=sampling_s))
-    sampler_usable = usable if run.rollout_mesh is None else _usable(t)
-    if cost.peak_bytes > HEADROOM * sampler_usable:
-        problems.append(f"the sampler needs about {gib(cost.peak_bytes)} per device, more than the "
-                        f"{gib(HEADROOM * sampler_usable)} usable: lower {ROLLOUT_KEYS}, or "
-                        "actor_rollout_ref.rollout.dtype=bfloat16")
+    st.programs.append(dataclasses.replace(cost, roofline_s=sampling_s))
+    if cost.peak_bytes > HEADROOM * st.usable:
+        st.problem(f"the sampler needs about {gib(cost.peak_bytes)} per device, more than the "
+                   f"{gib(HEADROOM * st.usable)} usable: lower {ROLLOUT_KEYS}, or set "
+                   "actor_rollout_ref.rollout.dtype=bfloat16")
+    return sampling_s
 
-    # ------------------------------------------------------------------ training passes, through the memory plan
-    training_s = 0.0 if chip is not None else None
+
+def _training(st: _State) -> tuple[dict[str, PassPlan], float | None]:
+    """The training passes through the memory plan (updates first); returns their plans and roofline time."""
+    run, cfg, chip = st.run, st.cfg, st.chip
+    d = cfg.derived
     plans = plan_passes(cfg, actor_mlp_width=run.actor.config.intermediate_size,
                         critic_mlp_width=run.critic.config.intermediate_size if run.critic else None,
-                        backend=t.backend if t.name != "local" else None)
-    free = usable - resident
-    max_len = int(d.max_seq_len)
-    for name, plan in list(plans.items()):
-        role = pg.pass_role(run, name)
+                        backend=st.target.backend if st.target.name != "local" else None)
+    shape = ar.ModelShape.of(run.actor.config)
+    n_train, tensor, max_len = run.mesh.devices.size, int(d.mesh_shape[2]), int(d.max_seq_len)
+    free = st.usable - st.resident
+    training_s = 0.0 if chip is not None else None
+    for name in sorted(plans, key=lambda n: not n.startswith("update")):
+        plan, role = plans[name], pg.pass_role(run, name)
         if role is None:
             del plans[name]
             continue
@@ -191,22 +235,23 @@ def _plan(cfg: ConfigDict, t: Target, devices: list, progress) -> RunPlan:
         hint = memory_hint(cfg, "critic" if role is run.critic else "actor")
         compile_at = lambda p, name=name, role=role: compile_pass(run.ctx, name, role, p)  # noqa: E731
         try:
-            plan, _ = _timed(progress, f"compiling {name}", lambda: fit_pass(plan, compile_at, free, hint, need_of))
+            plan, _ = _timed(st.progress, f"compiling {name}", lambda: fit_pass(plan, compile_at, free, hint, need_of))
         except MemoryError as e:
-            problems.append(str(e))
+            st.problem(str(e))
         plans[name] = plan
         calls, tokens, looped = _calls_and_tokens(cfg, name, plan, max_len)
-        remat = role.config.remat
         flops = ar.sequence_flops(shape, max(1, tokens // max_len), max_len) * (
-            ar.training_multiplier(remat) if update else 1.0) / n_train
+            ar.training_multiplier(role.config.remat) if update else 1.0) / n_train
         reads = float(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(role.state()))) / tensor
-        programs.append(program_cost(name, compile_at(plan), chip, calls=calls, looped=looped, resident_bytes=resident,
-                                     resident_arg_bytes=held, model_flops=flops,
-                                     model_bytes=reads * (3 if update else 1), note=describe(plan)))
+        cost = program_cost(name, compile_at(plan), chip, calls=calls, looped=looped, resident_bytes=st.resident,
+                            resident_arg_bytes=held, model_flops=flops, model_bytes=reads * (3 if update else 1),
+                            note=describe(plan))
+        st.programs.append(cost)
         if chip is not None:
-            training_s += programs[-1].roofline_s or 0.0
-    return RunPlan(t, len(devices), str(run.hf.get("_name_or_path") or arr.model.path), count_params(run.actor.state()),
-                   programs, plans, resident, usable, sampling_s, training_s, problems)
+            training_s += cost.roofline_s or 0.0
+    order = ["old_log_prob", "ref", "values", "update_critic", "update_actor"]
+    st.programs.sort(key=lambda p: order.index(p.name) if p.name in order else -1)
+    return {k: plans[k] for k in order if k in plans}, training_s
 
 
 def _calls_and_tokens(cfg: ConfigDict, name: str, plan: PassPlan, max_len: int) -> tuple[int, int, bool]:

@@ -66,20 +66,20 @@ def test_unknown_topology_lists_the_known_ones():
 
 
 def test_7b_full_fine_tuning_on_v5e_8_stops_naming_the_keys():
+    """Float32 weights and Adam moments of a 7B model over 8 x 16 GiB: the run stops before anything compiles."""
     proc = subprocess.run(
         [sys.executable, "-m", "rlhf_jax.plan", "--config=configs/grpo.py", "--topology=v5e-8",
          "--config.actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct", "--config.mesh.data=1",
-         "--config.mesh.fsdp=-1", "--config.actor_rollout_ref.model.compute_dtype=bfloat16",
-         "--config.data.max_prompt_length=512", "--config.data.max_response_length=512",
-         "--config.data.train_batch_size=64", "--config.actor_rollout_ref.rollout.n=8",
+         "--config.mesh.fsdp=-1", "--config.data.train_batch_size=64", "--config.actor_rollout_ref.rollout.n=8",
          "--config.actor_rollout_ref.actor.ppo_mini_batch_size=64",
          "--config.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=64"],
-        cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 2, proc.stderr[-3000:]
+        cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith("error: ") and "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    assert "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu" in last or "mesh.fsdp" in last, last
-    assert "does NOT fit" in proc.stdout
+    assert last.startswith("error: parameters and optimizer state alone need "), last
+    for key in ("mesh.fsdp", "actor_rollout_ref.model.lora_rank", "actor_rollout_ref.model.dtype"):
+        assert key in last, last
+    assert proc.stdout == ""
 
 
 def test_cpu_plan_of_the_smollm2_update_is_within_25_percent_of_a_measured_run(smollm2_dir):
