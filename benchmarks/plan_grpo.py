@@ -3,8 +3,8 @@
 Qwen2.5-0.5B, Qwen2.5-7B and Qwen3-30B-A3B (config.json bundled in rlhf_jax/plan/model_configs: no download),
 n = 8 samples of 64 prompts a step, prompts up to 1024 and responses up to 2048 tokens, 4 actor mini-batches, a KL
 loss against the reference, bfloat16 compute with float32 master weights, remat on, parameters sharded over every
-device (mesh.fsdp), micro-batches of 16384 packed tokens per device (verl's default token budget; the forward
-passes inherit it), LoRA (rank 32, every linear layer) or full fine-tuning. Each case runs in its own process, one
+device (mesh.fsdp), micro-batches of packed tokens sized by the memory plan (token budget -1: the largest that
+XLA's estimate fits; the forward passes inherit it), LoRA (rank 32, every linear layer) or full fine-tuning. Each case runs in its own process, one
 at a time (the compiles of a 7B run take minutes on a small CPU), and its line is appended to the JSON file.
 
     python benchmarks/plan_grpo.py                                  # every case; writes benchmarks/results/plan_grpo.json
@@ -33,7 +33,7 @@ def overrides(model: str, mode: str) -> list[str]:
            f"{a}rollout.n=8", "--config.data.train_batch_size=64", f"{a}actor.ppo_mini_batch_size=16",
            f"{a}model.compute_dtype=bfloat16", f"{a}rollout.dtype=bfloat16",
            f"{a}model.enable_gradient_checkpointing=True", "--config.mesh.data=1", "--config.mesh.fsdp=-1",
-           f"{a}actor.use_dynamic_bsz=True", f"{a}actor.ppo_max_token_len_per_gpu=16384"]
+           f"{a}actor.use_dynamic_bsz=True", f"{a}actor.ppo_max_token_len_per_gpu=-1"]
     if mode == "lora":
         out += [f"{a}model.lora_rank=32", f"{a}model.lora_alpha=64"]
     return out

@@ -43,8 +43,8 @@ def test_lora_ppo_with_rollout_devices_compiles_merge_copy_critic_and_values():
     cfg.mesh.rollout_devices = 4
     plan = plan_run(cfg, "v6e-8")
     names = [p.name for p in plan.programs]
-    assert names == ["lora_merge", "rollout_copy", "sampler", "old_log_prob", "ref", "update_actor", "values",
-                     "update_critic"], names
+    assert names == ["lora_merge", "rollout_copy", "sampler", "old_log_prob", "ref", "values", "update_critic",
+                     "update_actor"], names
     assert plan.devices == 8 and plan.fits
     copy = plan.programs[1]
     assert copy.argument_bytes == copy.peak_bytes > 0  # the sampler's weights on each rollout device
