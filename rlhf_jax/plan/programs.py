@@ -153,13 +153,15 @@ def sampler_weights(run: RunParts, merged_state: Any) -> Any:
     return relocated(weights, run.rollout_mesh) if run.rollout_mesh is not None else weights
 
 
-def sampler_program(run: RunParts, weights: Any):
-    """The compiled rollout (prefill and every decode loop) for a full batch of the longest prompts."""
-    cfg = run.cfg
-    mesh = run.rollout_mesh or run.mesh
-    dp = mesh.devices.size if run.rollout_mesh is not None else int(cfg.derived.dp_size)
-    prompts = -(-int(cfg.data.train_batch_size) // dp) * dp
-    return run.sampler.compiled(weights, prompts, int(cfg.data.max_prompt_length), run.sampling), prompts
+def sampler_prompts(run: RunParts) -> int:
+    """Prompts a rollout samples from: the step's batch, padded to the sampler mesh's data-parallel size."""
+    dp = run.rollout_mesh.devices.size if run.rollout_mesh is not None else int(run.cfg.derived.dp_size)
+    return -(-int(run.cfg.data.train_batch_size) // dp) * dp
+
+
+def sampler_program(run: RunParts, weights: Any, prompts: int):
+    """The compiled rollout (prefill and every decode loop) for ``prompts`` prompts of the longest length."""
+    return run.sampler.compiled(weights, prompts, int(run.cfg.data.max_prompt_length), run.sampling)
 
 
 def sft_program(run: RunParts, micro_rows: int, row_len: int):

@@ -24,7 +24,7 @@ from rlhf_jax.plan.report import ProgramCost, program_cost
 from rlhf_jax.plan.targets import Chip, Target, chip_of, target, target_devices
 from rlhf_jax.rollout import scheduler
 from rlhf_jax.train.passes import (HEADROOM, PassPlan, compile_pass, describe, fit_pass, gib, held_bytes, memory_hint,
-                                  pass_bytes, per_device_bytes, plan_passes)
+                                  pass_bytes, per_device_bytes, plan_passes, refused_bytes)
 
 ROLLOUT_KEYS = ("data.train_batch_size / actor_rollout_ref.rollout.n, actor_rollout_ref.rollout.max_num_seqs, "
                 "data.max_prompt_length / max_response_length")
@@ -176,8 +176,9 @@ def _rollout(st: _State) -> float | None:
                             note="adapters merged into the weights before each rollout")
         st.programs.append(cost)
         merged_bytes = cost.output_bytes  # the merged weights are new arrays
-    sampler, prompts = _timed(st.progress, "compiling the sampler (prefill + decode loops)",
-                              lambda: pg.sampler_program(run, weights))
+    prompts = pg.sampler_prompts(run)
+    compile_sampler = lambda: _timed(st.progress, "compiling the sampler (prefill + decode loops)",  # noqa: E731
+                                     lambda: pg.sampler_program(run, weights, prompts))
     mesh = run.rollout_mesh or run.mesh
     n_roll = mesh.devices.size
     shards = n_roll if run.rollout_mesh is not None else int(d.dp_size)
@@ -201,7 +202,8 @@ def _rollout(st: _State) -> float | None:
         resident, resident_args = held, held
     else:
         resident, resident_args = st.resident, per_device_bytes(weights) - merged_bytes
-    cost = program_cost("sampler", sampler, chip, looped=True, resident_bytes=resident, resident_arg_bytes=resident_args,
+    cost = _cost_or_refusal(compile_sampler, "sampler", chip, looped=True, resident_bytes=resident,
+                            resident_arg_bytes=resident_args,
                         model_flops=(work.prefill_flops + work.decode_steps * work.step_flops) / n_roll,
                         model_bytes=work.decode_steps * work.step_bytes_per_device,
                         note=f"{prompts} prompts x n={run.sampling.n}, {slots} slots, {work.decode_steps} decode steps")
@@ -243,15 +245,30 @@ def _training(st: _State) -> tuple[dict[str, PassPlan], float | None]:
         flops = ar.sequence_flops(shape, max(1, tokens // max_len), max_len) * (
             ar.training_multiplier(role.config.remat) if update else 1.0) / n_train
         reads = float(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(role.state()))) / tensor
-        cost = program_cost(name, compile_at(plan), chip, calls=calls, looped=looped, resident_bytes=st.resident,
-                            resident_arg_bytes=held, model_flops=flops, model_bytes=reads * (3 if update else 1),
-                            note=describe(plan))
+        cost = _cost_or_refusal(lambda: compile_at(plan), name, chip, calls=calls, looped=looped,
+                                resident_bytes=st.resident, resident_arg_bytes=held, model_flops=flops,
+                                model_bytes=reads * (3 if update else 1), note=describe(plan))
         st.programs.append(cost)
         if chip is not None:
             training_s += cost.roofline_s or 0.0
     order = ["old_log_prob", "ref", "values", "update_critic", "update_actor"]
     st.programs.sort(key=lambda p: order.index(p.name) if p.name in order else -1)
     return {k: plans[k] for k in order if k in plans}, training_s
+
+
+def _cost_or_refusal(compile_it: Callable, name: str, chip, **kw) -> ProgramCost:
+    """``program_cost`` of the compiled program; where the compiler refuses it for want of memory (XLA:TPU), a row
+    with the memory it named as the program's temporaries."""
+    try:
+        compiled = compile_it()
+    except Exception as e:  # noqa: BLE001 - only an out-of-memory refusal is handled
+        named = refused_bytes(e)
+        if named is None:
+            raise
+        cost = program_cost(name, None, chip, **{k: v for k, v in kw.items() if k != "note"})
+        return dataclasses.replace(cost, temp_bytes=named, peak_bytes=kw.get("resident_bytes", 0) + named,
+                                   note=f"{kw.get('note', '')}; XLA refused it: {gib(named)} of temporaries")
+    return program_cost(name, compiled, chip, **kw)
 
 
 def _calls_and_tokens(cfg: ConfigDict, name: str, plan: PassPlan, max_len: int) -> tuple[int, int, bool]:

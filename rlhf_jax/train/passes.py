@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 from typing import Callable
 
 import jax
@@ -272,7 +273,7 @@ def fit_pass(plan: PassPlan, compile_at: Callable[[PassPlan], object], free: int
     """The plan (automatic sizes halved until they fit) and its estimated bytes (``need_of`` the compiled pass);
     raises when a set size does not fit."""
     while True:
-        need = need_of(compile_at(plan))
+        need = compiled_need(lambda: compile_at(plan), need_of, free)
         if free is None or need is None or need <= HEADROOM * free:
             return plan, need
         # Activation memory grows about linearly with the micro-batch: aim straight at the size that fits.
@@ -286,6 +287,31 @@ def fit_pass(plan: PassPlan, compile_at: Callable[[PassPlan], object], free: int
             f"the {plan.name} pass needs about {gib(need)} per device (XLA's estimate for micro-batches of "
             f"{describe(plan)} per shard), more than the {gib(HEADROOM * free)} usable of {gib(free)} free: lower "
             f"{' / '.join(plan.size_keys)} (or set it to -1 to size it automatically), {hint}")
+
+
+def refused_bytes(error: BaseException) -> int | None:
+    """The bytes a compiler's out-of-memory refusal names (XLA:TPU: "the total memory required for HLO temporaries
+    (96.99G) exceeds available HBM (95.74G)"); None when ``error`` is not such a refusal."""
+    text = str(error)
+    if "RESOURCE_EXHAUSTED" not in text.split("\n", 1)[0]:
+        return None
+    found = re.search(r"required for [^(]*\(([\d.]+)([KMGT]?)\)", text)
+    if not found:
+        return 0
+    return int(float(found.group(1)) * 1024 ** " KMGT".index(found.group(2) or " "))
+
+
+def compiled_need(compile_it: Callable[[], object], need_of: Callable[[object], int | None],
+                  free: int | None) -> int | None:
+    """``need_of`` the compiled program; a compiler that refuses the program for want of memory (XLA:TPU checks the
+    chip's memory while compiling) counts as needing what it names, at least more than ``free``."""
+    try:
+        return need_of(compile_it())
+    except Exception as e:  # noqa: BLE001 - only an out-of-memory refusal is handled
+        named = refused_bytes(e)
+        if named is None:
+            raise
+        return max(named, (free or 0) + 1)
 
 
 def describe(plan: PassPlan) -> str:
