@@ -239,6 +239,7 @@ def _training(st: _State) -> tuple[dict[str, PassPlan], float | None]:
         try:
             plan, _ = _timed(st.progress, f"compiling {name}", lambda: fit_pass(plan, compile_at, free, hint, need_of))
         except MemoryError as e:
+            plan = getattr(e, "plan", plan)  # the smallest size tried, already compiled
             st.problem(str(e))
         plans[name] = plan
         calls, tokens, looped = _calls_and_tokens(cfg, name, plan, max_len)

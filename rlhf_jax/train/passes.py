@@ -283,10 +283,12 @@ def fit_pass(plan: PassPlan, compile_at: Callable[[PassPlan], object], free: int
                      describe(plan), gib(need), gib(HEADROOM * free))
             plan = smaller
             continue
-        raise MemoryError(
+        error = MemoryError(
             f"the {plan.name} pass needs about {gib(need)} per device (XLA's estimate for micro-batches of "
             f"{describe(plan)} per shard), more than the {gib(HEADROOM * free)} usable of {gib(free)} free: lower "
             f"{' / '.join(plan.size_keys)} (or set it to -1 to size it automatically), {hint}")
+        error.plan = plan  # the last size tried
+        raise error
 
 
 def refused_bytes(error: BaseException) -> int | None:
