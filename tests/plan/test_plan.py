@@ -91,3 +91,29 @@ def test_cpu_plan_of_the_smollm2_update_is_within_25_percent_of_a_measured_run(s
     predicted, measured = result["predicted"], result["measured"]
     assert measured > 2**28, result  # the pass really ran: parameters, optimizer state and activations
     assert abs(predicted - measured) <= 0.25 * measured, result
+
+
+def test_a_compilers_out_of_memory_refusal_counts_as_not_fitting():
+    from rlhf_jax.train.passes import compiled_need, refused_bytes
+
+    refusal = RuntimeError("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO "
+                           "temporaries (96.99G) exceeds available HBM (95.74G).")
+    assert refused_bytes(refusal) == int(96.99 * 2**30)
+    assert refused_bytes(RuntimeError("INTERNAL: something else")) is None
+
+    def refuse():
+        raise refusal
+
+    assert compiled_need(refuse, lambda c: 0, free=2**30) == int(96.99 * 2**30)
+    assert compiled_need(refuse, lambda c: 0, free=200 * 2**30) == 200 * 2**30 + 1  # always more than is free
+    with pytest.raises(ValueError):
+        compiled_need(lambda: (_ for _ in ()).throw(ValueError("bad")), lambda c: 0, free=1)
+
+
+def test_gpu_usable_memory_is_jaxs_allocation_fraction(monkeypatch):
+    h100 = TARGETS["h100-8"].chip
+    monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION", raising=False)
+    assert h100.usable_bytes("cuda") == int(0.75 * h100.hbm_bytes)
+    monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.9")
+    assert h100.usable_bytes("cuda") == int(0.9 * h100.hbm_bytes)
+    assert TARGETS["v5p-8"].chip.usable_bytes("tpu") == 95 * 2**30
