@@ -209,9 +209,10 @@ def _rollout(st: _State) -> float | None:
                         note=f"{prompts} prompts x n={run.sampling.n}, {slots} slots, {work.decode_steps} decode steps")
     st.programs.append(dataclasses.replace(cost, roofline_s=sampling_s))
     if cost.peak_bytes > HEADROOM * st.usable:
+        dtype = "" if arr.rollout.dtype == "bfloat16" else ", or set actor_rollout_ref.rollout.dtype=bfloat16"
+        place = "" if run.rollout_mesh is not None else ", or sample on devices of its own (mesh.rollout_devices)"
         st.problem(f"the sampler needs about {gib(cost.peak_bytes)} per device, more than the "
-                   f"{gib(HEADROOM * st.usable)} usable: lower {ROLLOUT_KEYS}, or set "
-                   "actor_rollout_ref.rollout.dtype=bfloat16")
+                   f"{gib(HEADROOM * st.usable)} usable: lower {ROLLOUT_KEYS}{dtype}{place}")
     return sampling_s
 
 
