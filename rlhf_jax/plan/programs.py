@@ -162,23 +162,3 @@ def sampler_prompts(run: RunParts) -> int:
 def sampler_program(run: RunParts, weights: Any, prompts: int):
     """The compiled rollout (prefill and every decode loop) for ``prompts`` prompts of the longest length."""
     return run.sampler.compiled(weights, prompts, int(run.cfg.data.max_prompt_length), run.sampling)
-
-
-def sft_program(run: RunParts, micro_rows: int, row_len: int):
-    """The SFT step's gradient over one packed micro-batch (``Role.packed_grads_program`` with the SFT loss)."""
-    import jax.numpy as jnp
-
-    dp = int(run.cfg.derived.dp_size)
-    batch = int(run.cfg.data.train_batch_size)
-    grid = {"loss_mask": ((batch, int(run.cfg.data.max_response_length)), jnp.int32)}
-    return run.actor.packed_grads_program(None, (dp * micro_rows, row_len), dp * micro_rows * row_len, grid, dp,
-                                          loss="sft")
-
-
-def dpo_program(run: RunParts, spec: Any):
-    """The DPO update over a mini-batch of pairs of the longest prompt and response (``Role.update_program``)."""
-    from rlhf_jax.train.dpo_steps import dpo_update, pair_specs
-
-    d, cfg = run.cfg.derived, run.cfg
-    specs = pair_specs(d.actor_mini_batch_size, int(cfg.data.max_prompt_length), int(cfg.data.max_response_length))
-    return run.actor.update_program("dpo_update", dpo_update, spec, specs, n_micro=int(d.actor_grad_accum_steps))

@@ -94,6 +94,10 @@ def plan_run(cfg: ConfigDict, topology: str | None = None, *, progress: Callable
     What cannot fit raises ``MemoryError`` with one line naming the keys to change, at the first problem (before
     the remaining programs compile); with ``stop_at_first_problem=False`` every program is compiled and the
     problems are listed in ``RunPlan.problems``."""
+    kind = cfg.algorithm.get("type", None)
+    if kind in ("sft", "dpo"):
+        raise ValueError(f"algorithm.type={kind}: the plan covers the RL loop's programs; SFT and DPO steps are not "
+                         "planned yet")
     local = topology in (None, "local")
     t = local_target() if local else target(topology)
     devices = jax.devices() if local else target_devices(t)
