@@ -12,9 +12,11 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from rlhf_jax.parallel.backend import compile_backend
+
 
 def einsum_f32(spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
     """``jnp.einsum(spec, a, b)`` accumulated and returned in float32 on every backend."""
-    if jax.default_backend() == "cpu":
+    if compile_backend() == "cpu":
         return jnp.einsum(spec, a.astype(jnp.float32), b.astype(jnp.float32))
     return jnp.einsum(spec, a, b, preferred_element_type=jnp.float32)

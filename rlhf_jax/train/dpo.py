@@ -34,7 +34,7 @@ from rlhf_jax.data.prompts import bucket_length, pad_left, pad_token_id_of, reso
 from rlhf_jax.train import metrics as M
 from rlhf_jax.train.batching import mini_batches
 from rlhf_jax.parallel.hosts import to_global
-from rlhf_jax.train.dpo_steps import SIDES, DPOSpec, dpo_update, side
+from rlhf_jax.train.dpo_steps import SIDES, DPOSpec, dpo_update, pair_specs, side
 from rlhf_jax.train.engine import Role
 from rlhf_jax.train.fit_loop import RunLoop
 from rlhf_jax.train.passes import (HEADROOM, compiled_bytes, free_device_memory, gib)
@@ -121,13 +121,7 @@ class DPOTrainer:
         return jnp.sum(logp * one.response_mask.astype(logp.dtype), axis=-1)
 
     def _batch_specs(self) -> dict[str, tuple[tuple[int, ...], Any]]:
-        pairs = self.cfg.derived.actor_mini_batch_size
-        P, R = self.widths["train"]
-        specs = {"ref_chosen": ((pairs,), jnp.float32), "ref_rejected": ((pairs,), jnp.float32)}
-        for s in SIDES:
-            specs.update({f"{s}_input_ids": ((pairs, P + R), jnp.int32), f"{s}_attention_mask": ((pairs, P + R), jnp.int32),
-                          f"{s}_responses": ((pairs, R), jnp.int32), f"{s}_response_mask": ((pairs, R), jnp.int32)})
-        return specs
+        return pair_specs(self.cfg.derived.actor_mini_batch_size, *self.widths["train"])
 
     # ------------------------------------------------------------------ memory plan
     def plan_memory(self) -> tuple[str, ...]:

@@ -37,6 +37,16 @@ class DPOSpec:
     loss_type: str = "sigmoid"
 
 
+def pair_specs(pairs: int, prompt_len: int, response_len: int) -> dict[str, tuple[tuple[int, ...], object]]:
+    """{key: (shape, dtype)} of a mini-batch of ``pairs`` pairs (the layout above), for compiling the update."""
+    P, R = prompt_len, response_len
+    specs = {"ref_chosen": ((pairs,), jnp.float32), "ref_rejected": ((pairs,), jnp.float32)}
+    for s in SIDES:
+        specs.update({f"{s}_input_ids": ((pairs, P + R), jnp.int32), f"{s}_attention_mask": ((pairs, P + R), jnp.int32),
+                      f"{s}_responses": ((pairs, R), jnp.int32), f"{s}_response_mask": ((pairs, R), jnp.int32)})
+    return specs
+
+
 def side(batch: dict, name: str) -> TrainBatch:
     """The RL-layout batch (input_ids, attention_mask, responses, response_mask) of one side of the pairs."""
     fields = ("input_ids", "attention_mask", "responses", "response_mask")

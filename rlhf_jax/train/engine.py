@@ -51,7 +51,11 @@ class Role:
                 tx, lambda leaf, s, p: s if leaf.shape == p.shape else replicated(mesh), abstract,
                 self.param_shardings, self.params, transform_non_params=lambda _: replicated(mesh)
             )
-            self.opt_state = jax.jit(tx.init, out_shardings=self.opt_shardings)(self.params)
+            if all(isinstance(x, jax.Array) for x in jax.tree.leaves(self.params)):
+                self.opt_state = jax.jit(tx.init, out_shardings=self.opt_shardings)(self.params)
+            else:  # abstract parameters (compiling for another target, rlhf_jax/plan): shapes and shardings only
+                self.opt_state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                                              abstract, self.opt_shardings)
         self._compiled: dict[tuple, Callable] = {}
 
     # ----------------------------------------------------------------- helpers

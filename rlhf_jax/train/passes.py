@@ -24,11 +24,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 from typing import Callable
 
 import jax
 
 from rlhf_jax.batch.packing import row_length
+from rlhf_jax.parallel.backend import compile_backend
 from rlhf_jax.types import TrainBatch
 
 log = logging.getLogger(__name__)
@@ -111,7 +113,7 @@ def plan_passes(cfg, *, actor_mlp_width: int, critic_mlp_width: int | None = Non
                 backend: str | None = None) -> dict[str, PassPlan]:
     """The layout of every pass this config runs (unpacked passes get ``packed=False``); the MLP widths of the
     actor's and critic's models and the backend (default: jax's) decide where automatic gradient passes start."""
-    backend = backend or jax.default_backend()
+    backend = backend or compile_backend()
     arr, critic, d = cfg.actor_rollout_ref, cfg.critic, cfg.derived
     a = "actor_rollout_ref."
     max_len = int(d.max_seq_len)
@@ -228,6 +230,14 @@ def free_device_memory() -> int | None:
     stats = dev.memory_stats() or {}
     if "bytes_limit" in stats:
         return int(stats["bytes_limit"] - stats.get("bytes_in_use", 0))
+    if dev.platform != "cpu":  # an accelerator that reports no limit: its chip's memory (plan/targets.py) less the
+        from rlhf_jax.plan.targets import chip_of  # arrays alive on it
+
+        chip = chip_of(dev)
+        if chip is None:
+            return None
+        used = sum(s.data.nbytes for a in jax.live_arrays() for s in a.addressable_shards if s.device == dev)
+        return chip.usable_bytes(dev.platform) - used
     try:
         with open("/proc/meminfo") as f:
             info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f}
@@ -247,14 +257,50 @@ def compiled_bytes(compiled) -> int | None:
     return int(ma.temp_size_in_bytes + ma.output_size_in_bytes - ma.alias_size_in_bytes)
 
 
+def per_device_bytes(tree) -> int:
+    """Bytes one device holds of the (real or abstract) arrays of ``tree``: each array's shard, summed."""
+    total = 0
+    for leaf in jax.tree.leaves(tree):
+        shape, sharding = getattr(leaf, "shape", None), getattr(leaf, "sharding", None)
+        if shape is None:
+            continue
+        shard = sharding.shard_shape(shape) if sharding is not None else shape
+        count = 1
+        for n in shard:
+            count *= n
+        total += count * leaf.dtype.itemsize
+    return total
+
+
+def held_bytes(role, name: str) -> int:
+    """Per-device bytes of the resident arrays (parameters) the pass ``name`` takes as arguments."""
+    return per_device_bytes([role.params, role.frozen] if name.startswith("update") else role.state())
+
+
+def pass_bytes(compiled, held: int) -> int | None:
+    """What a compiled pass adds on a device beyond the run's resident arrays: its other arguments (the micro-batch,
+    the gradient accumulator), its outputs and temporaries; ``held``: the resident arguments' bytes (``held_bytes``).
+    None when XLA gives no memory analysis."""
+    try:
+        ma = compiled.memory_analysis()
+    except Exception:  # noqa: BLE001 - some backends do not implement it
+        return None
+    if ma is None:
+        return None
+    return int(ma.argument_size_in_bytes - held + ma.output_size_in_bytes + ma.temp_size_in_bytes
+               - ma.alias_size_in_bytes)
+
+
 def gib(n: float) -> str:
     return f"{n / 1024**3:.2f} GiB"
 
 
-def fit_pass(plan: PassPlan, compile_at: Callable[[PassPlan], object], free: int | None, hint: str) -> tuple[PassPlan, int | None]:
-    """The plan (automatic sizes halved until they fit) and its estimated bytes; raises when a set size does not fit."""
+def fit_pass(plan: PassPlan, compile_at: Callable[[PassPlan], object], free: int | None, hint: str,
+             need_of: Callable[[object], int | None] = compiled_bytes) -> tuple[PassPlan, int | None]:
+    """The plan (automatic sizes halved until they fit) and its estimated bytes (``need_of`` the compiled pass);
+    raises when a set size does not fit."""
     while True:
-        need = compiled_bytes(compile_at(plan))
+        need = compiled_need(lambda: compile_at(plan), need_of, free)
         if free is None or need is None or need <= HEADROOM * free:
             return plan, need
         # Activation memory grows about linearly with the micro-batch: aim straight at the size that fits.
@@ -264,10 +310,37 @@ def fit_pass(plan: PassPlan, compile_at: Callable[[PassPlan], object], free: int
                      describe(plan), gib(need), gib(HEADROOM * free))
             plan = smaller
             continue
-        raise MemoryError(
+        error = MemoryError(
             f"the {plan.name} pass needs about {gib(need)} per device (XLA's estimate for micro-batches of "
             f"{describe(plan)} per shard), more than the {gib(HEADROOM * free)} usable of {gib(free)} free: lower "
             f"{' / '.join(plan.size_keys)} (or set it to -1 to size it automatically), {hint}")
+        error.plan = plan  # the last size tried
+        raise error
+
+
+def refused_bytes(error: BaseException) -> int | None:
+    """The bytes a compiler's out-of-memory refusal names (XLA:TPU: "the total memory required for HLO temporaries
+    (96.99G) exceeds available HBM (95.74G)"); None when ``error`` is not such a refusal."""
+    text = str(error)
+    if "RESOURCE_EXHAUSTED" not in text.split("\n", 1)[0]:
+        return None
+    found = re.search(r"required for [^(]*\(([\d.]+)([KMGT]?)\)", text)
+    if not found:
+        return 0
+    return int(float(found.group(1)) * 1024 ** " KMGT".index(found.group(2) or " "))
+
+
+def compiled_need(compile_it: Callable[[], object], need_of: Callable[[object], int | None],
+                  free: int | None) -> int | None:
+    """``need_of`` the compiled program; a compiler that refuses the program for want of memory (XLA:TPU checks the
+    chip's memory while compiling) counts as needing what it names, at least more than ``free``."""
+    try:
+        return need_of(compile_it())
+    except Exception as e:  # noqa: BLE001 - only an out-of-memory refusal is handled
+        named = refused_bytes(e)
+        if named is None:
+            raise
+        return max(named, (free or 0) + 1)
 
 
 def describe(plan: PassPlan) -> str:

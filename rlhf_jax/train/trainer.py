@@ -36,7 +36,8 @@ from rlhf_jax.parallel.hosts import gather_all
 from rlhf_jax.train.engine import Role
 from rlhf_jax.train.fit_loop import RunLoop
 from rlhf_jax.train.optim import make_optimizer
-from rlhf_jax.train.passes import (PassPlan, compile_pass, describe, fit_pass, free_device_memory, gib, pass_batch, plan_passes, step_passes)
+from rlhf_jax.train.passes import (PassPlan, compile_pass, describe, fit_pass, free_device_memory, gib, held_bytes,
+                                   pass_batch, pass_bytes, plan_passes, step_passes)
 from rlhf_jax.runtime.oom import memory_hint
 from rlhf_jax.train.prepare import Prepared, Preparer
 from rlhf_jax.runtime.preemption import STOP, StopRequest
@@ -280,8 +281,11 @@ class Trainer:
         for name, plan in list(self.plans.items()):
             if not self.passes.runs(name):
                 continue
-            hint = memory_hint(cfg, "critic" if self._role_of(name) is self.critic else "actor")
-            plan, need = fit_pass(plan, functools.partial(self.compile_pass, name), free, hint)
+            role = self._role_of(name)
+            hint = memory_hint(cfg, "critic" if role is self.critic else "actor")
+            held = held_bytes(role, name)
+            plan, need = fit_pass(plan, functools.partial(self.compile_pass, name), free, hint,
+                                  lambda compiled, held=held: pass_bytes(compiled, held))
             self.plans[name] = plan
             estimate = f"~{gib(need)} per device" if need is not None else "no estimate on this backend"
             self.loop.logger.text(f"memory plan: {name}: micro-batches of {describe(plan)} per shard, {estimate}"

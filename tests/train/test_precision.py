@@ -45,7 +45,7 @@ def _run(tmp_path_factory, name: str) -> dict:
             "sampler_weight_dtypes": {str(x.dtype) for x in jax.tree.leaves(sampler_weights)
                                       if jnp.issubdtype(x.dtype, jnp.floating)},
             "update_has_bf16_dots": any("bf16[" in p and " dot(" in p for p in programs),
-            "sampler_has_bf16_cache": any("bf16[" in p.as_text() for p in trainer.sampler._compiled.values()),
+            "sampler_has_bf16_cache": any("bf16[" in p.as_text() for p in trainer.rollouts.sampler._compiled.values()),
             "responses": trainer.tok is not None and read_metrics(out)[-1]["response_length/mean"],
         }
     finally:

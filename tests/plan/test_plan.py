@@ -1,0 +1,119 @@
+"""The plan command: every program of a run compiled for TPU slices and GPU nodes without the hardware, its memory
+against the chip, a run that cannot fit named by its keys, and the CPU prediction against a measured run.
+
+Needs the compile dependencies of the ``accelerators`` extra (libtpu, the CUDA plugin, ptxas), which the ``test``
+extra installs.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from rlhf_jax.plan import TARGETS, format_table, plan_run
+from rlhf_jax.plan.targets import target
+from tests.train.helpers import load_recipe
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.mark.parametrize("topology", ["v5e-8", "h100-8"])
+def test_every_program_of_the_default_run_compiles_for_the_target(topology):
+    plan = plan_run(load_recipe("grpo"), topology)
+    names = [p.name for p in plan.programs]
+    # configs/grpo.py: GRPO with a KL loss, one mini-batch (no old-log-prob pass), no critic
+    assert names == ["sampler", "ref", "update_actor"], names
+    for p in plan.programs:
+        assert p.argument_bytes > 0 and p.output_bytes > 0, p  # XLA's memory analysis of the executable for the target
+        assert p.flops and p.flops > 0 and p.roofline_s > 0, p
+    assert plan.fits and plan.devices == 8
+    assert plan.programs[1].source == ("xla" if topology == "v5e-8" else "model")  # GPU: no cost analysis
+    table = format_table(plan)
+    assert f"plan for {topology}" in table and "update_actor" in table and "fits" in table
+
+
+def test_lora_ppo_with_rollout_devices_compiles_merge_copy_critic_and_values():
+    cfg = load_recipe("grpo")
+    cfg.algorithm.adv_estimator = "gae"
+    cfg.critic.enable = True
+    cfg.actor_rollout_ref.model.lora_rank = 4
+    cfg.actor_rollout_ref.actor.ppo_mini_batch_size = 8  # two mini-batches: old log-probs are recomputed
+    cfg.mesh.rollout_devices = 4
+    plan = plan_run(cfg, "v6e-8")
+    names = [p.name for p in plan.programs]
+    assert names == ["lora_merge", "rollout_copy", "sampler", "old_log_prob", "ref", "values", "update_critic",
+                     "update_actor"], names
+    assert plan.devices == 8 and plan.fits
+    copy = plan.programs[1]
+    assert copy.argument_bytes == copy.peak_bytes > 0  # the sampler's weights on each rollout device
+
+
+def test_two_host_slice_compiles():
+    plan = plan_run(load_recipe("grpo"), "v5p-16")
+    assert plan.devices == 8 and TARGETS["v5p-16"].hosts == 2 and plan.fits
+
+
+def test_unknown_topology_lists_the_known_ones():
+    with pytest.raises(ValueError, match="unknown topology 'v9-8'; known: v5e-8, v5p-8"):
+        target("v9-8")
+    proc = subprocess.run([sys.executable, "-m", "rlhf_jax.plan", "--topology=v9-8"], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert lines[-1].startswith("error: unknown topology 'v9-8'; known: ") and "h200-8" in lines[-1]
+
+
+def test_7b_full_fine_tuning_on_v5e_8_stops_naming_the_keys():
+    """Float32 weights and Adam moments of a 7B model over 8 x 16 GiB: the run stops before anything compiles."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlhf_jax.plan", "--config=configs/grpo.py", "--topology=v5e-8",
+         "--config.actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct", "--config.mesh.data=1",
+         "--config.mesh.fsdp=-1", "--config.data.train_batch_size=64", "--config.actor_rollout_ref.rollout.n=8",
+         "--config.actor_rollout_ref.actor.ppo_mini_batch_size=64",
+         "--config.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=64"],
+        cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: parameters and optimizer state alone need "), last
+    for key in ("mesh.fsdp", "actor_rollout_ref.model.lora_rank", "actor_rollout_ref.model.dtype"):
+        assert key in last, last
+    assert proc.stdout == ""
+
+
+def test_cpu_plan_of_the_smollm2_update_is_within_25_percent_of_a_measured_run(smollm2_dir):
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1")
+    proc = subprocess.run([sys.executable, "-m", "tests.plan.measure_update", smollm2_dir], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    predicted, measured = result["predicted"], result["measured"]
+    assert measured > 2**28, result  # the pass really ran: parameters, optimizer state and activations
+    assert abs(predicted - measured) <= 0.25 * measured, result
+
+
+def test_a_compilers_out_of_memory_refusal_counts_as_not_fitting():
+    from rlhf_jax.train.passes import compiled_need, refused_bytes
+
+    refusal = RuntimeError("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO "
+                           "temporaries (96.99G) exceeds available HBM (95.74G).")
+    assert refused_bytes(refusal) == int(96.99 * 2**30)
+    assert refused_bytes(RuntimeError("INTERNAL: something else")) is None
+
+    def refuse():
+        raise refusal
+
+    assert compiled_need(refuse, lambda c: 0, free=2**30) == int(96.99 * 2**30)
+    assert compiled_need(refuse, lambda c: 0, free=200 * 2**30) == 200 * 2**30 + 1  # always more than is free
+    with pytest.raises(ValueError):
+        compiled_need(lambda: (_ for _ in ()).throw(ValueError("bad")), lambda c: 0, free=1)
+
+
+def test_gpu_usable_memory_is_jaxs_allocation_fraction(monkeypatch):
+    h100 = TARGETS["h100-8"].chip
+    monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION", raising=False)
+    assert h100.usable_bytes("cuda") == int(0.75 * h100.hbm_bytes)
+    monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.9")
+    assert h100.usable_bytes("cuda") == int(0.9 * h100.hbm_bytes)
+    assert TARGETS["v5p-8"].chip.usable_bytes("tpu") == 95 * 2**30
