@@ -96,7 +96,7 @@ def plan_prediction(name: str, compiled, *, model_flops: float | None = None, mo
 
     try:
         from rlhf_jax.plan.report import program_cost
-        from rlhf_jax.plan.targets import chip_of
+        from rlhf_jax.parallel.chips import chip_of
     except ImportError as e:
         return {"available": False, "reason": f"rlhf_jax.plan not importable ({e})"}
     device = jax.devices()[0]
@@ -114,7 +114,7 @@ def chip_peaks() -> tuple[float | None, float | None]:
     import jax
 
     try:
-        from rlhf_jax.plan.targets import chip_of
+        from rlhf_jax.parallel.chips import chip_of
 
         chip = chip_of(jax.devices()[0])
         if chip is not None:

@@ -4,7 +4,8 @@ analyses, the memory plan's micro-batches and a roofline step estimate."""
 
 from rlhf_jax.plan.report import ProgramCost, format_table, program_cost
 from rlhf_jax.plan.run import RunPlan, plan_run
-from rlhf_jax.plan.targets import CHIPS, TARGETS, Chip, Target, chip_of, target, target_devices
+from rlhf_jax.parallel.chips import CHIPS, Chip, chip_of
+from rlhf_jax.plan.targets import TARGETS, Target, target, target_devices
 
 __all__ = ["CHIPS", "TARGETS", "Chip", "ProgramCost", "RunPlan", "Target", "chip_of", "format_table", "plan_run",
            "program_cost", "target", "target_devices"]

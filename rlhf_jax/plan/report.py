@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from rlhf_jax.plan.targets import Chip
+from rlhf_jax.parallel.chips import Chip
 
 GIB = 2**30
 

@@ -21,7 +21,8 @@ from rlhf_jax.plan import arithmetic as ar
 from rlhf_jax.plan import programs as pg
 from rlhf_jax.plan.abstract import count_params
 from rlhf_jax.plan.report import ProgramCost, program_cost
-from rlhf_jax.plan.targets import Chip, Target, chip_of, target, target_devices
+from rlhf_jax.parallel.chips import Chip, chip_of
+from rlhf_jax.plan.targets import Target, target, target_devices
 from rlhf_jax.rollout import scheduler
 from rlhf_jax.runtime.oom import memory_hint
 from rlhf_jax.train.passes import (HEADROOM, PassPlan, describe, fit_pass, gib, held_bytes, pass_bytes,

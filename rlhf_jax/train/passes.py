@@ -31,6 +31,7 @@ import jax
 
 from rlhf_jax.batch.packing import row_length
 from rlhf_jax.parallel.backend import compile_backend
+from rlhf_jax.parallel.chips import chip_of
 from rlhf_jax.types import TrainBatch
 
 log = logging.getLogger(__name__)
@@ -230,8 +231,7 @@ def free_device_memory() -> int | None:
     stats = dev.memory_stats() or {}
     if "bytes_limit" in stats:
         return int(stats["bytes_limit"] - stats.get("bytes_in_use", 0))
-    if dev.platform != "cpu":  # an accelerator that reports no limit: its chip's memory (plan/targets.py) less the
-        from rlhf_jax.plan.targets import chip_of  # arrays alive on it
+    if dev.platform != "cpu":  # an accelerator that reports no limit: its chip's memory less the arrays alive on it
 
         chip = chip_of(dev)
         if chip is None:
