@@ -143,9 +143,7 @@ class Checkpointer:
         """Start saving ``arrays`` (item name -> tree) and ``extra`` for ``step``; returns before the write ends."""
         items = {name: ocp.args.StandardSave(to_flat_dict(tree)) for name, tree in arrays.items() if tree is not None}
         items["extra"] = ocp.args.JsonSave(extra)
-        if self._writing is not None and not self.manager.is_saving_in_progress():
-            self.check()  # the previous save is over: a failure of its last moments is still its own
-            self._writing = None
+        self.check()  # a failure of the previous save is its own, not this one's
         with self._writes(step):  # also reports a failure of the previous save, which this one waits for
             self.manager.save(step, args=ocp.args.Composite(**items))
             self._writing = step
@@ -153,9 +151,14 @@ class Checkpointer:
 
     def check(self) -> None:
         """Raise CheckpointWriteError if the save in flight has failed so far (returns at once)."""
-        if self._writing is not None:
-            with self._writes(self._writing):
-                self.manager.check_for_errors()
+        if self._writing is None:
+            return
+        if not self.manager.is_saving_in_progress():
+            # Over: Orbax's finalize thread has taken the writers' error, which only waiting for it reports.
+            self.wait()
+            return
+        with self._writes(self._writing):
+            self.manager.check_for_errors()
 
     def wait(self) -> None:
         with self._writes(self._writing or 0):
