@@ -2,8 +2,8 @@
 filesystem that fills up during a checkpoint save, a damaged latest checkpoint. Each case's whole stderr is the one
 expected line."""
 
-import json
 import os
+import re
 import shutil
 import subprocess
 
@@ -93,9 +93,16 @@ def test_full_disk_during_a_save_stops_in_one_line_and_the_same_command_resumes(
 
 
 # ---------------------------------------------------------------------------------------------- a damaged checkpoint
-def _garble(path: str) -> None:
+def _overwrite(path: str) -> None:
+    """Same size, no valid byte (0xff starts no UTF-8 character, no zstd frame, no OCDBT node)."""
     with open(path, "r+b") as f:
-        f.write(os.urandom(max(os.path.getsize(path), 16)))
+        f.write(b"\xff" * os.path.getsize(path))
+
+
+def _largest_data_file(item_dir: str) -> str:
+    """The item's largest OCDBT data file: compressed array chunks, not an index node."""
+    data = os.path.join(item_dir, "ocdbt.process_0", "d")
+    return max((os.path.join(data, n) for n in os.listdir(data)), key=os.path.getsize)
 
 
 @pytest.fixture(scope="module")
@@ -107,37 +114,33 @@ def two_checkpoints(tmp_path_factory):
     return out
 
 
-def _data_file(item_dir: str) -> str:
-    """The one OCDBT data file of an array item (the tiny model's arrays fit in one)."""
-    files = sorted(os.listdir(os.path.join(item_dir, "d")))
-    assert len(files) == 1, files
-    return os.path.join(item_dir, "d", files[0])
-
-
-DAMAGE = {  # case -> (damage to the checkpoint of step 2, the file the warning names, the reason it gives)
-    "array_data_garbled": (lambda step: _garble(_data_file(os.path.join(step, "actor_params"))),
-                           lambda step: _data_file(os.path.join(step + ".unreadable", "actor_params")),
-                           "DATA_LOSS: Error decoding b-tree node"),
+DAMAGE = {  # case -> (damage to the checkpoint of step 2, what the warning says after "cannot be read: ", a regex)
+    "item_deleted": (lambda step: shutil.rmtree(os.path.join(step, "actor_params")),
+                     lambda step: re.escape(f"{step}/actor_params: No such file or directory")),
+    "array_chunks_overwritten": (lambda step: _overwrite(_largest_data_file(os.path.join(step, "actor_params"))),
+                                 lambda step: re.escape(f"{step}/actor_params: FAILED_PRECONDITION: "
+                                                        "ZSTD_decompressStream() failed: Unknown frame descriptor")),
     "manifest_deleted": (lambda step: os.remove(os.path.join(step, "actor_opt", "manifest.ocdbt")),
-                         lambda step: os.path.join(step + ".unreadable", "actor_opt", "manifest.ocdbt"),
-                         "No such file or directory"),
-    "extra_garbled": (lambda step: _garble(os.path.join(step, "extra", "metadata")),
-                      lambda step: os.path.join(step + ".unreadable", "extra", "metadata"),
-                      "not UTF-8 JSON"),
+                         lambda step: re.escape(f"{step}/actor_opt: NOT_FOUND: Metadata at ") + r'"[^"]+"'
+                         + re.escape(" in OCDBT database does not exist")),
+    "extra_overwritten": (lambda step: _overwrite(os.path.join(step, "extra", "metadata")),
+                          lambda step: re.escape(f"{step}/extra: UnicodeDecodeError: 'utf-8' codec can't decode byte "
+                                                 "0xff in position 0: invalid start byte")),
 }
 
 
 @pytest.mark.parametrize("case", sorted(DAMAGE))
 def test_damaged_latest_checkpoint_is_one_warning_line(tmp_path, two_checkpoints, case):
-    damage, failed_file, reason = DAMAGE[case]
+    damage, says = DAMAGE[case]
     out = str(tmp_path / "run")
     shutil.copytree(two_checkpoints, out)
-    ckpt = os.path.join(out, "checkpoints")
-    damage(os.path.join(ckpt, "2"))
+    step = os.path.join(out, "checkpoints", "2")
+    damage(step)
     proc = run_main(cli_args(out, **{"trainer.total_training_steps": 3, "trainer.save_freq": 1, **ONE_DEVICE}),
                     devices=1)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert _stderr_lines(proc) == [
-        f"warning: checkpoint {ckpt}/2 cannot be read: {failed_file(os.path.join(ckpt, '2'))}: {reason}; "
-        f"moved to {ckpt}/2.unreadable, resuming from step 1"], proc.stderr[-3000:]
+    lines = _stderr_lines(proc)
+    expected = (re.escape(f"warning: checkpoint {step} cannot be read: ") + says(step)
+                + re.escape(f"; moved to {step}.unreadable, resuming from step 1"))
+    assert len(lines) == 1 and re.fullmatch(expected, lines[0]), proc.stderr[-3000:]
     assert [r["step"] for r in read_metrics(out)] == [1, 2, 3]
