@@ -73,7 +73,7 @@ if __name__ == "__main__":
 
     reexec_with_hugepages()  # once, before JAX is imported: huge pages for XLA:CPU's buffers (hostmem.py)
     code = main()
-    if _ABANDON_WRITERS and not os.environ.get('SOFT'):  # the storage library's threads still hold the failed write; the interpreter's teardown
+    if _ABANDON_WRITERS:  # the storage library's threads still hold the failed write; the interpreter's teardown
         # would finalize them and print their tracebacks. Everything of ours is closed and flushed by now.
         sys.stdout.flush()
         sys.stderr.flush()
