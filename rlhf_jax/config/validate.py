@@ -348,26 +348,15 @@ def _check_paths(cfg: ConfigDict) -> None:
         elif builtin.looks_local(path) and not os.path.isfile(os.path.join(os.path.expanduser(path), "config.json")):
             raise ValueError(f"{key}: {path!r} is not a Hugging Face model directory (no config.json)")
         elif builtin.looks_local(path):
-            _check_model_files(key, path, tokenizer=reads_tokenizer, weights=True)
+            builtin.check_model_files(key, path, tokenizer=reads_tokenizer, weights=True)
     tokenizer = cfg.data.tokenizer
     if tokenizer and not builtin.is_builtin(tokenizer) and builtin.looks_local(tokenizer):
         if not os.path.isdir(os.path.expanduser(tokenizer)):
             raise ValueError(f"data.tokenizer: directory {tokenizer!r} does not exist")
-        _check_model_files("data.tokenizer", tokenizer, tokenizer=True, weights=False)
+        builtin.check_model_files("data.tokenizer", tokenizer, tokenizer=True, weights=False)
     custom = cfg.custom_reward_function.path
     if custom and not os.path.isfile(os.path.expanduser(custom)):
         raise ValueError(f"custom_reward_function.path: file {custom!r} does not exist")
-
-
-def _check_model_files(key: str, path: str, *, tokenizer: bool, weights: bool) -> None:
-    """Stop before any loading if the directory ``key`` names lacks files the run reads from it."""
-    from rlhf_jax.models import hub
-
-    directory = os.path.abspath(os.path.expanduser(path))
-    lacking = hub.lacking_files(directory, tokenizer=tokenizer, weights=weights)
-    if lacking:
-        raise ValueError(f"{key}: the model directory {directory} lacks {' and '.join(lacking)}; "
-                         f"it holds: {', '.join(sorted(os.listdir(directory))) or 'nothing'}")
 
 
 def _check_model_limits(cfg: ConfigDict, derived: ConfigDict) -> None:

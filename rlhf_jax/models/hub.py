@@ -21,11 +21,6 @@ log = logging.getLogger(__name__)
 # chat_template.jinja. No PyTorch .bin / .pt weights, no GGUF, no ONNX.
 ALLOW_PATTERNS = ("*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "*.tiktoken")
 
-# What a tokenizer is built from (a fast tokenizer's serialization, a sentencepiece model, a BPE or WordPiece
-# vocabulary, tiktoken ranks): tokenizer_config.json alone names a class but holds no vocabulary.
-TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "vocab.txt")
-TOKENIZER_SUFFIXES = (".model", ".tiktoken")
-
 # huggingface_hub's repo-id rule: one optional "org/" then a name of letters, digits, '-', '_', '.'.
 _REPO_ID = re.compile(r"^(?:[A-Za-z0-9][A-Za-z0-9._-]*/)?[A-Za-z0-9][A-Za-z0-9._-]*$")
 _TRUE = {"1", "on", "yes", "true"}
@@ -39,18 +34,6 @@ def is_repo_id(path: str) -> bool:
     """True if ``path`` reads as a hub repo id and names no existing local file or directory."""
     return (isinstance(path, str) and bool(_REPO_ID.match(path)) and ".." not in path
             and not os.path.exists(os.path.expanduser(path)))
-
-
-def lacking_files(directory: str, *, tokenizer: bool, weights: bool) -> list[str]:
-    """What a local model directory lacks for the loaders (an interrupted download or copy): its tokenizer files
-    (when ``tokenizer``) and its safetensors weights (when ``weights``), as phrases for an error message."""
-    names = os.listdir(directory)
-    lacking = []
-    if tokenizer and not any(n in TOKENIZER_FILES or n.endswith(TOKENIZER_SUFFIXES) for n in names):
-        lacking.append("tokenizer files (tokenizer.json, vocab.json, vocab.txt, *.model or *.tiktoken)")
-    if weights and not any(n.endswith(".safetensors") for n in names):
-        lacking.append("weights (*.safetensors)")
-    return lacking
 
 
 def offline() -> bool:
