@@ -112,6 +112,28 @@ def model_hf_config(path: str, revision: str | None = None) -> dict[str, Any] | 
         return json.load(fh)
 
 
+# What a tokenizer is built from (a fast tokenizer's serialization, a sentencepiece model, a BPE or WordPiece
+# vocabulary, tiktoken ranks): tokenizer_config.json alone names a class but holds no vocabulary.
+TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "vocab.txt")
+TOKENIZER_SUFFIXES = (".model", ".tiktoken")
+
+
+def check_model_files(key: str, path: str, *, tokenizer: bool, weights: bool) -> None:
+    """Stop before any loading if the local model directory that ``key`` names lacks what the run reads from it
+    (an interrupted download or copy): its tokenizer files (when ``tokenizer``), its safetensors weights (when
+    ``weights``)."""
+    directory = os.path.abspath(os.path.expanduser(path))
+    names = sorted(os.listdir(directory))
+    lacking = []
+    if tokenizer and not any(n in TOKENIZER_FILES or n.endswith(TOKENIZER_SUFFIXES) for n in names):
+        lacking.append("tokenizer files (tokenizer.json, vocab.json, vocab.txt, *.model or *.tiktoken)")
+    if weights and not any(n.endswith(".safetensors") for n in names):
+        lacking.append("weights (*.safetensors)")
+    if lacking:
+        raise ValueError(f"{key}: the model directory {directory} lacks {' and '.join(lacking)}; "
+                         f"it holds: {', '.join(names) or 'nothing'}")
+
+
 def looks_local(path: str) -> bool:
     """True if ``path`` is meant as a filesystem path (absolute, ~, ./, ../ or more than one '/')."""
     return path.startswith(("/", "~", "./", "../", ".")) or path.count("/") != 1

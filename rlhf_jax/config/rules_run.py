@@ -83,20 +83,28 @@ def files_exist(cfg: ConfigDict, ctx: Context) -> None:
                                      f"{', '.join(builtin.PREFIX + d for d in sorted(BUILTIN_DATASETS))}")
             elif not os.path.exists(os.path.expanduser(f)):
                 raise ValueError(f"data.{which}: file {f!r} does not exist; fix the path or use builtin:arithmetic")
-    models = [("actor_rollout_ref.model.path", cfg.actor_rollout_ref.model.path)]
+    # (key, path, whether the run reads a tokenizer from it): the policy's tokenizer comes from data.tokenizer if set
+    models = [("actor_rollout_ref.model.path", cfg.actor_rollout_ref.model.path, not cfg.data.tokenizer)]
     if cfg.critic.enable:
-        models.append(("critic.model.path", cfg.critic.model.path))
+        models.append(("critic.model.path", cfg.critic.model.path, False))
     if cfg.reward_model.enable:
         if not cfg.reward_model.model.path:
             raise ValueError("reward_model.enable=True needs reward_model.model.path (a reward-model directory)")
-        models.append(("reward_model.model.path", cfg.reward_model.model.path))
-    for key, path in models:
+        models.append(("reward_model.model.path", cfg.reward_model.model.path, True))
+    for key, path, reads_tokenizer in models:
         if builtin.is_builtin(path):
             if builtin.builtin_name(path) not in BUILTIN_MODELS:
                 raise ValueError(f"{key}: unknown builtin model {path!r}; available: "
                                  + ", ".join(builtin.PREFIX + n for n in BUILTIN_MODELS))
         elif builtin.looks_local(path) and not os.path.isfile(os.path.join(os.path.expanduser(path), "config.json")):
             raise ValueError(f"{key}: {path!r} is not a Hugging Face model directory (no config.json)")
+        elif builtin.looks_local(path):
+            builtin.check_model_files(key, path, tokenizer=reads_tokenizer, weights=True)
+    tokenizer = cfg.data.tokenizer
+    if tokenizer and not builtin.is_builtin(tokenizer) and builtin.looks_local(tokenizer):
+        if not os.path.isdir(os.path.expanduser(tokenizer)):
+            raise ValueError(f"data.tokenizer: directory {tokenizer!r} does not exist")
+        builtin.check_model_files("data.tokenizer", tokenizer, tokenizer=True, weights=False)
     custom = cfg.custom_reward_function.path
     if custom and not os.path.isfile(os.path.expanduser(custom)):
         raise ValueError(f"custom_reward_function.path: file {custom!r} does not exist")

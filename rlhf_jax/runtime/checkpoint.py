@@ -17,6 +17,7 @@ killed at any moment leaves the last complete checkpoint intact.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import re
@@ -41,6 +42,44 @@ class CheckpointWriteError(CheckpointError):
     """Saving a checkpoint failed (a full disk, a quota, a lost mount). The checkpoints completed before it are
     intact; the storage library's writer threads may still hold the failed write, so the process should end
     without waiting for them."""
+
+
+class CheckpointReadError(CheckpointError):
+    """A file of a checkpoint cannot be read: ``path`` is the file (or the item directory) that failed, ``reason``
+    the operating system's or the storage library's short words for it."""
+
+    def __init__(self, path: str, reason: str):
+        self.path, self.reason = path, reason
+        super().__init__(f"{path}: {reason}")
+
+
+# A TensorStore error names the file it failed on (`... at local file "<path>": <reason>`); its spec dumps follow.
+_STORE_FILE = re.compile(r'(?:\s(?:at|of))?\slocal file "([^"]+)"')
+_STORE_CODE = re.compile(r"^([A-Z][A-Z_]+): ")
+
+
+def _read_failure(error: BaseException, fallback: str) -> tuple[str, str]:
+    """(file, short reason) of a failed read. The innermost error that names a file or has the OS's words wins:
+    Orbax wraps TensorStore's errors in messages that embed the store's repr, which say nothing more."""
+    chain = [error]
+    while len(chain) < 16 and (chain[-1].__cause__ or chain[-1].__context__) is not None:
+        chain.append(chain[-1].__cause__ or chain[-1].__context__)
+    for e in reversed(chain):
+        if isinstance(e, OSError) and e.strerror:
+            return e.filename or fallback, e.strerror
+        text = (str(e).strip().splitlines() or [""])[0].split(" [tensorstore_spec")[0]
+        found, code = list(_STORE_FILE.finditer(text)), _STORE_CODE.match(text)
+        if found and code:
+            last = found[-1]
+            rest = text[last.end():]
+            # After the file: ": <reason>"; or the file sits inside its clause ("Metadata at ... does not exist").
+            clause = text[text.rfind(": ", 0, last.start()) + 2:last.start()]
+            reason = rest[2:] if rest.startswith(": ") else clause + rest
+            reason = re.sub(r"; at (?:uncompressed )?byte \d+", "", reason).strip()
+            return last.group(1).rstrip("/"), f"{code.group(1)}: {reason}"
+    inner = chain[-1]
+    first = (str(inner).strip().splitlines() or [""])[0].split(" See full TensorStore details")[0]
+    return fallback, f"{type(inner).__name__}: {first}"[:300]
 
 
 def _os_error(error: BaseException) -> str:
@@ -143,9 +182,7 @@ class Checkpointer:
         """Start saving ``arrays`` (item name -> tree) and ``extra`` for ``step``; returns before the write ends."""
         items = {name: ocp.args.StandardSave(to_flat_dict(tree)) for name, tree in arrays.items() if tree is not None}
         items["extra"] = ocp.args.JsonSave(extra)
-        if self._writing is not None and not self.manager.is_saving_in_progress():
-            self.check()  # the previous save is over: a failure of its last moments is still its own
-            self._writing = None
+        self.check()  # a failure of the previous save is its own, not this one's
         with self._writes(step):  # also reports a failure of the previous save, which this one waits for
             self.manager.save(step, args=ocp.args.Composite(**items))
             self._writing = step
@@ -153,9 +190,14 @@ class Checkpointer:
 
     def check(self) -> None:
         """Raise CheckpointWriteError if the save in flight has failed so far (returns at once)."""
-        if self._writing is not None:
-            with self._writes(self._writing):
-                self.manager.check_for_errors()
+        if self._writing is None:
+            return
+        if not self.manager.is_saving_in_progress():
+            # Over: Orbax's finalize thread has taken the writers' error, which only waiting for it reports.
+            self.wait()
+            return
+        with self._writes(self._writing):
+            self.manager.check_for_errors()
 
     def wait(self) -> None:
         with self._writes(self._writing or 0):
@@ -163,17 +205,30 @@ class Checkpointer:
             self.manager.check_for_errors()
         self._writing = None
 
+    def _restore_item(self, step: int, name: str, args) -> Any:
+        """One item of a step; a failure is a CheckpointReadError naming the file that failed and why."""
+        item_dir = os.path.join(self.directory, str(step), name)
+        if not os.path.isdir(item_dir):
+            raise CheckpointReadError(item_dir, os.strerror(errno.ENOENT))
+        try:
+            return self.manager.restore(step, args=ocp.args.Composite(**{name: args}))[name]
+        except Exception as e:  # noqa: BLE001 - whatever layer of Orbax or TensorStore noticed the damage
+            raise CheckpointReadError(*_read_failure(e, item_dir)) from e
+
     def restore_extra(self, step: int) -> dict:
-        return self.manager.restore(step, args=ocp.args.Composite(extra=ocp.args.JsonRestore()))["extra"]
+        return self._restore_item(step, "extra", ocp.args.JsonRestore())
 
     def restore_arrays(self, step: int, templates: dict[str, Any]) -> dict[str, Any]:
         """Restore the named items into trees shaped (and sharded) like ``templates`` (trees of arrays or abstract)."""
-        args = {
-            name: ocp.args.StandardRestore(to_flat_dict(abstract_like(t) if _concrete(t) else t))
-            for name, t in templates.items()
-        }
-        restored = self.manager.restore(step, args=ocp.args.Composite(**args))
-        return {name: from_flat_dict(templates[name], restored[name]) for name in templates}
+        out = {}
+        for name, t in templates.items():
+            target = to_flat_dict(abstract_like(t) if _concrete(t) else t)
+            flat = self._restore_item(step, name, ocp.args.StandardRestore(target))
+            try:
+                out[name] = from_flat_dict(t, flat)
+            except ValueError as e:  # saved from another model
+                raise CheckpointReadError(os.path.join(self.directory, str(step), name), str(e)) from None
+        return out
 
     def close(self) -> None:
         """Wait for the save in flight and release the manager; after a failed save, release only."""
@@ -251,12 +306,27 @@ class _OrbaxFailureFilter(logging.Filter):
             return True
         if record.name == "asyncio" and "exception was never retrieved" not in record.getMessage():
             return True
-        tb = record.exc_info[1].__traceback__
-        while tb is not None:
-            if "orbax" in tb.tb_frame.f_code.co_filename:
-                return False
-            tb = tb.tb_next
-        return True
+        return not _raised_in_orbax(record.exc_info[1].__traceback__)
+
+
+def _raised_in_orbax(tb) -> bool:
+    while tb is not None:
+        if "orbax" in tb.tb_frame.f_code.co_filename:
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def _unraisable_hook(hook):
+    """``sys.unraisablehook`` less the failures of Orbax's read coroutines: a failed restore leaves its other reads
+    unfinished, and Python reports each (with TensorStore's many-line repr) when it is garbage-collected."""
+
+    def hook_without_orbax(unraisable) -> None:
+        if not _raised_in_orbax(unraisable.exc_traceback):
+            hook(unraisable)
+
+    hook_without_orbax.orbax_dropped = True
+    return hook_without_orbax
 
 
 _ORBAX_FAILURES = _OrbaxFailureFilter()
@@ -265,6 +335,8 @@ _ORBAX_FAILURES = _OrbaxFailureFilter()
 def _drop_logged_orbax_failures() -> None:
     for name in ("asyncio", "absl"):  # stays: the reports can come at any later time
         logging.getLogger(name).addFilter(_ORBAX_FAILURES)
+    if not getattr(sys.unraisablehook, "orbax_dropped", False):
+        sys.unraisablehook = _unraisable_hook(sys.unraisablehook)
 
 
 @contextlib.contextmanager

@@ -17,7 +17,8 @@ from rlhf_jax.models import lora, save_pretrained
 from rlhf_jax.models.lora_peft import ADAPTER_DIR, save_adapter
 from rlhf_jax.runtime import ckpt_contents
 from rlhf_jax.parallel.hosts import sum_over_processes
-from rlhf_jax.runtime.checkpoint import CheckpointError, Checkpointer, quiet_storage_noise, resolve_resume
+from rlhf_jax.runtime.checkpoint import (CheckpointError, Checkpointer, CheckpointReadError, quiet_storage_noise,
+                                         resolve_resume)
 
 
 @dataclasses.dataclass
@@ -111,19 +112,20 @@ class CheckpointService:
                 try:
                     record, restored, with_state = self._read(ckpt, step, trainer)
                     problem = None
-                except Exception as e:  # noqa: BLE001 - any damage, whatever layer of Orbax notices it
-                    first_line = (str(e).strip().splitlines() or [""])[0].split(" [tensorstore_spec")[0]
-                    problem = f"{type(e).__name__}: {first_line[:300]}"
+                except CheckpointReadError as e:  # any damage, whatever layer of Orbax notices it
+                    problem = str(e)
                     quiet.drain()
+                except Exception as e:  # noqa: BLE001 - a checkpoint that reads but does not fit this run
+                    problem = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:300]}"
             if not sum_over_processes(np.asarray([problem is not None], np.int64))[0]:
                 break
             problem = problem or "on another process"
             if not (own and mode == "auto"):
-                raise CheckpointError(f"checkpoint {root}/{step} cannot be read ({problem})")
+                raise CheckpointError(f"checkpoint {root}/{step} cannot be read: {problem}")
             aside = self.checkpointer.set_aside(step)
             previous = self.checkpointer.latest_step()
             if self.is_main:
-                print(f"warning: checkpoint {root}/{step} cannot be read ({problem}); moved to {aside}, "
+                print(f"warning: checkpoint {root}/{step} cannot be read: {problem}; moved to {aside}, "
                       + (f"resuming from step {previous}" if previous is not None else "starting from step 0"),
                       file=sys.stderr, flush=True)
             step = previous

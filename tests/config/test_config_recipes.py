@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import os
+import shutil
 
 import pytest
 
-from rlhf_jax.config import finalize, load_config_from_argv
+from rlhf_jax.config import finalize, load_config_from_argv, resolve_model_path
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RECIPES = ("grpo", "ppo", "rloo", "reinforce_pp", "dapo")
@@ -79,6 +80,8 @@ def test_smollm2_recipe_finalizes_with_a_tiny_model_standing_in(hf_checkpoint):
     """configs/grpo_smollm2.py validates as written for a local model directory, and on 8 devices by changing
     only the mesh and dtype keys (what a GPU/TPU run changes)."""
     path, _ = hf_checkpoint("llama", max_position_embeddings=512)  # a tiny Llama in place of the converted SmolLM2
+    for name in ("tokenizer.json", "tokenizer_config.json"):  # and the tiny model's tokenizer, as a run reads one
+        shutil.copy(os.path.join(resolve_model_path("builtin:tiny"), name), path)
     cpu = finalize(load("grpo_smollm2", f"--config.actor_rollout_ref.model.path={path}"), num_devices=1)
     assert cpu.algorithm.adv_estimator == "grpo" and not cpu.derived.need_ref
     assert cpu.data.train_batch_size == 8 and cpu.actor_rollout_ref.rollout.n == 8
