@@ -7,7 +7,8 @@ import shutil
 
 import pytest
 
-from rlhf_jax.config import finalize, load_config_from_argv, resolve_model_path
+from rlhf_jax.config import finalize, load_config_from_argv
+from rlhf_jax.models.hub import resolve_model_path
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RECIPES = ("grpo", "ppo", "rloo", "reinforce_pp", "dapo")

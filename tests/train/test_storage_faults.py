@@ -23,7 +23,7 @@ def _stderr_lines(proc) -> list[str]:
 
 def _config_json_only(directory) -> str:
     """A model directory as an interrupted download leaves it: the tiny model's config.json and nothing else."""
-    from rlhf_jax.config import resolve_model_path
+    from rlhf_jax.models.hub import resolve_model_path
 
     os.makedirs(directory)
     shutil.copy(os.path.join(resolve_model_path("builtin:tiny"), "config.json"), directory)
