@@ -79,8 +79,7 @@ def sampling_params(cfg: ConfigDict, hf: dict) -> SamplingParams:
     eos = tuple(eos) if isinstance(eos, (list, tuple)) else (() if eos is None else (int(eos),))
     pad = hf.get("pad_token_id")
     pad = int(pad) if pad is not None else (eos[0] if eos else 0)
-    return SamplingParams.from_config(cfg.actor_rollout_ref.rollout, response_length=cfg.data.max_response_length,
-                                      eos_token_ids=eos, pad_token_id=pad, seed=cfg.trainer.seed)
+    return SamplingParams.from_config(cfg.actor_rollout_ref.rollout, eos_token_ids=eos, pad_token_id=pad)
 
 
 def build_run(cfg: ConfigDict, devices: list) -> RunParts:
