@@ -10,14 +10,29 @@ Typical use (what ``rlhf_jax.main`` does)::
 path into a directory (building ``builtin:tiny``, downloading a Hub id) is ``rlhf_jax.models.hub.resolve_model_path``.
 """
 
-from rlhf_jax.config.builtin import is_builtin, model_hf_config
-from rlhf_jax.config.cli import check_override_paths, define_config_flag, load_config_from_argv
-from rlhf_jax.config.derive import DERIVED_DOCS
-from rlhf_jax.config.docs import describe, render_markdown
-from rlhf_jax.config.key import Key
-from rlhf_jax.config.schema import DOCS, KEYS, base_config, get_key, key_paths
-from rlhf_jax.config.validate import finalize, resolve_mesh, with_dataset_size
-from rlhf_jax.config.yaml_import import apply_mapping, load_yaml
+import importlib
+
+# Each public name and its module, imported on first use: the leaf modules (``names``, ``builtin``) are then importable
+# without ml_collections, which the model code and ``benchmarks/accelerator.py`` rely on.
+_EXPORTS = {
+    "is_builtin": "builtin", "model_hf_config": "builtin",
+    "check_override_paths": "cli", "define_config_flag": "cli", "load_config_from_argv": "cli",
+    "DERIVED_DOCS": "derive",
+    "describe": "docs", "render_markdown": "docs",
+    "Key": "key",
+    "DOCS": "schema", "KEYS": "schema", "base_config": "schema", "get_key": "schema", "key_paths": "schema",
+    "finalize": "validate", "resolve_mesh": "validate", "with_dataset_size": "validate",
+    "apply_mapping": "yaml_import", "load_yaml": "yaml_import",
+}
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(f"rlhf_jax.config.{_EXPORTS[name]}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'rlhf_jax.config' has no attribute {name!r}")
+
 
 __all__ = [
     "DERIVED_DOCS",
