@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.accelerator_parts import (BF16, F32, Rollout, decode_step_bytes, matmul_params, packed_micros,
+from benchmarks.accelerator_parts import (BF16, F32, Rollout, actor_loss, decode_step_bytes, matmul_params, packed_micros,
                                          random_model, sampler_cache_len, state_bytes, train_flops_per_token)
 
 STAGES = ("gen", "reward", "old_log_prob", "ref", "adv", "update_actor")
@@ -45,7 +45,8 @@ def grpo_step(hf: dict, *, prompts: int, n: int, prompt_len: int, new_tokens: in
     from rlhf_jax.rollout import Sampler, SamplingParams, rollout_key
     from rlhf_jax.rollout.sampler import cast_floating
     from rlhf_jax.train.engine import Role
-    from rlhf_jax.train.steps import ActorLossSpec, advantage_stage
+    from rlhf_jax.train.steps import advantage_stage
+    from rlhf_jax.types import TrainBatch
 
     mesh = single_device_mesh()
     actor = Role(random_model(hf, dtype=BF16, param_dtype=F32, mesh=mesh), mesh, optax.adamw(1e-6))
@@ -53,7 +54,7 @@ def grpo_step(hf: dict, *, prompts: int, n: int, prompt_len: int, new_tokens: in
     sampler = Sampler(actor.graphdef, max_positions=hf["max_position_embeddings"])
     sampling = SamplingParams(max_new_tokens=new_tokens, temperature=1.0, n=n, pad_token_id=0)
     ids = jnp.asarray(np.random.default_rng(3).integers(0, hf["vocab_size"], (prompts, prompt_len)), jnp.int32)
-    spec = ActorLossSpec(use_kl_loss=True, kl_loss_coef=0.001, kl_loss_type="low_var_kl")
+    loss = actor_loss(use_kl_loss=True, kl_loss_coef=0.001, kl_loss_type="low_var_kl")
     advantages = jax.jit(functools.partial(advantage_stage, estimator="grpo", gamma=1.0, lam=1.0,
                                            norm_adv_by_std_in_grpo=True, use_kl_in_reward=False, kl_penalty="kl"))
     group_ids = jnp.asarray(np.repeat(np.arange(prompts), n).astype(np.int32))
@@ -84,9 +85,9 @@ def grpo_step(hf: dict, *, prompts: int, n: int, prompt_len: int, new_tokens: in
         with stage("adv"):
             _, adv, _, _ = jax.block_until_ready(advantages(token_scores, mask, group_ids, old, ref_lp, None,
                                                             jnp.float32(0.0)))
-        grid = {"response_mask": mask, "old_log_probs": old, "advantages": adv, "ref_log_probs": ref_lp}
+        grid = TrainBatch(response_mask=mask, old_log_probs=old, advantages=adv, ref_log_probs=ref_lp)
         with stage("update_actor"):
-            metrics = actor.update_packed(spec, micros, grid, dp=1, rng=jax.random.key(index))
+            metrics = actor.update_packed(loss, micros, grid, dp=1, rng=jax.random.key(index))
             jax.block_until_ready(actor.params)
         info = {"real_tokens": int(packed.real_tokens), "micro_batches": len(micros),
                 "response_tokens": int(host.response_mask.sum()), "micro": micros[0], "grid": grid,
@@ -107,13 +108,13 @@ def grpo_step(hf: dict, *, prompts: int, n: int, prompt_len: int, new_tokens: in
                                                                   state_bytes(actor.params) // 2),
                        looped=True),
         "old_log_prob": predict("old_log_prob", actor.packed_forward_program(
-            "logp", micro["input_ids"].shape, logits, grid["response_mask"].shape, 1, temperature=1.0),
+            "logp", micro["input_ids"].shape, logits, grid.response_mask.shape, 1, temperature=1.0),
             model_flops=forward_flops / calls, calls=calls),
         "ref": predict("ref", ref.packed_forward_program(
-            "logp", micro["input_ids"].shape, logits, grid["response_mask"].shape, 1, temperature=1.0),
+            "logp", micro["input_ids"].shape, logits, grid.response_mask.shape, 1, temperature=1.0),
             model_flops=forward_flops / calls, calls=calls),
         "update_actor": predict("update_actor", actor.packed_grads_program(
-            spec, micro["input_ids"].shape, logits, {k: (v.shape, v.dtype) for k, v in grid.items()}, 1),
+            loss, micro["input_ids"].shape, logits, grid, 1),
             model_flops=3 * forward_flops / calls, calls=calls),
     }
     info["update_tokens_per_s"] = info["real_tokens"] / times["update_actor"]

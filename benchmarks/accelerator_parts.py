@@ -155,14 +155,34 @@ def packed_micros(batch: Rollout, row_len: int, rows_per_micro: int, mesh) -> tu
     return [{k: to_global(mesh, v) for k, v in packed.micro(i).items()} for i in range(packed.num_micro)], packed
 
 
-def actor_grid(batch: Rollout, old_log_probs=None, advantages=None, seed: int = 1) -> dict:
-    """The update's (rows, R) arrays: response mask, old log-probs and advantages (random where not given)."""
+def actor_grid(batch: Rollout, old_log_probs=None, advantages=None, seed: int = 1):
+    """The update's (rows, R) arrays as a ``TrainBatch``: response mask, old log-probs and advantages (random where
+    not given)."""
+    from rlhf_jax.types import TrainBatch
+
     rng = np.random.default_rng(seed)
     shape = batch.responses.shape
-    return {"response_mask": jnp.asarray(batch.response_mask),
-            "old_log_probs": jnp.asarray(old_log_probs if old_log_probs is not None else
-                                         -rng.uniform(0.5, 3.0, shape).astype(np.float32)),
-            "advantages": jnp.asarray(advantages if advantages is not None else rng.standard_normal(shape).astype(np.float32))}
+    return TrainBatch(response_mask=jnp.asarray(batch.response_mask),
+                      old_log_probs=jnp.asarray(old_log_probs if old_log_probs is not None else
+                                                -rng.uniform(0.5, 3.0, shape).astype(np.float32)),
+                      advantages=jnp.asarray(advantages if advantages is not None else
+                                             rng.standard_normal(shape).astype(np.float32)))
+
+
+def actor_loss(**changes):
+    """The actor loss (``train/losses.actor``) with the key table's defaults (``config/keys_policy.py``: no config
+    file is read here) and ``changes``."""
+    from rlhf_jax.config.keys_policy import KEYS
+    from rlhf_jax.train import losses
+    from rlhf_jax.train.steps import ActorLossSpec
+
+    d = {k.path[len("actor_rollout_ref.actor."):]: k.default for k in KEYS if k.path.startswith("actor_rollout_ref.actor.")}
+    settings = dict(loss_mode=d["policy_loss.loss_mode"], loss_agg_mode=d["loss_agg_mode"],
+                    clip_ratio_low=d["clip_ratio"], clip_ratio_high=d["clip_ratio"], clip_ratio_c=d["clip_ratio_c"],
+                    entropy_coeff=d["entropy_coeff"], use_kl_loss=d["use_kl_loss"], kl_loss_coef=d["kl_loss_coef"],
+                    kl_loss_type=d["kl_loss_type"], temperature=1.0, use_old_log_probs=True,
+                    norm_constant=d["loss_scale_factor"])
+    return losses.actor(ActorLossSpec(**{**settings, **changes}))
 
 
 def update_throughput(hf: dict, remat: bool, *, sequences: int, prompt_len: int, response_len: int, row_len: int,
@@ -173,7 +193,6 @@ def update_throughput(hf: dict, remat: bool, *, sequences: int, prompt_len: int,
 
     from rlhf_jax.parallel import single_device_mesh
     from rlhf_jax.train.engine import Role
-    from rlhf_jax.train.steps import ActorLossSpec
 
     mesh = single_device_mesh()
     role = Role(random_model(hf, dtype=BF16, param_dtype=F32, remat="full" if remat else "none", mesh=mesh), mesh,
@@ -181,13 +200,12 @@ def update_throughput(hf: dict, remat: bool, *, sequences: int, prompt_len: int,
     batch = synthetic_rollout(sequences, prompt_len, response_len, hf["vocab_size"])
     micros, packed = packed_micros(batch, row_len, rows_per_micro, mesh)
     grid = actor_grid(batch)
-    spec, key = ActorLossSpec(), jax.random.key(0)
-    first, best, _ = timed(lambda: (role.update_packed(spec, micros, grid, dp=1, rng=key), role.params), repeats)
+    loss, key = actor_loss(), jax.random.key(0)
+    first, best, _ = timed(lambda: (role.update_packed(loss, micros, grid, dp=1, rng=key), role.params), repeats)
     tokens = packed.real_tokens
     flops = train_flops_per_token(hf, (prompt_len + response_len + 1) / 2) * tokens
     micro = micros[0]
-    program = role.packed_grads_program(spec, micro["input_ids"].shape, micro["logit_positions"].shape[0],
-                                        {k: (v.shape, v.dtype) for k, v in grid.items()}, 1)
+    program = role.packed_grads_program(loss, micro["input_ids"].shape, micro["logit_positions"].shape[0], grid, 1)
     out = {"tokens": int(tokens), "micro_batches": len(micros), "row_len": row_len, "rows_per_micro": rows_per_micro,
            "first_call_s": first, "seconds": best, "tokens_per_s": tokens / best, "model_flops": flops,
            "flops_per_s": flops / best, "process_peak_memory_bytes": peak_memory_bytes(),  # since the process began
