@@ -246,12 +246,17 @@ def free_device_memory() -> int | None:
         return None
 
 
-def compiled_bytes(compiled) -> int | None:
-    """XLA's estimate of the memory a compiled step allocates per device beyond its (donated) inputs."""
+def _memory_analysis(compiled):
+    """XLA's memory analysis of a compiled program, or None where the backend gives none."""
     try:
-        ma = compiled.memory_analysis()
+        return compiled.memory_analysis()
     except Exception:  # noqa: BLE001 - some backends do not implement it
         return None
+
+
+def compiled_bytes(compiled) -> int | None:
+    """XLA's estimate of the memory a compiled step allocates per device beyond its (donated) inputs."""
+    ma = _memory_analysis(compiled)
     if ma is None:
         return None
     return int(ma.temp_size_in_bytes + ma.output_size_in_bytes - ma.alias_size_in_bytes)
@@ -281,10 +286,7 @@ def pass_bytes(compiled, held: int) -> int | None:
     """What a compiled pass adds on a device beyond the run's resident arrays: its other arguments (the micro-batch,
     the gradient accumulator), its outputs and temporaries; ``held``: the resident arguments' bytes (``held_bytes``).
     None when XLA gives no memory analysis."""
-    try:
-        ma = compiled.memory_analysis()
-    except Exception:  # noqa: BLE001 - some backends do not implement it
-        return None
+    ma = _memory_analysis(compiled)
     if ma is None:
         return None
     return int(ma.argument_size_in_bytes - held + ma.output_size_in_bytes + ma.temp_size_in_bytes
