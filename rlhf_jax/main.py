@@ -32,12 +32,13 @@ def main(argv: list[str] | None = None) -> int:
     from rlhf_jax.rewards import RewardFunctionError, RewardLoadError
     from rlhf_jax.runtime.checkpoint import CheckpointError, CheckpointWriteError
     from rlhf_jax.runtime.preemption import STOP
-    from rlhf_jax.train.stages import StageSetupError
-    from rlhf_jax.train.tasks import trainer_for
+    from rlhf_jax.train.stages import StageRunner, StageSetupError
+    from rlhf_jax.train.tasks import trainer_class
 
     with STOP.installed():  # from here SIGTERM/SIGINT stop the run cleanly (train/preemption.py)
         try:  # everything that checks the config, data and checkpoints runs here, before any compilation
-            trainer = trainer_for(cfg)(cfg, lock_dir=True)
+            # a config listing stages runs them in order; otherwise algorithm.type names the trainer
+            trainer = (StageRunner if cfg.stages else trainer_class(cfg.algorithm.type))(cfg, lock_dir=True)
         except (KeyError, ValueError, FileNotFoundError) as e:
             print(f"error: {e}", file=sys.stderr)
             return 2

@@ -4,7 +4,7 @@
 other training kinds register their trainer class here by dotted path (and their name in
 ``rlhf_jax.config.names.TRAINER_TYPES``), so
 importing this module stays cheap and a stage list can name any of them. A config
-with ``stages`` runs them in order (train/stages.py).
+with ``stages`` runs them in order (train/stages.py, which builds each stage's trainer from here).
 Every trainer offers the same calls to ``main``: ``plan_memory()``, ``fit()``,
 ``out_of_memory(error)`` and ``close()``, and is built as ``cls(cfg, lock_dir=True)``;
 the run loop drives it through the ``fit_loop.Trainer`` protocol.
@@ -23,15 +23,6 @@ TRAINERS: dict[str, str] = {
 }
 if tuple(TRAINERS) != TRAINER_TYPES:  # the names algorithm.type accepts
     raise RuntimeError(f"rlhf_jax.config.names.TRAINER_TYPES {TRAINER_TYPES} != the trainers {tuple(TRAINERS)}")
-
-
-def trainer_for(cfg) -> type:
-    """What ``main`` builds for a config: the stage runner when it lists ``stages``, else ``algorithm.type``'s."""
-    if cfg.stages:
-        from rlhf_jax.train.stages import StageRunner
-
-        return StageRunner
-    return trainer_class(cfg.algorithm.type)
 
 
 def trainer_class(name: str) -> type:
