@@ -7,7 +7,9 @@ overrides any schema key, parsed by the key's type. Tuples take
 ``--config.trainer.logger="('console','jsonl')"``, a bare
 ``--config.data.train_files=/path/a.parquet`` (one element) or the flag
 repeated. An override of a key that is not in the schema fails with a
-ValueError naming it and the closest known key, before anything loads.
+ValueError naming it and the closest known key, before anything loads. In a config with ``stages``,
+``--config.stages.<i>.<key>=<value>`` sets a key in stage ``<i>`` (its position from 0 or its ``stage_name``), and
+an override of a key that a stage sets itself is refused naming that form (config/stage_overrides.py).
 
 Two entry points: :func:`load_config_from_argv` parses an argv list on its own
 (no absl app needed); :func:`define_config_flag` registers the flag on an absl
@@ -23,6 +25,7 @@ from absl import flags
 from ml_collections import ConfigDict, config_flags
 
 from rlhf_jax.config import schema
+from rlhf_jax.config.stage_overrides import apply_stage_overrides, plain_values, split_stage_args
 from rlhf_jax.config.yaml_import import load_yaml
 
 _HELP = "Recipe file with get_config() (configs/grpo.py) or a verl-style YAML; override keys with --config.<key>=v"
@@ -79,6 +82,7 @@ def load_config_from_argv(argv: Sequence[str], *, name: str = "config", default:
     if fmt_arg:
         i, count, fmt = fmt_arg
         del argv[1 + i : 1 + i + count]
+    argv[1:], stage_args = split_stage_args(argv[1:], name)  # --config.stages.<i>.<key>=v: applied after loading
     check_override_paths(argv[1:], name)
     fv = flags.FlagValues()
     found = _config_file_arg(argv[1:], name)
@@ -109,5 +113,6 @@ def load_config_from_argv(argv: Sequence[str], *, name: str = "config", default:
         cfg = load_yaml(source, overrides={p: schema.get_path(cfg, p) for p in paths}, warn=False, fmt=fmt)
     if not isinstance(cfg, ConfigDict):
         raise ValueError(f"--{name}={source}: get_config() must return an ml_collections.ConfigDict")
+    apply_stage_overrides(cfg, plain_values(argv[1:], name), stage_args, name)
     schema.check_known_keys(cfg)
     return cfg

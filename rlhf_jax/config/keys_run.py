@@ -324,7 +324,9 @@ EXPERIENCE = (
 
 STAGES = (
     Key("stages", (), "Stages run in order: each a mapping of overrides (and stage_name) starting from the previous "
-        "stage's weights, in <default_local_dir>/stage_<i>_<name>; () = one run.", type=tuple),
+        "stage's weights, in <default_local_dir>/stage_<i>_<name>; () = one run. On the command line "
+        "--config.stages.<i or stage_name>.<key>=<value> sets a key in one stage (a plain override of a key a stage "
+        "sets is refused).", type=tuple),
 )
 
 KEYS: tuple[Key, ...] = CRITIC + REWARD + CUSTOM_REWARD + ALGORITHM + TRAINER + MESH + EXPERIENCE + STAGES

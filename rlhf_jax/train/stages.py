@@ -8,7 +8,9 @@ last step's HF directory) and writes ``stage_done.json`` there. The next stage s
 the command skips finished stages and resumes the unfinished one from its latest checkpoint, so a run stopped
 by SIGTERM in stage 2 continues in stage 2 at its step (``trainer.resume_mode=disable`` starts over).
 
-Every stage's config is checked (``finalize``) before any model loads; errors name ``stages[i].<key>``.
+Every stage's config is checked (``finalize``) before any model loads; errors name ``stages[i].<key>``. A
+command-line override of a key a stage sets is refused in favour of ``--config.stages.<i>.<key>=<value>``
+(config/stage_overrides.py).
 """
 
 from __future__ import annotations
@@ -24,34 +26,18 @@ from ml_collections import ConfigDict
 
 from rlhf_jax.config import finalize, schema
 from rlhf_jax.config.interpolation import has_reference, resolve
+from rlhf_jax.config.stage_overrides import NAME, flatten_stage
 from rlhf_jax.config.yaml_import import coerce
 from rlhf_jax.train import tasks
 from rlhf_jax.runtime import run_lock
 from rlhf_jax.runtime.preemption import STOP, StopRequest
 
-NAME = "stage_name"
 DONE = "stage_done.json"
 MODEL_PATH = "actor_rollout_ref.model.path"
 
 
 class StageSetupError(ValueError):
     """A later stage cannot be built (its data, its model); names the stage."""
-
-
-def _flatten(mapping: dict, where: str, prefix: str = "") -> dict[str, Any]:
-    """``{"algorithm": {"type": "sft"}, "data.train_files": [...]}`` -> dotted schema keys (checked)."""
-    out: dict[str, Any] = {}
-    for name, value in mapping.items():
-        path = f"{prefix}{name}"
-        if isinstance(value, dict) and path not in schema.DOCS:
-            if not schema.is_section(path):
-                raise ValueError(f"{where}.{path}: {schema.unknown_key_message(path)}")
-            out.update(_flatten(value, where, path + "."))
-            continue
-        if path not in schema.DOCS:
-            raise ValueError(f"{where}.{path}: {schema.unknown_key_message(path)}")
-        out[path] = value
-    return out
 
 
 def _resolved(cfg: ConfigDict, path: str) -> Any:
@@ -86,7 +72,7 @@ def stage_configs(cfg: ConfigDict) -> list[tuple[str, str, ConfigDict]]:
         if not name or name in names or "/" in name:
             raise ValueError(f"{where}.{NAME}={name!r} must be a unique name without '/'")
         names.add(name)
-        overrides = _flatten(stage, where)
+        overrides = flatten_stage(stage, where)
         if "stages" in overrides:
             raise ValueError(f"{where}.stages: a stage cannot hold stages")
         if i > 0 and MODEL_PATH in overrides:

@@ -1,5 +1,5 @@
-"""configs/grpo_tool.py end to end with tiny step counts: the SFT warm-up on calculator demonstrations, then GRPO
-whose multi-turn rollouts run the calculator, each stage's metrics written."""
+"""configs/grpo_tool.py end to end with tiny step counts (set per stage on the command line): the SFT warm-up on
+calculator demonstrations, then GRPO whose multi-turn rollouts run the calculator, each stage's metrics written."""
 
 from __future__ import annotations
 
@@ -27,11 +27,6 @@ def get_config():
     cfg.trainer.logger = ("jsonl",)
     cfg.trainer.save_hf_checkpoint = "never"
     cfg.mesh.data = cfg.mesh.fsdp = cfg.mesh.tensor = 1
-    sft, grpo = (dict(s) for s in cfg.stages)
-    sft["data"] = {{**sft["data"], "train_batch_size": 4}}
-    sft["trainer"] = {{"total_training_steps": 2, "test_freq": 2, "save_freq": 2}}
-    grpo["trainer"] = {{"total_training_steps": 1, "test_freq": 1, "save_freq": 1}}
-    cfg.stages = (sft, grpo)
     return cfg
 '''
 
@@ -48,7 +43,12 @@ def test_recipe_runs_both_stages(tmp_path):
     recipe = tmp_path / "grpo_tool_recipe.py"
     recipe.write_text(RECIPE.format(path=os.path.join(REPO, "configs", "grpo_tool.py")))
     out = str(tmp_path / "run")
-    proc = run_main([f"--config={recipe}", f"--config.trainer.default_local_dir={out}"], devices=1)
+    # the stages' own sizes, set per stage on the command line (by position and by stage_name)
+    per_stage = {"0.data.train_batch_size": 4, "0.trainer.total_training_steps": 2, "sft_warmup.trainer.test_freq": 2,
+                 "0.trainer.save_freq": 2, "grpo.trainer.total_training_steps": 1, "1.trainer.test_freq": 1,
+                 "grpo.trainer.save_freq": 1}
+    proc = run_main([f"--config={recipe}", f"--config.trainer.default_local_dir={out}",
+                     *(f"--config.stages.{k}={v}" for k, v in per_stage.items())], devices=1)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     sft = read_metrics(os.path.join(out, "stage_0_sft_warmup"))
     assert [r["step"] for r in sft if "train/loss" in r] == [1, 2]
