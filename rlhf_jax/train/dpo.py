@@ -41,7 +41,7 @@ from rlhf_jax.train.passes import (HEADROOM, compiled_bytes, free_device_memory,
 from rlhf_jax.runtime.oom import memory_hint
 from rlhf_jax.runtime.preemption import STOP, StopRequest
 from rlhf_jax.train.setup import Components, actor_role, load_tokenizer, mesh_and_rules, reference_role
-from rlhf_jax.train.trainer_checkpoints import CheckpointItems, export_policy, model_record, restore_roles, role_arrays
+from rlhf_jax.train.trainer_checkpoints import CheckpointItems, export_policy, policy_items, restore_policy
 
 
 def prepare(cfg: ConfigDict) -> tuple[Components, PreferenceDataset, PreferenceDataset | None]:
@@ -203,14 +203,10 @@ class DPOTrainer:
 
     # ------------------------------------------------------------------ checkpoints and the loop's other calls
     def checkpoint_items(self, saved: dict | None = None) -> CheckpointItems:
-        """The policy's arrays; with the actor's "extra": the data position."""
-        return CheckpointItems(role_arrays(self.actor), model_record(self.actor, self.cfg, self.c),
-                               {"data_state": self.loader.get_state()}, required=("data_state",))
+        return policy_items(self.actor, self.cfg, self.c, self.loader)
 
     def restore(self, arrays: dict[str, Any], state: dict | None) -> None:
-        restore_roles(arrays, self.actor)
-        if state is not None:
-            self.loader.set_state(state["data_state"])
+        restore_policy(arrays, state, self.actor, self.loader)
 
     def export_hf(self, step: int) -> str:
         return export_policy(self.actor, self.loop.out_dir, step, self.tok, self.c.model_path)

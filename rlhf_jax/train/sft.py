@@ -44,7 +44,7 @@ from rlhf_jax.train.layout import Packer, layout
 from rlhf_jax.train.passes import PassPlan
 from rlhf_jax.runtime.preemption import STOP, StepAbandoned, StopRequest
 from rlhf_jax.train.setup import actor_role, load_tokenizer, mesh_and_rules, sampling_params, tool_schemas
-from rlhf_jax.train.trainer_checkpoints import CheckpointItems, export_policy, model_record, restore_roles, role_arrays
+from rlhf_jax.train.trainer_checkpoints import CheckpointItems, export_policy, policy_items, restore_policy
 from rlhf_jax.train.trainer_rollout import Rollouts
 from rlhf_jax.train.validation import Validator
 from rlhf_jax.types import TrainBatch
@@ -239,14 +239,10 @@ class SFTTrainer:
 
     # ------------------------------------------------------------------ checkpoints and the loop's other calls
     def checkpoint_items(self, saved: dict | None = None) -> CheckpointItems:
-        """The policy's arrays; with the actor's "extra": the data position."""
-        return CheckpointItems(role_arrays(self.actor), model_record(self.actor, self.cfg, self.c),
-                               {"data_state": self.loader.get_state()}, required=("data_state",))
+        return policy_items(self.actor, self.cfg, self.c, self.loader)
 
     def restore(self, arrays: dict[str, Any], state: dict | None) -> None:
-        restore_roles(arrays, self.actor)
-        if state is not None:
-            self.loader.set_state(state["data_state"])
+        restore_policy(arrays, state, self.actor, self.loader)
 
     def export_hf(self, step: int) -> str:
         return export_policy(self.actor, self.loop.out_dir, step, self.c.tokenizer, self.c.model_path)

@@ -60,6 +60,19 @@ def restore_roles(arrays: dict[str, Any], actor, critic=None) -> None:
         critic.opt_state = arrays.get("critic_opt", critic.opt_state)
 
 
+def policy_items(actor, cfg, c, loader) -> CheckpointItems:
+    """What a policy-only trainer's (SFT, DPO) checkpoint holds: the policy's arrays and the data position."""
+    return CheckpointItems(role_arrays(actor), model_record(actor, cfg, c), {"data_state": loader.get_state()},
+                           required=("data_state",))
+
+
+def restore_policy(arrays: dict[str, Any], state: dict | None, actor, loader) -> None:
+    """Take back a policy-only checkpoint (``state`` None: the weights only, the data position stays)."""
+    restore_roles(arrays, actor)
+    if state is not None:
+        loader.set_state(state["data_state"])
+
+
 def export_policy(actor, out_dir: str, step: int, tokenizer, model_path: str) -> str:
     """The actor as a plain HF directory ``<out_dir>/hf/global_step_<step>`` (adapters merged); with LoRA also the
     adapter alone in PEFT's layout (``<dir>/lora_adapter``)."""
