@@ -26,7 +26,9 @@ from ml_collections import ConfigDict, config_flags
 
 from rlhf_jax.config import schema
 from rlhf_jax.config.stage_overrides import apply_stage_overrides, plain_values, split_stage_args
-from rlhf_jax.config.yaml_import import load_yaml
+from rlhf_jax.config import hydra_args
+from rlhf_jax.config.hydra_args import is_hydra_arg
+from rlhf_jax.config.yaml_import import apply_mapping, coerce, load_yaml
 
 _HELP = "Recipe file with get_config() (configs/grpo.py) or a verl-style YAML; override keys with --config.<key>=v"
 
@@ -59,6 +61,43 @@ def check_override_paths(argv: Sequence[str], name: str = "config") -> None:
             raise ValueError(f"--{name}.{path}: {schema.unknown_key_message(path)}")
 
 
+def verl_base() -> ConfigDict:
+    """The schema with verl's own value wherever our default differs (config/verl_defaults.py): what
+    ``python3 -m verl.trainer.main_ppo`` starts from."""
+    from rlhf_jax.config.verl_defaults import DIFFERENCES
+
+    cfg = schema.base_config()
+    for path, (value, _) in DIFFERENCES.items():
+        schema.set_path(cfg, path, None if value is None else coerce(schema.get_key(path), value))
+    return cfg
+
+
+def _apply_hydra(cfg: ConfigDict, hydra: dict[int, str], argv: list[str], name: str) -> ConfigDict:
+    """``cfg`` with verl's Hydra-style arguments (``hydra``: argv position -> argument) applied, a later
+    ``--<name>.<key>=`` of the same key winning over an earlier ``key=value`` and the other way round."""
+    settings = hydra_args.parse(hydra.values())
+    last_hydra = {}
+    for i, arg in hydra.items():
+        last_hydra[arg.lstrip("+~").split("=", 1)[0]] = i
+    # argv lost the Hydra arguments: rebuild the original position of each --config.<key> override
+    positions, k = {}, 0
+    for i in range(1, len(argv) + len(hydra)):
+        if i in hydra:
+            continue
+        k += 1
+        for path in override_paths(argv[k:k + 1], name):
+            positions[path] = i
+    for path, i in positions.items():
+        if path in settings and i > last_hydra.get(path, -1):
+            del settings[path]  # the later --config.<key> override stands
+    removed = [p for p, v in settings.items() if v is hydra_args.REMOVED]
+    for path in removed:
+        if path not in schema.DOCS:
+            raise ValueError(f"~{path}: {schema.unknown_key_message(path)}")
+        schema.set_path(cfg, path, schema.get_key(path).default)
+    return apply_mapping(hydra_args.nested(settings), cfg, source="command line")
+
+
 def _config_file_arg(argv: list[str], name: str) -> tuple[int, int, str] | None:
     """(index, number of argv items, value) of ``--name=v`` / ``--name v``, if present."""
     for i, arg in enumerate(argv):
@@ -77,6 +116,8 @@ def load_config_from_argv(argv: Sequence[str], *, name: str = "config", default:
     ``argv`` that is not ``--config`` or an override is an error.
     """
     argv = list(argv)
+    hydra = {i: a for i, a in enumerate(argv) if i and is_hydra_arg(a)}  # verl's key=value / +key=value / ~key
+    argv = [a for i, a in enumerate(argv) if i not in hydra]
     fmt = None
     fmt_arg = _config_file_arg(argv[1:], f"{name}_format")  # --config_format=roll: the YAML file's format
     if fmt_arg:
@@ -87,9 +128,12 @@ def load_config_from_argv(argv: Sequence[str], *, name: str = "config", default:
     fv = flags.FlagValues()
     found = _config_file_arg(argv[1:], name)
     source = found[2] if found else default
-    if source is None:
+    if hydra and not found:  # a verl command line: verl's defaults underneath, as a ppo_trainer.yaml run has
+        source = "<verl defaults>"
+        config_flags.DEFINE_config_dict(name, verl_base(), _HELP, flag_values=fv, lock_config=True, sys_argv=argv)
+    elif source is None:
         raise ValueError(f"no --{name}=<recipe.py|file.yaml> given")
-    if source.endswith((".yaml", ".yml")):
+    elif source.endswith((".yaml", ".yml")):
         if found:
             i, count, _ = found
             del argv[1 + i : 1 + i + count]
@@ -113,6 +157,8 @@ def load_config_from_argv(argv: Sequence[str], *, name: str = "config", default:
         cfg = load_yaml(source, overrides={p: schema.get_path(cfg, p) for p in paths}, warn=False, fmt=fmt)
     if not isinstance(cfg, ConfigDict):
         raise ValueError(f"--{name}={source}: get_config() must return an ml_collections.ConfigDict")
+    if hydra:
+        cfg = _apply_hydra(cfg, hydra, argv, name)
     apply_stage_overrides(cfg, plain_values(argv[1:], name), stage_args, name)
     schema.check_known_keys(cfg)
     return cfg

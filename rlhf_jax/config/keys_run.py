@@ -169,7 +169,7 @@ REWARD = (
         "verl's policy tokenizer for the RM input: responses are always decoded with the policy's and re-tokenized "
         "with the RM's, so None or the policy's.", type=str),
     Key(_R + "micro_batch_size_per_gpu", 2, "Sequences per reward-model forward pass on each data-parallel shard.",
-        check=at_least(1)),
+        check=at_least(1), check_if="reward_model.enable"),
     Key(_R + "max_length", None, "Reward-model input length; None = prompt + response length.", type=int),
     Key(_R + "reward_manager", "naive",
         "Rule-based scoring: naive (in-process threads), prime (worker processes), batch (one call per batch with "
@@ -323,10 +323,9 @@ EXPERIENCE = (
 )
 
 STAGES = (
-    Key("stages", (), "Stages run in order: each a mapping of overrides (and stage_name) starting from the previous "
-        "stage's weights, in <default_local_dir>/stage_<i>_<name>; () = one run. On the command line "
-        "--config.stages.<i or stage_name>.<key>=<value> sets a key in one stage (a plain override of a key a stage "
-        "sets is refused).", type=tuple),
+    Key("stages", (), "Stages run in order: mappings of overrides (and stage_name), each from the previous stage's "
+        "weights, in <default_local_dir>/stage_<i>_<name>; () = one run. One stage: --config.stages.<i>.<key>=v.",
+        type=tuple),
 )
 
 KEYS: tuple[Key, ...] = CRITIC + REWARD + CUSTOM_REWARD + ALGORITHM + TRAINER + MESH + EXPERIENCE + STAGES

@@ -78,6 +78,10 @@ ALIASES: tuple[Alias, ...] = (
     Alias("actor_rollout_ref.actor.optim.lr_scheduler_type", "actor_rollout_ref.actor.optim.warmup_style"),
     Alias("critic.optim.lr_scheduler_type", "critic.optim.warmup_style"),
     Alias("reward_manager.name", "reward_model.reward_manager"),
+    # verl's 2026 releases gather the reward settings in one ``reward`` section.
+    Alias("reward.reward_manager.name", "reward_model.reward_manager"),
+    Alias("reward.custom_reward_function.path", "custom_reward_function.path"),
+    Alias("reward.custom_reward_function.name", "custom_reward_function.name"),
     Alias("actor_rollout_ref.model.tokenizer_path", "data.tokenizer"),
     Alias("actor_rollout_ref.model.custom_chat_template", "data.chat_template"),
     # DAPO keeps its overlong penalty in the reward manager's kwargs.

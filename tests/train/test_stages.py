@@ -38,7 +38,11 @@ GRPO_STEPS = 12
 def _args(tmp_path, out: str) -> list[str]:
     recipe = tmp_path / "stages_recipe.py"
     recipe.write_text(RECIPE.format(path=os.path.join(REPO, "configs", "sft_grpo_stages.py"), grpo_steps=GRPO_STEPS))
-    return [f"--config={recipe}", *cli_args(out)[1:]]
+    # the shared FAST overrides, except the training data, which the SFT stage sets itself: the GRPO stage gets it
+    # in the per-stage form (a plain override of a key a stage sets is refused)
+    shared = [a for a in cli_args(out)[1:] if not a.startswith("--config.data.train_files=")]
+    grpo_data = next(a for a in cli_args(out) if a.startswith("--config.data.train_files="))
+    return [f"--config={recipe}", *shared, grpo_data.replace("--config.", "--config.stages.grpo.", 1)]
 
 
 def _rows(path: str) -> int:

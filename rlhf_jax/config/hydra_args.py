@@ -1,0 +1,102 @@
+"""verl's command line: the Hydra-style arguments of ``python3 -m verl.trainer.main_ppo``.
+
+``key=value`` sets a key, ``+key=value`` adds one (here: sets it, since the schema already holds every key rlhf_jax
+honours) and ``++key=value`` too, ``~key`` (or ``~key=value``) removes it (the key goes back to its default).
+Values are read as Hydra reads them: YAML flow syntax (``'["console","wandb"]'``, ``"['a', 'b']"``, ``null``,
+``true`` / ``True``, numbers), anything else as text (so ``key=a=b`` is the text ``a=b``). Later arguments win over
+earlier ones. The result is a nested mapping in verl's shape, applied like a verl YAML file: verl's moved key names,
+the one warning for keys with no meaning in one JAX program and the closest-key error for a typo all come from
+``yaml_import``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import yaml
+
+_KEY = re.compile(r"^[A-Za-z_][\w\-]*(\.[A-Za-z_0-9][\w\-]*)*$")
+REMOVED = object()  # the value of a ``~key``: back to the default
+
+
+def is_hydra_arg(arg: str) -> bool:
+    """Whether ``arg`` is a verl/Hydra override (``key=value``, ``+key=value``, ``~key``), not a ``--flag``."""
+    return not arg.startswith("-") and ("=" in arg or arg.startswith("~"))
+
+
+def parse_value(raw: str, arg: str) -> Any:
+    """``raw`` as Hydra reads a value; a malformed list or mapping is an error naming ``arg``."""
+    if raw == "":
+        return None
+    try:
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError:
+        if raw.lstrip()[:1] in "[{":
+            raise ValueError(f"{arg}: cannot read {raw!r} as a list or mapping (Hydra's syntax: "
+                             "key='[a, b]' or key=\"['a', 'b']\")") from None
+        return raw
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    if isinstance(value, str):
+        try:  # YAML 1.1 reads 1e-6 as text; Hydra reads it as a number
+            return float(value) if re.fullmatch(r"[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+", value) else value
+        except ValueError:
+            return value
+    return value
+
+
+def parse(args: Sequence[str]) -> dict[str, Any]:
+    """{dotted key: value or REMOVED} of Hydra-style ``args``, in order, later ones winning."""
+    out: dict[str, Any] = {}
+    for arg in args:
+        body = arg.lstrip("+")
+        removing = body.startswith("~")
+        body = body.lstrip("~")
+        key, _, raw = body.partition("=")
+        if not _KEY.match(key):
+            raise ValueError(f"{arg}: expected key=value, +key=value or ~key with a dotted key")
+        out.pop(key, None)  # a later argument replaces an earlier one (and takes its place in the order)
+        out[key] = REMOVED if removing else parse_value(raw, arg)
+    return out
+
+
+def nested(settings: dict[str, Any]) -> dict[str, Any]:
+    """``{"a.b": 1, "a.c": 2}`` -> ``{"a": {"b": 1, "c": 2}}`` (REMOVED keys left out)."""
+    tree: dict[str, Any] = {}
+    for path, value in settings.items():
+        if value is REMOVED:
+            continue
+        node = tree
+        *parents, leaf = path.split(".")
+        for p in parents:
+            child = node.get(p)
+            if not isinstance(child, dict):
+                child = node[p] = {}
+            node = child
+        node[leaf] = value
+    return tree
+
+
+def merged(base: dict, settings: dict[str, Any]) -> dict:
+    """A verl YAML mapping ``base`` with ``settings`` (from :func:`parse`) set or removed in it."""
+    import copy
+
+    tree = copy.deepcopy(base)
+    for path, value in settings.items():
+        node = tree
+        *parents, leaf = path.split(".")
+        for p in parents:
+            child = node.get(p)
+            if not isinstance(child, dict):
+                if value is REMOVED:
+                    break
+                child = node[p] = {}
+            node = child
+        else:
+            if value is REMOVED:
+                node.pop(leaf, None)
+            else:
+                node[leaf] = value
+    return tree
