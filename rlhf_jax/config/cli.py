@@ -68,7 +68,9 @@ def verl_base() -> ConfigDict:
 
     cfg = schema.base_config()
     for path, (value, _) in DIFFERENCES.items():
-        schema.set_path(cfg, path, None if value is None else coerce(schema.get_key(path), value))
+        if value is None:  # verl's null where ours has a value: kept, as when verl's ppo_trainer.yaml is loaded
+            continue
+        schema.set_path(cfg, path, coerce(schema.get_key(path), value))
     return cfg
 
 

@@ -49,10 +49,6 @@ COMPUTED: dict[str, tuple[Callable[[Get, Get], Any], str]] = {
                                      "rollout.response_length"),
     "reward_model.max_length": (lambda get, given: get("data.max_prompt_length") + get(_A + "rollout.response_length"),
                                 "data.max_prompt_length + rollout.response_length"),
-    "data.seed": (lambda get, given: 1, "1, as verl's loader reads null"),
-    # verl's null defers to lr_scheduler_type (an alias of warmup_style here), whose default is constant
-    _A + "actor.optim.warmup_style": (lambda get, given: "constant", "constant, as verl's null"),
-    "critic.optim.warmup_style": (lambda get, given: "constant", "constant, as verl's null"),
     "trainer.max_actor_ckpt_to_keep": (_max_actor_ckpt, "1 with trainer.remove_previous_ckpt_in_save, else None (all)"),
 }
 

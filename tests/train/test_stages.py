@@ -12,6 +12,8 @@ import time
 
 import pytest
 
+from rlhf_jax.config.cli import load_config_from_argv
+from rlhf_jax.config.stage_overrides import NAME, flatten_stage
 from rlhf_jax.train.stages import DONE, stage_configs
 from tests.train.helpers import REPO, cli_args, cpu_devices_flags, load_recipe, read_metrics, run_main
 
@@ -38,11 +40,19 @@ GRPO_STEPS = 12
 def _args(tmp_path, out: str) -> list[str]:
     recipe = tmp_path / "stages_recipe.py"
     recipe.write_text(RECIPE.format(path=os.path.join(REPO, "configs", "sft_grpo_stages.py"), grpo_steps=GRPO_STEPS))
-    # the shared FAST overrides, except the training data, which the SFT stage sets itself: the GRPO stage gets it
-    # in the per-stage form (a plain override of a key a stage sets is refused)
-    shared = [a for a in cli_args(out)[1:] if not a.startswith("--config.data.train_files=")]
-    grpo_data = next(a for a in cli_args(out) if a.startswith("--config.data.train_files="))
-    return [f"--config={recipe}", *shared, grpo_data.replace("--config.", "--config.stages.grpo.", 1)]
+    # The shared FAST overrides; a key a stage sets itself is refused in that form, so those go to the GRPO stage in
+    # the per-stage form (the SFT stage keeps its own settings).
+    stages = load_config_from_argv(["main", f"--config={recipe}"]).stages
+    own = [flatten_stage({k: v for k, v in dict(s).items() if k != NAME}, "stage") for s in stages]
+    args = [f"--config={recipe}"]
+    for arg in cli_args(out)[1:]:
+        key = arg[len("--config."):].split("=", 1)[0]
+        if key in own[0] or key in own[1]:
+            if key not in own[1]:
+                args.append(arg.replace("--config.", "--config.stages.grpo.", 1))
+            continue
+        args.append(arg)
+    return args
 
 
 def _rows(path: str) -> int:
