@@ -102,6 +102,37 @@ def cispo(*, old_log_prob: Array, log_prob: Array, advantages: Array, response_m
     return _agg(losses, {"response_mask": response_mask, **kw}), metrics
 
 
+@register_policy_loss("geo_mean", agg_mode="seq-mean-token-mean")
+def geo_mean(*, old_log_prob: Array, log_prob: Array, advantages: Array, response_mask: Array,
+             clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2, **kw: Any) -> tuple[Array, dict[str, Array]]:
+    """GMPO (verl's ``geo_mean``): per sequence -A_i * exp(mean_t of the clipped log-ratio), the geometric mean of
+    the token ratios, each clipped to [-lo, hi] in log space on the side the advantage's sign makes harmful.
+
+    Aggregated as a mean over sequences (the loss of sequence i spread over its tokens, seq-mean-token-mean). verl
+    takes ``torch.mean`` over the micro-batch's rows, so a row with an empty mask counts there; here it does not
+    (padding rows and fully rejected sequences carry no response). Rollout-correction weights act per sequence, as
+    their geometric mean.
+    """
+    valid = response_mask > 0
+    delta = jnp.where(valid, log_prob - old_log_prob, 0.0)
+    sign = jnp.sign(advantages)
+    clamped = jnp.clip(delta, -clip_ratio_low, clip_ratio_high)
+    kept = sign * jnp.minimum(sign * delta, sign * clamped)
+    length = jnp.sum(response_mask, axis=-1) + 1e-8
+    ratio = jnp.exp(jnp.sum(kept * response_mask, axis=-1) / length)
+    advantage = jnp.sum(jnp.where(valid, advantages, 0.0) * response_mask, axis=-1) / length
+    seq_loss = -advantage * ratio
+    weights = kw.pop("rollout_is_weights", None)
+    if weights is not None:
+        seq_loss = seq_loss * jnp.exp(jnp.sum(jnp.log(sg(weights) + 1e-10) * response_mask, axis=-1) / length)
+    losses = jnp.broadcast_to(seq_loss[:, None], log_prob.shape)
+    clipped = (delta != clamped).astype(jnp.float32)
+    metrics = _metrics(masked_mean(clipped * (advantages > 0), response_mask),
+                       masked_mean(clipped * (advantages < 0), response_mask), masked_mean(-delta, response_mask))
+    kw = {**kw, "loss_agg_mode": "seq-mean-token-mean"}
+    return _agg(losses, {"response_mask": response_mask, **kw}), metrics
+
+
 def _rank_desc(priority: Array) -> Array:
     """Rank (0 = largest) of every entry of a flat array; stable on ties."""
     order = jnp.argsort(-priority, stable=True)
