@@ -102,6 +102,23 @@ def cispo(*, old_log_prob: Array, log_prob: Array, advantages: Array, response_m
     return _agg(losses, {"response_mask": response_mask, **kw}), metrics
 
 
+@register_policy_loss("sapo", agg_mode="seq-mean-token-mean")
+def sapo(*, old_log_prob: Array, log_prob: Array, advantages: Array, response_mask: Array, tau_pos: float = 1.0,
+         tau_neg: float = 1.05, **kw: Any) -> tuple[Array, dict[str, Array]]:
+    """SAPO: a soft gate instead of a clip, -A * sigmoid(tau (r - 1)) * 4 / tau with tau = tau_pos where A > 0 and
+    tau_neg elsewhere (the gate's slope at r = 1 is 1, as the ratio's); always seq-mean-token-mean."""
+    if not (tau_pos > 0 and tau_neg > 0):
+        raise ValueError(f"actor_rollout_ref.actor.policy_loss.tau_pos and tau_neg must be > 0, got {tau_pos}, "
+                         f"{tau_neg}")
+    delta = jnp.clip(log_prob - old_log_prob, -20.0, 20.0)
+    tau = jnp.where(advantages > 0, tau_pos, tau_neg)
+    gates = jax.nn.sigmoid(tau * (jnp.exp(delta) - 1.0)) * (4.0 / tau)
+    losses = -gates * advantages
+    kw = {**kw, "loss_agg_mode": "seq-mean-token-mean"}
+    metrics = _metrics(0.0, 0.0, masked_mean(-delta, response_mask))
+    return _agg(losses, {"response_mask": response_mask, **kw}), metrics
+
+
 @register_policy_loss("geo_mean", agg_mode="seq-mean-token-mean")
 def geo_mean(*, old_log_prob: Array, log_prob: Array, advantages: Array, response_mask: Array,
              clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2, **kw: Any) -> tuple[Array, dict[str, Array]]:

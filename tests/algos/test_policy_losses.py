@@ -169,7 +169,7 @@ def _lp_of(w, old, x):
     return old + 0.3 * jnp.tanh(x * w[None, :])
 
 
-@pytest.mark.parametrize("mode,agg", [("vanilla", a) for a in LOSS_AGG_MODES] + [("gspo", "token-mean"), ("geo_mean", "token-mean")])
+@pytest.mark.parametrize("mode,agg", [("vanilla", a) for a in LOSS_AGG_MODES] + [("gspo", "token-mean"), ("geo_mean", "token-mean"), ("sapo", "token-mean")])
 def test_micro_batch_gradients_sum_to_mini_batch_gradient(mode, agg):
     rng = np.random.default_rng(11)
     old, _, A, m = (jnp.float32(v) for v in make(11))

@@ -20,7 +20,7 @@ ONE_STEP = ["algorithm.adv_estimator=grpo", "actor_rollout_ref.model.path=builti
             "trainer.val_before_train=False", "trainer.test_freq=-1", "trainer.save_freq=-1"]
 
 
-@pytest.mark.parametrize("mode", ["geo_mean"])
+@pytest.mark.parametrize("mode", ["geo_mean", "sapo"])
 def test_one_step_through_the_command_line(mode, tmp_path):
     out = tmp_path / "run"
     proc = run_main([*ONE_STEP, f"actor_rollout_ref.actor.policy_loss.loss_mode={mode}",

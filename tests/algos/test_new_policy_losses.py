@@ -1,5 +1,6 @@
-"""GMPO (verl's ``geo_mean`` policy loss) against a float64 reference written from verl's formula, its gradient
-against finite differences, and one CLI step."""
+"""Policy losses of verl's newer releases against float64 references written from verl's formulas: GMPO
+(``geo_mean``, also its gradient against finite differences) and SAPO (``sapo``). Each also runs one CLI step
+(tests/train/test_new_policy_losses_cli.py)."""
 
 from __future__ import annotations
 
@@ -80,3 +81,42 @@ def test_geo_mean_gradient_matches_finite_differences():
         if min(abs(d + 0.2), abs(d - 0.2)) < 2 * eps:
             continue  # at a clip boundary the loss has a kink
         np.testing.assert_allclose(grad[idx], numeric, rtol=2e-2, atol=2e-4)
+
+
+def sapo_ref(old, lp, A, m, tau_pos, tau_neg):
+    """verl: gate = sigmoid(tau (r - 1)) * 4 / tau, tau = tau_pos where A > 0 else tau_neg, loss = -gate * A, mean
+    over a sequence's tokens, then over sequences; r = exp(clamp(log-ratio, -20, 20))."""
+    rows = []
+    for i in range(lp.shape[0]):
+        n = m[i].sum()
+        if n == 0:
+            continue
+        total = 0.0
+        for t in range(lp.shape[1]):
+            if m[i, t] == 0:
+                continue
+            r = math.exp(min(max(lp[i, t] - old[i, t], -20.0), 20.0))
+            tau = tau_pos if A[i, t] > 0 else tau_neg
+            total += -A[i, t] * (4.0 / tau) / (1.0 + math.exp(-tau * (r - 1.0)))
+        rows.append(total / n)
+    return sum(rows) / len(rows), (0.0, 0.0, mmean(old - lp, m))
+
+
+@pytest.mark.parametrize("seed, taus", [(0, (1.0, 1.05)), (1, (0.5, 2.0)), (2, (3.0, 0.7))])
+def test_sapo_matches_reference(seed, taus):
+    old, lp, A, m = make(seed, scale=0.8)
+    want = sapo_ref(old, lp, A, m, *taus)
+    for agg in ("token-mean", "seq-mean-token-sum"):  # SAPO always aggregates seq-mean-token-mean
+        got = run("sapo", old, lp, A, m, loss_agg_mode=agg, tau_pos=taus[0], tau_neg=taus[1])
+        np.testing.assert_allclose(got[0], want[0], rtol=RTOL, atol=ATOL)
+        np.testing.assert_allclose(got[1], want[1], rtol=RTOL, atol=ATOL)
+
+
+def test_sapo_gate_has_the_ratios_slope_at_one():
+    """At r = 1 the gate is 2/tau and its derivative in r is 1 whatever tau: small steps move like PPO's."""
+    for tau in (0.5, 1.0, 3.0):
+        def loss(x):
+            return policy_loss("sapo", old_log_prob=jnp.zeros((1, 1)), log_prob=x, advantages=-jnp.ones((1, 1)),
+                               response_mask=jnp.ones((1, 1)), tau_pos=tau, tau_neg=tau)[0]
+        np.testing.assert_allclose(float(loss(jnp.zeros((1, 1)))), 2.0 / tau, rtol=1e-6)
+        np.testing.assert_allclose(float(jax.grad(loss)(jnp.zeros((1, 1)))[0, 0]), 1.0, rtol=1e-6)
