@@ -102,6 +102,17 @@ def cispo(*, old_log_prob: Array, log_prob: Array, advantages: Array, response_m
     return _agg(losses, {"response_mask": response_mask, **kw}), metrics
 
 
+@register_policy_loss("dro")
+def dro(*, old_log_prob: Array, log_prob: Array, advantages: Array, response_mask: Array, dro_beta: float | None = None,
+        **kw: Any) -> tuple[Array, dict[str, Array]]:
+    """DRO: -(log pi * A - beta / 2 * (log pi - log pi_old)^2), no ratio and no clip; the configured aggregation."""
+    if dro_beta is None or not dro_beta > 0:
+        raise ValueError(f"actor_rollout_ref.actor.policy_loss.dro_beta must be > 0 for loss_mode=dro, got {dro_beta}")
+    delta = log_prob - old_log_prob
+    losses = -(log_prob * advantages - 0.5 * dro_beta * jnp.square(delta))
+    return _agg(losses, {"response_mask": response_mask, **kw}), _metrics(0.0, 0.0, masked_mean(-delta, response_mask))
+
+
 @register_policy_loss("sapo", agg_mode="seq-mean-token-mean")
 def sapo(*, old_log_prob: Array, log_prob: Array, advantages: Array, response_mask: Array, tau_pos: float = 1.0,
          tau_neg: float = 1.05, **kw: Any) -> tuple[Array, dict[str, Array]]:

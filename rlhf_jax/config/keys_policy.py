@@ -134,7 +134,7 @@ ACTOR = (
     Key(A + "actor.loss_scale_factor", None,
         "Constant divisor of seq-mean-token-sum-norm; None = rollout.response_length.", type=float),
     Key(A + "actor.policy_loss.loss_mode", "vanilla",
-        "Policy loss: vanilla (PPO dual-clip), gspo, gpg, cispo, clip_cov, kl_cov, geo_mean (GMPO), sapo, or a "
+        "Policy loss: vanilla (PPO dual-clip), gspo, gpg, cispo, clip_cov, kl_cov, geo_mean (GMPO), sapo, dro, or a "
         "registered name.",
         check=registered(A + "actor.policy_loss.loss_mode", algos.check_policy_loss)),
     Key(A + "actor.policy_loss.clip_cov_ratio", 0.0002, "clip_cov: fraction of tokens whose gradient is dropped."),
@@ -142,9 +142,10 @@ ACTOR = (
     Key(A + "actor.policy_loss.clip_cov_ub", 5.0, "clip_cov: upper covariance bound of eligible tokens."),
     Key(A + "actor.policy_loss.kl_cov_ratio", 0.0002, "kl_cov: fraction of tokens (top covariance) given a KL penalty."),
     Key(A + "actor.policy_loss.ppo_kl_coef", 0.1, "kl_cov: weight of the |log-ratio| penalty (verl's 0.1)."),
-    Key(A + "actor.policy_loss.tau_pos", 1.0, "sapo: gate temperature of tokens with a positive advantage.",
-        check=above(0)),
-    Key(A + "actor.policy_loss.tau_neg", 1.05, "sapo: gate temperature of the other tokens.", check=above(0)),
+    Key(A + "actor.policy_loss.dro_beta", None, "dro: weight of the quadratic log-ratio penalty (> 0; verl's null "
+        "must be set when loss_mode=dro).", type=float),
+    Key(A + "actor.tau_pos", 1.0, "sapo: gate temperature of tokens with a positive advantage.", check=above(0)),
+    Key(A + "actor.tau_neg", 1.05, "sapo: gate temperature of the other tokens.", check=above(0)),
     Key(A + "actor.freeze.freeze_emb", False, "Freeze the token embedding (no gradient, no optimizer state)."),
     Key(A + "actor.freeze.freeze_ln", False, "Freeze every norm weight (layer norms, q/k norms, the final norm)."),
     Key(A + "actor.freeze.freeze_attn", False, "Freeze the attention projections (and their biases)."),

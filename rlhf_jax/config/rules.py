@@ -173,6 +173,15 @@ def prompt_length_buckets(cfg: ConfigDict, ctx: Context) -> None:
                          f"<= data.max_prompt_length ({cfg.data.max_prompt_length})")
 
 
+@rule(A + "actor.policy_loss.loss_mode", A + "actor.policy_loss.dro_beta")
+def dro_beta_set(cfg: ConfigDict, ctx: Context) -> None:
+    """DRO's quadratic penalty needs its weight (verl's default is null)."""
+    pl = cfg.actor_rollout_ref.actor.policy_loss
+    if pl.loss_mode == "dro" and not (pl.dro_beta is not None and pl.dro_beta > 0):
+        raise ValueError(f"actor_rollout_ref.actor.policy_loss.loss_mode=dro needs actor_rollout_ref.actor.policy_loss."
+                         f"dro_beta > 0, got {pl.dro_beta}")
+
+
 @rule("algorithm.kl_penalty", "algorithm.use_kl_in_reward", A + "actor.kl_loss_type", A + "actor.use_kl_loss")
 def kl_full_unsupported(cfg: ConfigDict, ctx: Context) -> None:
     """KL over the whole vocabulary (full) is not computed, as in verl."""

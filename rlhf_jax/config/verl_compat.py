@@ -78,9 +78,9 @@ ALIASES: tuple[Alias, ...] = (
     Alias("actor_rollout_ref.actor.optim.lr_scheduler_type", "actor_rollout_ref.actor.optim.warmup_style"),
     Alias("critic.optim.lr_scheduler_type", "critic.optim.warmup_style"),
     Alias("reward_manager.name", "reward_model.reward_manager"),
-    # verl's ActorConfig holds SAPO's temperatures beside the clip ratios
-    Alias("actor_rollout_ref.actor.tau_pos", "actor_rollout_ref.actor.policy_loss.tau_pos"),
-    Alias("actor_rollout_ref.actor.tau_neg", "actor_rollout_ref.actor.policy_loss.tau_neg"),
+    # SAPO's temperatures sit beside the clip ratios in verl's actor config; accepted inside policy_loss too
+    Alias("actor_rollout_ref.actor.policy_loss.tau_pos", "actor_rollout_ref.actor.tau_pos"),
+    Alias("actor_rollout_ref.actor.policy_loss.tau_neg", "actor_rollout_ref.actor.tau_neg"),
     # verl's 2026 releases gather the reward settings in one ``reward`` section.
     Alias("reward.reward_manager.name", "reward_model.reward_manager"),
     Alias("reward.custom_reward_function.path", "custom_reward_function.path"),

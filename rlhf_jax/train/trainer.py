@@ -88,7 +88,8 @@ def actor_loss_spec(cfg: ConfigDict, recompute_old: bool, temperature: float, mo
         options=tuple(sorted(dict(clip_cov_ratio=pl.clip_cov_ratio, clip_cov_lb=pl.clip_cov_lb, clip_cov_ub=pl.clip_cov_ub,
                                   kl_cov_ratio=pl.kl_cov_ratio, ppo_kl_coef=pl.ppo_kl_coef).items()))
         if pl.loss_mode in ("clip_cov", "kl_cov")
-        else (("tau_neg", pl.tau_neg), ("tau_pos", pl.tau_pos)) if pl.loss_mode == "sapo" else (),
+        else (("tau_neg", a.tau_neg), ("tau_pos", a.tau_pos)) if pl.loss_mode == "sapo"
+        else (("dro_beta", pl.dro_beta),) if pl.loss_mode == "dro" else (),
     )
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from rlhf_jax.algos import loss_denominator, policy_loss
 
-from .algos_testdata import ATOL, RTOL
+from .algos_testdata import ATOL, RTOL, agg_ref
 from .test_policy_losses import make, mmean, run
 
 
@@ -120,3 +120,20 @@ def test_sapo_gate_has_the_ratios_slope_at_one():
                                response_mask=jnp.ones((1, 1)), tau_pos=tau, tau_neg=tau)[0]
         np.testing.assert_allclose(float(loss(jnp.zeros((1, 1)))), 2.0 / tau, rtol=1e-6)
         np.testing.assert_allclose(float(jax.grad(loss)(jnp.zeros((1, 1)))[0, 0]), 1.0, rtol=1e-6)
+
+
+def dro_ref(old, lp, A, m, beta, mode):
+    """verl: -(log pi * A - beta / 2 * (log pi - log pi_old)^2), aggregated with loss_agg_mode."""
+    L = -(lp * A - 0.5 * beta * (lp - old) ** 2)
+    return agg_ref(L, m, mode), (0.0, 0.0, mmean(old - lp, m))
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"])
+def test_dro_matches_reference(mode):
+    old, lp, A, m = make(4, scale=0.6)
+    got = run("dro", old, lp, A, m, loss_agg_mode=mode, dro_beta=0.3)
+    want = dro_ref(old, lp, A, m, 0.3, mode)
+    np.testing.assert_allclose(got[0], want[0], rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(got[1], want[1], rtol=RTOL, atol=ATOL)
+    with pytest.raises(ValueError, match="dro_beta must be > 0"):
+        run("dro", old, lp, A, m, dro_beta=0.0)

@@ -169,7 +169,8 @@ def _lp_of(w, old, x):
     return old + 0.3 * jnp.tanh(x * w[None, :])
 
 
-@pytest.mark.parametrize("mode,agg", [("vanilla", a) for a in LOSS_AGG_MODES] + [("gspo", "token-mean"), ("geo_mean", "token-mean"), ("sapo", "token-mean")])
+@pytest.mark.parametrize("mode,agg", [("vanilla", a) for a in LOSS_AGG_MODES]
+                         + [(m, "token-mean") for m in ("gspo", "geo_mean", "sapo", "dro")])
 def test_micro_batch_gradients_sum_to_mini_batch_gradient(mode, agg):
     rng = np.random.default_rng(11)
     old, _, A, m = (jnp.float32(v) for v in make(11))
@@ -178,7 +179,7 @@ def test_micro_batch_gradients_sum_to_mini_batch_gradient(mode, agg):
 
     def f(w, old, x, A, m, den):
         return policy_loss(mode, old_log_prob=old, log_prob=_lp_of(w, old, x), advantages=A, response_mask=m,
-                           loss_agg_mode=agg, denominator=den)[0]
+                           loss_agg_mode=agg, denominator=den, **({"dro_beta": 0.2} if mode == "dro" else {}))[0]
 
     assert len({float(m[a:b].sum()) for a, b in zip(SPLITS[:-1], SPLITS[1:])}) > 1  # uneven token counts
     vg = jax.jit(jax.value_and_grad(f))

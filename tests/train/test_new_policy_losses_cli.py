@@ -20,11 +20,20 @@ ONE_STEP = ["algorithm.adv_estimator=grpo", "actor_rollout_ref.model.path=builti
             "trainer.val_before_train=False", "trainer.test_freq=-1", "trainer.save_freq=-1"]
 
 
-@pytest.mark.parametrize("mode", ["geo_mean", "sapo"])
-def test_one_step_through_the_command_line(mode, tmp_path):
+@pytest.mark.parametrize("mode, extra", [("geo_mean", []), ("sapo", ["actor_rollout_ref.actor.tau_neg=1.2"]),
+                                        ("dro", ["+actor_rollout_ref.actor.policy_loss.dro_beta=0.1"])])
+def test_one_step_through_the_command_line(mode, extra, tmp_path):
     out = tmp_path / "run"
-    proc = run_main([*ONE_STEP, f"actor_rollout_ref.actor.policy_loss.loss_mode={mode}",
+    proc = run_main([*ONE_STEP, f"actor_rollout_ref.actor.policy_loss.loss_mode={mode}", *extra,
                      f"trainer.default_local_dir={out}"], devices=1)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     (row,) = read_metrics(str(out))
     assert math.isfinite(row["actor/pg_loss"]) and row["actor/pg_clipfrac"] >= 0
+
+
+def test_dro_without_its_weight_is_refused_before_loading(tmp_path):
+    proc = run_main([*ONE_STEP, "actor_rollout_ref.actor.policy_loss.loss_mode=dro",
+                     f"trainer.default_local_dir={tmp_path / 'run'}"], devices=1, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines()[-1] == ("error: actor_rollout_ref.actor.policy_loss.loss_mode=dro needs "
+                                            "actor_rollout_ref.actor.policy_loss.dro_beta > 0, got None")
