@@ -102,6 +102,43 @@ def cispo(*, old_log_prob: Array, log_prob: Array, advantages: Array, response_m
     return _agg(losses, {"response_mask": response_mask, **kw}), metrics
 
 
+def _dppo(valid_pos: Array, valid_neg: Array, old_log_prob: Array, log_prob: Array, advantages: Array,
+          response_mask: Array, clip_ratio_c: float, kw: dict) -> tuple[Array, dict[str, Array]]:
+    """DPPO's loss given its trust region: -A * sg(min(r, clip_ratio_c)) * log pi on the tokens inside it."""
+    delta = jnp.clip(log_prob - old_log_prob, -20.0, 20.0)
+    ratio = jnp.exp(delta)
+    valid = sg(jnp.where(advantages > 0, valid_pos, valid_neg).astype(log_prob.dtype))
+    losses = -advantages * sg(jnp.minimum(ratio, clip_ratio_c)) * log_prob * valid
+    metrics = _metrics(masked_mean(1.0 - valid, response_mask),
+                       masked_mean((ratio > clip_ratio_c).astype(log_prob.dtype) * valid, response_mask),
+                       masked_mean(-delta, response_mask))
+    return _agg(losses, {"response_mask": response_mask, **kw}), metrics
+
+
+@register_policy_loss("dppo_tv")
+def dppo_tv(*, old_log_prob: Array, log_prob: Array, advantages: Array, response_mask: Array,
+            clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2, clip_ratio_c: float = 3.0,
+            **kw: Any) -> tuple[Array, dict[str, Array]]:
+    """DPPO-Binary-TV: a token trains while its probability moved less than clip_ratio_high up (A > 0) or
+    clip_ratio_low down (A <= 0), with the ratio as a truncated, stopped weight on -A log pi."""
+    moved = jnp.exp(log_prob) - jnp.exp(old_log_prob)
+    return _dppo(moved <= clip_ratio_high, moved >= -clip_ratio_low, old_log_prob, log_prob, advantages,
+                 response_mask, clip_ratio_c, kw)
+
+
+@register_policy_loss("dppo_kl")
+def dppo_kl(*, old_log_prob: Array, log_prob: Array, advantages: Array, response_mask: Array,
+            clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2, clip_ratio_c: float = 3.0,
+            **kw: Any) -> tuple[Array, dict[str, Array]]:
+    """DPPO-Binary-KL: the trust region is the KL between the Bernoulli distributions (the token or not) of the old
+    and the current policy, within clip_ratio_high (A > 0) or clip_ratio_low, or the move is the safe way."""
+    prob, old_prob = jnp.exp(log_prob), jnp.exp(old_log_prob)
+    binary_kl = old_prob * (old_log_prob - log_prob) + (1.0 - old_prob) * jnp.log(
+        (1.0 - old_prob + 1e-8) / (1.0 - prob + 1e-8))
+    return _dppo((binary_kl <= clip_ratio_high) | (prob <= old_prob), (binary_kl <= clip_ratio_low) | (prob >= old_prob),
+                 old_log_prob, log_prob, advantages, response_mask, clip_ratio_c, kw)
+
+
 @register_policy_loss("dro")
 def dro(*, old_log_prob: Array, log_prob: Array, advantages: Array, response_mask: Array, dro_beta: float | None = None,
         **kw: Any) -> tuple[Array, dict[str, Array]]:

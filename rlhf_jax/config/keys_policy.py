@@ -134,8 +134,8 @@ ACTOR = (
     Key(A + "actor.loss_scale_factor", None,
         "Constant divisor of seq-mean-token-sum-norm; None = rollout.response_length.", type=float),
     Key(A + "actor.policy_loss.loss_mode", "vanilla",
-        "Policy loss: vanilla (PPO dual-clip), gspo, gpg, cispo, clip_cov, kl_cov, geo_mean (GMPO), sapo, dro, or a "
-        "registered name.",
+        "Policy loss: vanilla (PPO dual-clip), gspo, gpg, cispo, clip_cov, kl_cov, geo_mean (GMPO), sapo, dro, dppo_tv, "
+        "dppo_kl, or a registered name.",
         check=registered(A + "actor.policy_loss.loss_mode", algos.check_policy_loss)),
     Key(A + "actor.policy_loss.clip_cov_ratio", 0.0002, "clip_cov: fraction of tokens whose gradient is dropped."),
     Key(A + "actor.policy_loss.clip_cov_lb", 1.0, "clip_cov: lower covariance bound of eligible tokens."),

@@ -137,3 +137,35 @@ def test_dro_matches_reference(mode):
     np.testing.assert_allclose(got[1], want[1], rtol=RTOL, atol=ATOL)
     with pytest.raises(ValueError, match="dro_beta must be > 0"):
         run("dro", old, lp, A, m, dro_beta=0.0)
+
+
+def dppo_ref(old, lp, A, m, lo, hi, c, mode, kind):
+    """verl: -A * min(r, c) * log pi on the tokens inside the trust region (TV: the probability moved by at most hi
+    up for A > 0, lo down otherwise; KL: the Bernoulli KL within hi / lo, or the move went the safe way)."""
+    L, out, over = np.zeros_like(lp), np.zeros_like(lp), np.zeros_like(lp)
+    for idx in np.ndindex(lp.shape):
+        d = min(max(lp[idx] - old[idx], -20.0), 20.0)
+        r = math.exp(d)
+        p, q = math.exp(lp[idx]), math.exp(old[idx])
+        if kind == "tv":
+            ok = (p - q <= hi) if A[idx] > 0 else (p - q >= -lo)
+        else:
+            kl = q * (old[idx] - lp[idx]) + (1 - q) * math.log((1 - q + 1e-8) / (1 - p + 1e-8))
+            ok = (kl <= hi or p <= q) if A[idx] > 0 else (kl <= lo or p >= q)
+        L[idx] = -A[idx] * min(r, c) * lp[idx] * float(ok)
+        out[idx], over[idx] = float(not ok), float(r > c and ok)
+    return agg_ref(L, m, mode), (mmean(out, m), mmean(over, m), mmean(old - lp, m))
+
+
+@pytest.mark.parametrize("kind", ["tv", "kl"])
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean"])
+def test_dppo_matches_reference(kind, mode):
+    old, lp, A, m = make(6, scale=1.0)
+    old = np.log(np.random.default_rng(6).uniform(0.05, 0.95, size=old.shape))  # probabilities across (0, 1)
+    lp = np.minimum(old + np.random.default_rng(7).normal(size=old.shape) * 0.6, np.log(0.99))  # log-probs < 0
+    lo, hi, c = 0.1, 0.15, 2.0
+    got = run(f"dppo_{kind}", old, lp, A, m, loss_agg_mode=mode, clip_ratio_low=lo, clip_ratio_high=hi, clip_ratio_c=c)
+    want = dppo_ref(old, lp, A, m, lo, hi, c, mode, kind)
+    np.testing.assert_allclose(got[0], want[0], rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(got[1], want[1], rtol=RTOL, atol=ATOL)
+    assert 0 < want[1][0] < 1 and want[1][1] > 0  # tokens outside the region and truncated ratios both occur

@@ -170,7 +170,7 @@ def _lp_of(w, old, x):
 
 
 @pytest.mark.parametrize("mode,agg", [("vanilla", a) for a in LOSS_AGG_MODES]
-                         + [(m, "token-mean") for m in ("gspo", "geo_mean", "sapo", "dro")])
+                         + [(m, "token-mean") for m in ("gspo", "geo_mean", "sapo", "dro", "dppo_tv", "dppo_kl")])
 def test_micro_batch_gradients_sum_to_mini_batch_gradient(mode, agg):
     rng = np.random.default_rng(11)
     old, _, A, m = (jnp.float32(v) for v in make(11))

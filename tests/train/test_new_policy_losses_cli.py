@@ -21,7 +21,8 @@ ONE_STEP = ["algorithm.adv_estimator=grpo", "actor_rollout_ref.model.path=builti
 
 
 @pytest.mark.parametrize("mode, extra", [("geo_mean", []), ("sapo", ["actor_rollout_ref.actor.tau_neg=1.2"]),
-                                        ("dro", ["+actor_rollout_ref.actor.policy_loss.dro_beta=0.1"])])
+                                        ("dro", ["+actor_rollout_ref.actor.policy_loss.dro_beta=0.1"]),
+                                        ("dppo_tv", []), ("dppo_kl", [])])
 def test_one_step_through_the_command_line(mode, extra, tmp_path):
     out = tmp_path / "run"
     proc = run_main([*ONE_STEP, f"actor_rollout_ref.actor.policy_loss.loss_mode={mode}", *extra,
