@@ -59,7 +59,7 @@ READERS: dict[str, tuple[str, ...]] = {
         _A + "actor.shuffle", _A + "actor.grad_clip", _A + "actor.clip_ratio_low", _A + "actor.clip_ratio_high",
         _A + "actor.clip_ratio_c", _A + "actor.entropy_coeff", _A + "actor.kl_loss_coef",
         _A + "actor.router_aux_loss_coef", _A + "actor.kl_loss_type", _A + "actor.tis_imp_ratio_cap", _A + "actor.loss_agg_mode",
-        _A + "actor.loss_scale_factor", _A + "actor.policy_loss.*",
+        _A + "actor.loss_scale_factor", _A + "actor.policy_loss.*", _A + "actor.tau_pos", _A + "actor.tau_neg",
         "critic.enable", "critic.shared_trunk", "critic.vf_coef", "critic.model.path", "critic.model.revision",
         "critic.shuffle", "critic.grad_clip",
         "critic.cliprange_value", "critic.loss_agg_mode", "reward_model.enable", "algorithm.adv_estimator",
