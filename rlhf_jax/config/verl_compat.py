@@ -253,8 +253,6 @@ IGNORED: tuple[Ignored, ...] = (
     Ignored("*.tiled_mlp", "tiled MLP memory saving: use enable_gradient_checkpointing", _off),
     Ignored("*.router_replay", "mixture-of-experts routing replay is not implemented",
             lambda v: not isinstance(v, dict) or v.get("mode") in (None, "disabled")),
-    Ignored("actor_rollout_ref.actor.tau_pos", "only used by policy losses that are not implemented"),
-    Ignored("actor_rollout_ref.actor.tau_neg", "only used by policy losses that are not implemented"),
     Ignored("actor_rollout_ref.actor.freeze_vision_tower", "multi-modal models are not supported", _off),
     Ignored("actor_rollout_ref.actor.calculate_entropy", "the entropy is always computed and logged"),
     Ignored("actor_rollout_ref.actor.use_prefix_grouper", "the same losses without grouping shared prefixes"),
