@@ -25,8 +25,8 @@ from absl import flags
 from ml_collections import ConfigDict, config_flags
 
 from rlhf_jax.config import schema
-from rlhf_jax.config.stage_overrides import apply_stage_overrides, plain_values, split_stage_args
-from rlhf_jax.config import hydra_args
+from rlhf_jax.config import dialects, hydra_args
+from rlhf_jax.config.stage_overrides import apply_stage_overrides, split_stage_args
 from rlhf_jax.config.hydra_args import is_hydra_arg
 from rlhf_jax.config.yaml_import import apply_mapping, coerce, load_yaml
 
@@ -40,15 +40,28 @@ def define_config_flag(
     return config_flags.DEFINE_config_file(name, default, _HELP, flag_values=flag_values, lock_config=True)
 
 
-def override_paths(argv: Sequence[str], name: str = "config") -> list[str]:
-    """The dotted keys overridden in ``argv`` (``--name.k=v``, ``--name.k v``, ``--noname.k``)."""
-    paths = []
-    for arg in argv:
+def override_items(argv: Sequence[str], name: str = "config") -> list[tuple[int, str, str]]:
+    """(position in ``argv``, dotted key, raw value) of each override: ``--name.k=v``, ``--name.k v``,
+    ``--noname.k`` (the value "False")."""
+    items = []
+    for i, arg in enumerate(argv):
         for prefix in (f"--{name}.", f"-{name}.", f"--no{name}.", f"-no{name}."):
             if arg.startswith(prefix):
-                paths.append(arg[len(prefix):].split("=", 1)[0])
+                body = arg[len(prefix):]
+                if "no" in prefix:
+                    path, value = body, "False"
+                elif "=" in body:
+                    path, value = body.split("=", 1)
+                else:
+                    path, value = body, argv[i + 1] if i + 1 < len(argv) else ""
+                items.append((i, path, value))
                 break
-    return paths
+    return items
+
+
+def override_paths(argv: Sequence[str], name: str = "config") -> list[str]:
+    """The dotted keys overridden in ``argv`` (``--name.k=v``, ``--name.k v``, ``--noname.k``)."""
+    return [path for _, path, _ in override_items(argv, name)]
 
 
 def check_override_paths(argv: Sequence[str], name: str = "config") -> None:
@@ -74,30 +87,20 @@ def verl_base() -> ConfigDict:
     return cfg
 
 
-def _apply_hydra(cfg: ConfigDict, hydra: dict[int, str], argv: list[str], name: str) -> ConfigDict:
-    """``cfg`` with verl's Hydra-style arguments (``hydra``: argv position -> argument) applied, a later
-    ``--<name>.<key>=`` of the same key winning over an earlier ``key=value`` and the other way round."""
+def _apply_hydra(cfg: ConfigDict, hydra: dict[int, str], overrides: list[tuple[int, str, str]]) -> ConfigDict:
+    """``cfg`` with verl's Hydra-style arguments (``hydra``: argv position -> argument) applied; of a key given both as
+    ``key=value`` and ``--config.<key>=`` (``overrides``: their argv positions), the later argument stands."""
     settings = hydra_args.parse(hydra.values())
-    last_hydra = {}
-    for i, arg in hydra.items():
-        last_hydra[arg.lstrip("+~").split("=", 1)[0]] = i
-    # argv lost the Hydra arguments: rebuild the original position of each --config.<key> override
-    positions, k = {}, 0
-    for i in range(1, len(argv) + len(hydra)):
-        if i in hydra:
-            continue
-        k += 1
-        for path in override_paths(argv[k:k + 1], name):
-            positions[path] = i
-    for path, i in positions.items():
-        if path in settings and i > last_hydra.get(path, -1):
+    last_hydra = {arg.lstrip("+~").split("=", 1)[0]: i for i, arg in hydra.items()}
+    for i, path, _ in overrides:
+        if path in settings and i > last_hydra[path]:
             del settings[path]  # the later --config.<key> override stands
-    removed = [p for p, v in settings.items() if v is hydra_args.REMOVED]
-    for path in removed:
+    for path in [p for p, v in settings.items() if v is hydra_args.REMOVED]:
         if path not in schema.DOCS:
             raise ValueError(f"~{path}: {schema.unknown_key_message(path)}")
         schema.set_path(cfg, path, schema.get_key(path).default)
-    return apply_mapping(hydra_args.nested(settings), cfg, source="command line")
+        del settings[path]
+    return apply_mapping(dialects.nested(settings), cfg, source="command line")
 
 
 def _config_file_arg(argv: list[str], name: str) -> tuple[int, int, str] | None:
@@ -119,6 +122,7 @@ def load_config_from_argv(argv: Sequence[str], *, name: str = "config", default:
     """
     argv = list(argv)
     hydra = {i: a for i, a in enumerate(argv) if i and is_hydra_arg(a)}  # verl's key=value / +key=value / ~key
+    positions = override_items(argv, name)  # where each --config.<key> stood among them
     argv = [a for i, a in enumerate(argv) if i not in hydra]
     fmt = None
     fmt_arg = _config_file_arg(argv[1:], f"{name}_format")  # --config_format=roll: the YAML file's format
@@ -160,7 +164,8 @@ def load_config_from_argv(argv: Sequence[str], *, name: str = "config", default:
     if not isinstance(cfg, ConfigDict):
         raise ValueError(f"--{name}={source}: get_config() must return an ml_collections.ConfigDict")
     if hydra:
-        cfg = _apply_hydra(cfg, hydra, argv, name)
-    apply_stage_overrides(cfg, plain_values(argv[1:], name), stage_args, name)
+        cfg = _apply_hydra(cfg, hydra, positions)
+    plain = {path: value for _, path, value in override_items(argv[1:], name)}
+    apply_stage_overrides(cfg, plain, stage_args, name)
     schema.check_known_keys(cfg)
     return cfg

@@ -4,7 +4,7 @@
 honours) and ``++key=value`` too, ``~key`` (or ``~key=value``) removes it (the key goes back to its default).
 Values are read as Hydra reads them: YAML flow syntax (``'["console","wandb"]'``, ``"['a', 'b']"``, ``null``,
 ``true`` / ``True``, numbers), anything else as text (so ``key=a=b`` is the text ``a=b``). Later arguments win over
-earlier ones. The result is a nested mapping in verl's shape, applied like a verl YAML file: verl's moved key names,
+earlier ones. The result, nested (``dialects.nested``), is applied like a verl YAML file: verl's moved key names,
 the one warning for keys with no meaning in one JAX program and the closest-key error for a typo all come from
 ``yaml_import``.
 """
@@ -60,43 +60,3 @@ def parse(args: Sequence[str]) -> dict[str, Any]:
         out.pop(key, None)  # a later argument replaces an earlier one (and takes its place in the order)
         out[key] = REMOVED if removing else parse_value(raw, arg)
     return out
-
-
-def nested(settings: dict[str, Any]) -> dict[str, Any]:
-    """``{"a.b": 1, "a.c": 2}`` -> ``{"a": {"b": 1, "c": 2}}`` (REMOVED keys left out)."""
-    tree: dict[str, Any] = {}
-    for path, value in settings.items():
-        if value is REMOVED:
-            continue
-        node = tree
-        *parents, leaf = path.split(".")
-        for p in parents:
-            child = node.get(p)
-            if not isinstance(child, dict):
-                child = node[p] = {}
-            node = child
-        node[leaf] = value
-    return tree
-
-
-def merged(base: dict, settings: dict[str, Any]) -> dict:
-    """A verl YAML mapping ``base`` with ``settings`` (from :func:`parse`) set or removed in it."""
-    import copy
-
-    tree = copy.deepcopy(base)
-    for path, value in settings.items():
-        node = tree
-        *parents, leaf = path.split(".")
-        for p in parents:
-            child = node.get(p)
-            if not isinstance(child, dict):
-                if value is REMOVED:
-                    break
-                child = node[p] = {}
-            node = child
-        else:
-            if value is REMOVED:
-                node.pop(leaf, None)
-            else:
-                node[leaf] = value
-    return tree

@@ -74,22 +74,6 @@ def _without_name(stage) -> dict:
     return {k: v for k, v in dict(stage).items() if k != NAME}
 
 
-def plain_values(argv: Sequence[str], name: str = "config") -> dict[str, str]:
-    """The raw value of each ``--<name>.<key>=<value>`` (or ``--<name>.<key> <value>``) override, by key."""
-    out, args = {}, list(argv)
-    for k, arg in enumerate(args):
-        prefix = next((p for p in (f"--{name}.", f"-{name}.") if arg.startswith(p)), None)
-        if prefix is None:
-            continue
-        body = arg[len(prefix):]
-        if "=" in body:
-            path, value = body.split("=", 1)
-        else:
-            path, value = body, args[k + 1] if k + 1 < len(args) else ""
-        out[path] = value
-    return out
-
-
 def _stage_index(stages: tuple, selector: str, arg: str) -> int:
     names = [str(dict(s).get(NAME, f"stage{i}")) for i, s in enumerate(stages)]
     if selector.isdigit() and int(selector) < len(stages):
