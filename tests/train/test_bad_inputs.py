@@ -372,8 +372,9 @@ def test_second_run_on_the_same_directory_refuses(tmp_path, finished_run):
     first = subprocess.Popen([sys.executable, "-m", "rlhf_jax.main", *args], env=env, cwd=REPO, text=True,
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
     try:
-        deadline = time.time() + 300
-        while not os.path.exists(os.path.join(out, "metrics.jsonl")) and time.time() < deadline:
+        deadline, metrics = time.time() + 300, os.path.join(out, "metrics.jsonl")
+        # until the first run has logged a step: its stop then has a step to save and the third run one to resume
+        while not (os.path.exists(metrics) and os.path.getsize(metrics)) and time.time() < deadline:
             assert first.poll() is None, first.stderr.read()[-3000:]
             time.sleep(0.1)
         second = run_main(args, devices=1, timeout=300)

@@ -1,0 +1,210 @@
+"""A Python process with the heavy libraries already imported, which forks one child per command-line run.
+
+The tests start ~150 runs of ``python -m rlhf_jax.<module> ...``; each fresh interpreter spends ~5 s importing
+jax, flax, optax, orbax, transformers and torch before doing anything of ours. This server imports those
+third-party libraries once (nothing of rlhf_jax's, and no JAX backend: XLA reads its flags and creates its
+devices in each child, as in a fresh process) and then, per request, forks a child that becomes exactly such a
+run: its own working directory, environment, argv, stdin from /dev/null, stdout and stderr into the requester's
+files, ``runpy`` running the module as ``__main__`` and the interpreter's normal exit (atexit handlers included).
+Whatever the imports printed on stderr is written first into every child's stderr, so a test that reads a
+run's whole stderr sees at least what a fresh process would print.
+
+:func:`run_module` is the tests' side: ``subprocess.run`` semantics, served by the forked child when the run's
+environment differs from the server's only in variables read after start-up, by a fresh process otherwise (or
+always, with ``RLHF_JAX_TEST_FRESH_PROCESSES=1``).
+
+Protocol (one JSON object per line): a request on stdin ``{"module", "argv", "env", "cwd", "stdout",
+"stderr"}``; the replies on stdout ``{"pid": N}`` once the child exists, then ``{"returncode": R}`` (negative:
+killed by that signal, as ``subprocess`` reports it). The server ends when its stdin closes.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+
+# Third-party only: a module of ours imported here, but not by a real run, could hide a missing import.
+PRELOAD = ("numpy", "jax", "jax.numpy", "flax", "flax.nnx", "optax", "orbax.checkpoint", "tensorstore",
+           "ml_collections", "transformers", "tokenizers", "torch", "safetensors", "yaml")
+# Names transformers resolves lazily on first use (AutoTokenizer imports torch through its configuration code).
+PRELOAD_ATTRS = (("transformers", "AutoTokenizer"), ("transformers", "AutoConfig"),
+                 ("transformers", "PreTrainedTokenizerFast"))
+
+
+def preload() -> bytes:
+    """Import PRELOAD with fd 2 captured; returns what the imports wrote there."""
+    with tempfile.TemporaryFile() as captured:
+        saved = os.dup(2)
+        sys.stderr.flush()
+        os.dup2(captured.fileno(), 2)
+        try:
+            for name in PRELOAD:
+                importlib.import_module(name)
+            for module, attr in PRELOAD_ATTRS:
+                getattr(sys.modules[module], attr)
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+        captured.seek(0)
+        return captured.read()
+
+
+def become_run(request: dict, preface: bytes, requests) -> None:
+    """In the forked child: turn this process into ``python -m module argv...`` (does not return normally)."""
+    import runpy
+
+    requests.close()
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    for fd, path, flags in ((0, os.devnull, os.O_RDONLY), (1, request["stdout"], os.O_WRONLY | os.O_TRUNC),
+                            (2, request["stderr"], os.O_WRONLY | os.O_TRUNC)):
+        opened = os.open(path, flags)
+        os.dup2(opened, fd)
+        os.close(opened)
+    os.write(2, preface)
+    sys.path[0] = request["cwd"]  # what ``python -m`` puts first
+    sys.argv = [request["module"], *request["argv"]]
+    runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+    sys.exit(0)
+
+
+def serve() -> None:
+    preface = preload()
+    from jax._src import xla_bridge
+
+    assert not xla_bridge._backends, "a preloaded library created a JAX backend; children could not set XLA_FLAGS"
+    requests = os.fdopen(os.dup(0), "r")
+    os.close(0)
+    os.open(os.devnull, os.O_RDONLY)  # fd 0 again, so that a child's stdin never reads the requests
+    replies = sys.stdout
+    for line in requests:
+        request = json.loads(line)
+        replies.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            become_run(request, preface, requests)
+        replies.write(json.dumps({"pid": pid}) + "\n")
+        replies.flush()
+        _, status = os.waitpid(pid, 0)
+        replies.write(json.dumps({"returncode": os.waitstatus_to_exitcode(status)}) + "\n")
+        replies.flush()
+
+
+# Variables read only after start-up (XLA's flags when the backend is created, wandb's mode when a run is
+# opened): a child may differ from the server in these; any other difference needs a fresh interpreter.
+READ_AFTER_START = frozenset({"XLA_FLAGS", "WANDB_MODE"})
+FRESH = "RLHF_JAX_TEST_FRESH_PROCESSES"
+
+
+class _Server:
+    def __init__(self, env: dict, cwd: str):
+        self.cwd = cwd
+        self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, env=env, cwd=cwd)
+        self.pending = b""
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def reply(self, deadline: float | None) -> dict | None:
+        """The next reply line, or None when ``deadline`` (time.monotonic) passes first."""
+        import time
+
+        fd = self.proc.stdout.fileno()
+        while b"\n" not in self.pending:
+            wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not select.select([fd], [], [], wait)[0]:
+                return None
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                raise RuntimeError("the test runs' fork server ended unexpectedly")
+            self.pending += chunk
+        line, self.pending = self.pending.split(b"\n", 1)
+        return json.loads(line)
+
+    def run(self, request: dict, timeout: float | None) -> tuple[int, bool]:
+        """(returncode, timed out) of one forked run."""
+        import time
+
+        self.proc.stdin.write((json.dumps(request) + "\n").encode())
+        self.proc.stdin.flush()
+        pid = self.reply(None)["pid"]
+        done = self.reply(None if timeout is None else time.monotonic() + timeout)
+        if done is not None:
+            return done["returncode"], False
+        os.kill(pid, signal.SIGKILL)
+        return self.reply(None)["returncode"], True
+
+
+_server: _Server | None = None
+_lock = threading.Lock()
+
+
+def _hugepage_env(env: dict) -> dict:
+    """``env`` as the command's own restart with huge-page malloc would have it (rlhf_jax/hostmem.py)."""
+    from rlhf_jax import hostmem
+
+    if not hostmem.wanted(env):
+        return env
+    return dict(env, GLIBC_TUNABLES=hostmem.tunables_with_hugepages(env.get("GLIBC_TUNABLES", "")))
+
+
+def _start_up_env(env: dict) -> dict:
+    return {k: v for k, v in env.items() if k not in READ_AFTER_START}
+
+
+def _server_for(env: dict, cwd: str) -> _Server | None:
+    """The server (started on first use, with the tests' own environment on CPU), or None when ``env`` differs
+    from it in a variable read at start-up."""
+    global _server
+    standard = _start_up_env(dict(os.environ, JAX_PLATFORMS="cpu"))
+    if _start_up_env(env) != standard:
+        return None
+    if _server is None or not _server.alive() or _server.cwd != cwd:
+        _server = _Server(_hugepage_env(standard), cwd)
+    return _server
+
+
+def run_module(module: str, args: list[str], *, env: dict, cwd: str, timeout: float | None = None
+               ) -> subprocess.CompletedProcess:
+    """``subprocess.run([python, "-m", module, *args], env=env, cwd=cwd, capture_output=True, text=True,
+    stdin=DEVNULL, timeout=timeout)``, run by a forked child of a server whose environment is ``env`` but for
+    :data:`READ_AFTER_START` (a fresh process when another run holds the server or ``RLHF_JAX_TEST_FRESH_PROCESSES``
+    is set)."""
+    command = [sys.executable, "-m", module, *args]
+    if os.environ.get(FRESH) == "1" or not _lock.acquire(blocking=False):
+        return subprocess.run(command, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                              stdin=subprocess.DEVNULL)
+    try:
+        server = _server_for(env, cwd)
+        if server is None:
+            return subprocess.run(command, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                                  stdin=subprocess.DEVNULL)
+        with tempfile.TemporaryDirectory(prefix="rlhf_jax-test-run-") as tmp:
+            out, err = os.path.join(tmp, "stdout"), os.path.join(tmp, "stderr")
+            for path in (out, err):
+                open(path, "w").close()
+            request = dict(module=module, argv=list(args), env=_hugepage_env(dict(env)), cwd=cwd, stdout=out,
+                           stderr=err)
+            returncode, timed_out = server.run(request, timeout)
+            with open(out) as f_out, open(err) as f_err:
+                stdout, stderr = f_out.read(), f_err.read()
+    finally:
+        _lock.release()
+    if timed_out:
+        raise subprocess.TimeoutExpired(command, timeout, output=stdout, stderr=stderr)
+    return subprocess.CompletedProcess(command, returncode, stdout, stderr)
+
+
+if __name__ == "__main__":
+    serve()
