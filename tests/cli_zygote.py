@@ -32,7 +32,9 @@ import threading
 
 # Third-party only: a module of ours imported here, but not by a real run, could hide a missing import.
 PRELOAD = ("numpy", "jax", "jax.numpy", "flax", "flax.nnx", "optax", "orbax.checkpoint", "tensorstore",
-           "ml_collections", "transformers", "tokenizers", "torch", "safetensors", "yaml")
+           "ml_collections", "transformers", "tokenizers", "torch", "safetensors", "yaml",
+           # what transformers imports when a model family's configuration is first read (torch.distributed's)
+           "transformers.activations", "transformers.core_model_loading")
 # Names transformers resolves lazily on first use (AutoTokenizer imports torch through its configuration code).
 PRELOAD_ATTRS = (("transformers", "AutoTokenizer"), ("transformers", "AutoConfig"),
                  ("transformers", "PreTrainedTokenizerFast"))

@@ -56,11 +56,14 @@ def test_an_automatic_micro_batch_is_sized_to_fit(tmp_path, smollm2_dir):
         # An accelerator's automatic size starts from the whole per-shard mini-batch; that does not fit here.
         whole_rows = -(-start.seqs_per_shard * trainer.cfg.derived.max_seq_len // start.row_len)
         whole = dataclasses.replace(start, rows_per_micro=whole_rows)
-        free = free_device_memory()
+        # Free memory set to 60 % of what the whole needs, not read from the host: the host's free memory moves
+        # with whatever else runs, and the sizing logic is what is tested here.
+        whole_need = compiled_bytes(trainer.compile_pass("update_actor", whole))
+        free = int(0.6 * whole_need)
         plan, need = fit_pass(whole, lambda p: trainer.compile_pass("update_actor", p), free,
                               memory_hint(trainer.cfg, "actor"))
         assert plan.auto and 1 <= plan.rows_per_micro < whole_rows
-        assert need <= HEADROOM * free * 1.05  # free memory moves a little between readings
+        assert need <= HEADROOM * free
         print(f"automatic update micro-batch: {plan.rows_per_micro} of {whole_rows} rows, {need / 2**30:.2f} GiB per device")
         # The trainer's own plan (on CPU: cache-sized) fits as well.
         trainer.plan_memory()
