@@ -134,13 +134,26 @@ def build_hf_checkpoint(kind: str, out_dir: str, seed: int = 0, **overrides):
     return model
 
 
+_BUILT: dict[tuple, tuple[str, object]] = {}  # (kind, seed, overrides) -> (directory, torch model), per test run
+
+
 @pytest.fixture
-def hf_checkpoint(tmp_path):
-    """Factory: ``hf_checkpoint(kind, **config_overrides) -> (dir, torch_model)``."""
+def hf_checkpoint(tmp_path, tmp_path_factory):
+    """Factory: ``hf_checkpoint(kind, **config_overrides) -> (dir, torch_model)``. Each distinct checkpoint is
+    built once per test run; every test gets its own copy of the directory and of the torch model (a test may
+    change either)."""
+    import copy
+    import shutil
 
     def make(kind: str, seed: int = 0, **overrides):
+        key = (kind, seed, repr(sorted(overrides.items())))
+        if key not in _BUILT:
+            built = str(tmp_path_factory.mktemp(f"hf-{kind}-{seed}"))
+            _BUILT[key] = (built, build_hf_checkpoint(kind, built, seed=seed, **overrides))
+        source, model = _BUILT[key]
         out = str(tmp_path / f"{kind}-{seed}")
-        return out, build_hf_checkpoint(kind, out, seed=seed, **overrides)
+        shutil.copytree(source, out, dirs_exist_ok=True)
+        return out, copy.deepcopy(model)
 
     return make
 
