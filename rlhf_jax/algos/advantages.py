@@ -107,6 +107,25 @@ def rloo(*, token_level_rewards: Array, response_mask: Array, group_ids: Array |
     return adv, adv
 
 
+@register_adv_estimator("grpo_vectorized", grouped=True)
+def grpo_vectorized(**kwargs: Any) -> tuple[Array, Array]:
+    """verl's vectorised GRPO: its group statistics (mean 0 and std 1 for a group of one, the unbiased std) are
+    GRPO's, so it is GRPO; the name lets verl's scripts run unchanged."""
+    return grpo(**kwargs)
+
+
+@register_adv_estimator("rloo_vectorized", grouped=True)
+def rloo_vectorized(*, token_level_rewards: Array, response_mask: Array, group_ids: Array | None = None,
+                    **_: Any) -> tuple[Array, Array]:
+    """verl's vectorised RLOO: RLOO, except that a group of one gets advantage 0 (``rloo`` keeps its score)."""
+    seg = _require_groups("rloo_vectorized", group_ids)
+    s = _scores(token_level_rewards)
+    n = _group_sum(jnp.ones_like(s), seg)
+    a = jnp.where(n > 1, (n * s - _group_sum(s, seg)) / jnp.maximum(n - 1.0, 1.0), 0.0)
+    adv = a[:, None] * response_mask
+    return adv, adv
+
+
 @register_adv_estimator("reinforce_plus_plus")
 def reinforce_plus_plus(*, token_level_rewards: Array, response_mask: Array, gamma: float = 1.0,
                         **_: Any) -> tuple[Array, Array]:

@@ -66,6 +66,34 @@ def rloo_ref(r, m, g):
     return a[:, None] * m, a[:, None] * m
 
 
+def rloo_vectorized_ref(r, m, g):
+    """verl's compute_rloo_vectorized_outcome_advantage: ((c s - sum) / max(c - 1, 1)) * (c > 1)."""
+    s = r.sum(-1)
+    a = np.zeros(len(s))
+    for rows in groups_of(g).values():
+        c = len(rows)
+        for i in rows:
+            a[i] = (c * s[i] - sum(s[j] for j in rows)) / max(c - 1, 1) if c > 1 else 0.0
+    return a[:, None] * m, a[:, None] * m
+
+
+def grpo_vectorized_ref(r, m, g):
+    """verl's compute_grpo_vectorized_outcome_advantage through verl.utils.groupwise.group_mean_std (eps=0):
+    mean = sum / count, std = sqrt(max(sum of squared deviations / max(count - 1, 1), 0)), a group of one mean 0
+    and std 1, then (s - mean) / (std + 1e-6)."""
+    s = r.sum(-1)
+    a = np.zeros(len(s))
+    for rows in groups_of(g).values():
+        c = len(rows)
+        mean = sum(s[i] for i in rows) / c
+        std = np.sqrt(max(sum((s[i] - mean) ** 2 for i in rows) / max(c - 1, 1), 0.0))
+        if c <= 1:
+            mean, std = 0.0, 1.0
+        for i in rows:
+            a[i] = (s[i] - mean) / (std + 1e-6)
+    return a[:, None] * m, a[:, None] * m
+
+
 def rpp_ref(r, m, gamma):
     b, t = r.shape
     ret = np.zeros((b, t))
@@ -160,11 +188,13 @@ def reference(name, d, gamma, lam):
         "opo": lambda: opo_ref(r, m, g),
         "gpg": lambda: gpg_ref(r, m, g),
         "grpo_passk": lambda: passk_ref(r, m, g),
+        "grpo_vectorized": lambda: grpo_vectorized_ref(r, m, g),
+        "rloo_vectorized": lambda: rloo_vectorized_ref(r, m, g),
     }[name]()
 
 
 BUILTIN = ["gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax", "opo", "gpg",
-           "grpo_passk"]
+           "grpo_passk", "grpo_vectorized", "rloo_vectorized"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -274,3 +304,12 @@ def test_user_registered_estimator_is_selected_by_name():
     adv, _ = jax.jit(lambda r: compute_advantages("test_scaled_score", token_level_rewards=r,
                                                   response_mask=jnp.ones((2, 2)), scale=2.0))(r)
     np.testing.assert_allclose(np.asarray(adv), [[6.0, 6.0], [6.0, 6.0]])
+
+
+def test_vectorized_rloo_gives_a_group_of_one_zero_where_rloo_keeps_its_score():
+    d = dict(r=np.array([[2.0, 0.0], [1.0, 0.0], [3.0, 0.0]]), m=np.ones((3, 2)), g=np.array([0, 0, 1]),
+             v=np.zeros((3, 2)), base=np.zeros(3))
+    plain, _ = run_jit("rloo", d)
+    vectorized, _ = run_jit("rloo_vectorized", d)
+    np.testing.assert_allclose(np.asarray(plain)[:, 0], [1.0, -1.0, 3.0])
+    np.testing.assert_allclose(np.asarray(vectorized)[:, 0], [1.0, -1.0, 0.0])

@@ -1,4 +1,5 @@
-"""Policy losses added from verl's newer releases, each one trainer step through the command line (verl's syntax)."""
+"""Policy losses and advantage estimators added from verl's newer releases, each one trainer step through the command
+line (verl's syntax)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,16 @@ def test_one_step_through_the_command_line(mode, extra, tmp_path):
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     (row,) = read_metrics(str(out))
     assert math.isfinite(row["actor/pg_loss"]) and row["actor/pg_clipfrac"] >= 0
+
+
+@pytest.mark.parametrize("estimator", ["grpo_vectorized", "rloo_vectorized"])
+def test_estimator_one_step_through_the_command_line(estimator, tmp_path):
+    out = tmp_path / "run"
+    proc = run_main([*ONE_STEP, f"algorithm.adv_estimator={estimator}", f"trainer.default_local_dir={out}"],
+                    devices=1)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    (row,) = read_metrics(str(out))
+    assert math.isfinite(row["actor/pg_loss"])
 
 
 def test_dro_without_its_weight_is_refused_before_loading(tmp_path):
