@@ -99,7 +99,7 @@ def build_run(cfg: ConfigDict, devices: list) -> RunParts:
     if d.need_ref:  # under LoRA the base model over the actor's frozen arrays (train/setup.reference_role)
         ref_model = (nnx.merge(lora.plain_graphdef(actor.config, actor.task), actor.frozen) if actor.config.lora
                      else abstract_model(model_config(cfg, hf, "ref"), TASK_CAUSAL_LM, mesh, rules))
-        ref = Role(ref_model, mesh)
+        ref = Role(ref_model, mesh, offload=bool(arr.ref.fsdp_config.param_offload) and not actor.config.lora)
     critic = None
     if cfg.critic.enable and not shared:
         critic_hf = hf_config(cfg.critic.model.path) if cfg.critic.model.path else hf

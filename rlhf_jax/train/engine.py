@@ -28,19 +28,38 @@ from rlhf_jax.train.losses import Loss
 from rlhf_jax.types import TrainBatch, shape_key
 
 
+HOST_MEMORY = "pinned_host"  # where an offloaded role's parameters live (a memory kind of every JAX backend)
+
+
 class Role:
     """One model with optional optimizer; ``params`` / ``opt_state`` are replaced by each update."""
 
     def __init__(self, model: nnx.Module, mesh: Mesh, tx: optax.GradientTransformation | None = None,
-                 lr_fn: Callable | None = None, trainable: Callable | None = None):
-        """``trainable``: an ``nnx`` filter ``(path, value) -> bool`` of the trained parameters (None: all)."""
+                 lr_fn: Callable | None = None, trainable: Callable | None = None, offload: bool = False):
+        """``trainable``: an ``nnx`` filter ``(path, value) -> bool`` of the trained parameters (None: all).
+        ``offload`` (a role without optimizer): the parameters live in host memory (``pinned_host``) and each
+        forward program copies them to the devices it runs on, so they hold no device memory between passes."""
+        if offload and tx is not None:
+            raise ValueError("only a role without an optimizer (the reference) keeps its parameters in host memory")
         self.graphdef, self.params, self.frozen = nnx.split(model, trainable or nnx.Param, ...)
         self.config = model.config
         self.task = model.task
         self.mesh = mesh
         self.tx, self.lr_fn = tx, lr_fn
+        self.offload = offload
         self.param_shardings = jax.tree.map(lambda x: x.sharding, self.params)
         self.frozen_shardings = jax.tree.map(lambda x: x.sharding, self.frozen)
+        self._device_state_shardings = self.state_shardings()
+        if offload:
+            to_host = lambda tree: jax.tree.map(lambda s: s.with_memory_kind(HOST_MEMORY), tree)  # noqa: E731
+            self.param_shardings, self.frozen_shardings = to_host(self.param_shardings), to_host(self.frozen_shardings)
+            if all(isinstance(x, jax.Array) for x in jax.tree.leaves((self.params, self.frozen))):
+                self.params = jax.device_put(self.params, self.param_shardings)
+                self.frozen = jax.device_put(self.frozen, self.frozen_shardings)
+            else:  # abstract parameters (rlhf_jax/plan): the same shapes, placed in host memory
+                place = lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s)  # noqa: E731
+                self.params = jax.tree.map(place, self.params, self.param_shardings)
+                self.frozen = jax.tree.map(place, self.frozen, self.frozen_shardings)
         self.opt_state = None
         self.opt_shardings = None
         if tx is not None:
@@ -76,6 +95,14 @@ class Role:
         trained = {path for path, _ in nnx.to_flat_state(self.params)}
         self.params = nnx.from_flat_state([(p, v) for p, v in nnx.to_flat_state(state) if p in trained])
 
+    def _on_devices(self, step_fn: Callable) -> Callable:
+        """``step_fn(state, ...)`` as a program input: an offloaded role's state is copied from host memory to the
+        devices inside the program, the first thing it does."""
+        if not self.offload:
+            return step_fn
+        shardings = jax.tree.map(lambda s: s.with_memory_kind("device"), self._device_state_shardings)
+        return lambda state, *rest: step_fn(jax.device_put(state, shardings), *rest)
+
     def _batch_shardings(self, batch: Any) -> Any:
         """Row shardings of every array of a batch (a TrainBatch, or a dict of arrays)."""
         return jax.tree.map(lambda v: batch_sharding(self.mesh, v.ndim), batch)
@@ -95,8 +122,8 @@ class Role:
         return self._jit(
             ("logp", n_micro, temperature, with_entropy, shape_key(inputs)),
             lambda: jax.jit(
-                functools.partial(steps.forward_log_probs, self.graphdef, n_micro=n_micro, temperature=temperature,
-                                  with_entropy=with_entropy),
+                self._on_devices(functools.partial(steps.forward_log_probs, self.graphdef, n_micro=n_micro,
+                                                   temperature=temperature, with_entropy=with_entropy)),
                 in_shardings=(self.state_shardings(), self._batch_shardings(inputs)),
                 out_shardings=batch_sharding(self.mesh, 2) if not with_entropy else (batch_sharding(self.mesh, 2),) * 2,
             ),
@@ -106,7 +133,7 @@ class Role:
         return self._jit(
             ("values", n_micro, shape_key(inputs)),
             lambda: jax.jit(
-                functools.partial(steps.forward_values, self.graphdef, n_micro=n_micro),
+                self._on_devices(functools.partial(steps.forward_values, self.graphdef, n_micro=n_micro)),
                 in_shardings=(self.state_shardings(), self._batch_shardings(inputs)),
                 out_shardings=batch_sharding(self.mesh, 2),
             ),
@@ -210,7 +237,7 @@ class Role:
             rows = batch_sharding(self.mesh, 2)
             micro = self._packed_micro(micro_shape, logit_size)
             grid = jax.ShapeDtypeStruct(grid_shape, jnp.float32, sharding=rows)
-            fn = jax.jit(functools.partial(step_fn, self.graphdef, dp=dp, **static),
+            fn = jax.jit(self._on_devices(functools.partial(step_fn, self.graphdef, dp=dp, **static)),
                          in_shardings=(self.state_shardings(), rows, self._batch_shardings(micro)),
                          out_shardings=rows, donate_argnums=(1,))
             return fn, (self.state(), grid, micro)

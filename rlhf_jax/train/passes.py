@@ -263,11 +263,12 @@ def compiled_bytes(compiled) -> int | None:
 
 
 def per_device_bytes(tree) -> int:
-    """Bytes one device holds of the (real or abstract) arrays of ``tree``: each array's shard, summed."""
+    """Bytes one device holds of the (real or abstract) arrays of ``tree``: each array's shard, summed; arrays in
+    host memory (an offloaded reference) hold none."""
     total = 0
     for leaf in jax.tree.leaves(tree):
         shape, sharding = getattr(leaf, "shape", None), getattr(leaf, "sharding", None)
-        if shape is None:
+        if shape is None or getattr(sharding, "memory_kind", None) in ("pinned_host", "unpinned_host"):
             continue
         shard = sharding.shard_shape(shape) if sharding is not None else shape
         count = 1

@@ -264,4 +264,5 @@ def reference_role(cfg: ConfigDict, c: Any, actor):
 
     if actor.config.lora:
         return Role(nnx.merge(models.lora.plain_graphdef(actor.config, actor.task), actor.frozen), c.mesh)
-    return Role(load_policy(cfg, c.model_path, c.mesh, c.rules, role="ref"), c.mesh)
+    return Role(load_policy(cfg, c.model_path, c.mesh, c.rules, role="ref"), c.mesh,
+                offload=bool(cfg.actor_rollout_ref.ref.fsdp_config.param_offload))

@@ -1,0 +1,80 @@
+"""verl's own example scripts (tests/config/verl_scripts/, unedited) train two steps with one word changed.
+
+Each script builds its command in bash (environment defaults, arrays, ``"$@"``) and starts ``python3 -m
+verl.trainer.main_ppo ...``. Here the entry point becomes ``-m rlhf_jax.main``; a ``python3`` first on PATH
+records the command the shell built, and that exact argument list runs (through ``tests.train.helpers.run_main``)
+with shrinking overrides appended as the script's own arguments: the tiny model, small batches and lengths, one
+device, two steps, a local output directory. The data the scripts name (``$HOME/data/gsm8k/*.parquet``,
+``$HOME/data/math/*.parquet``) is written in verl's parquet schema under a temporary HOME.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.train.helpers import REPO, run_main
+
+SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "verl_scripts")
+ENTRY = "-m verl.trainer.main_ppo"
+SHRINK = ["actor_rollout_ref.model.path=builtin:tiny", "data.train_batch_size=4", "data.val_batch_size=4",
+          "data.max_prompt_length=64", "data.max_response_length=4", "actor_rollout_ref.rollout.n=2",
+          "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=256",
+          "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=256",
+          "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=256", "trainer.n_gpus_per_node=1", "trainer.nnodes=1",
+          "trainer.total_training_steps=2", "trainer.val_before_train=False"]
+RECORDER = """#!/bin/sh
+# stands in for python3: records the command line the script built, one argument per line
+for a in "$@"; do printf '%s\\n' "$a"; done > "$RECORDED_COMMAND"
+"""
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory):
+    """A HOME with the parquet files the scripts name, and a bin directory whose python3 records its arguments."""
+    home = tmp_path_factory.mktemp("home")
+    for name in ("gsm8k", "math"):
+        subprocess.run([sys.executable, "-m", "rlhf_jax.data.synthetic", "--task", "arithmetic", "--out",
+                        str(home / "data" / name), "--train-size", "16", "--test-size", "4", "--max-value", "4"],
+                       check=True, capture_output=True, timeout=120)
+    recorder = home / "bin" / "python3"
+    recorder.parent.mkdir()
+    recorder.write_text(RECORDER)
+    recorder.chmod(0o755)
+    return home
+
+
+def built_command(script: str, home, out: str) -> list[str]:
+    """The argument list the script's shell passes to python3, entry point replaced, shrinking overrides after it."""
+    text = open(os.path.join(SCRIPTS, script)).read()
+    assert text.count(ENTRY) == 1, script
+    runnable = home / script
+    runnable.write_text(text.replace(ENTRY, "-m rlhf_jax.main"))
+    recorded = home / (script + ".args")
+    env = dict(os.environ, HOME=str(home), PATH=f"{home / 'bin'}{os.pathsep}{os.environ['PATH']}", VERL_USE_UV="0",
+               RECORDED_COMMAND=str(recorded))
+    subprocess.run(["bash", str(runnable), *SHRINK, f"trainer.default_local_dir={out}"], env=env, cwd=REPO,
+                   check=True, capture_output=True, timeout=60)
+    args = recorded.read_text().split("\n")[:-1]
+    assert args[:2] == ["-m", "rlhf_jax.main"], args[:4]
+    return args[2:]
+
+
+@pytest.mark.parametrize("script", sorted(f for f in os.listdir(SCRIPTS) if f.endswith(".sh")))
+def test_script_trains_two_steps(script, home, tmp_path):
+    out = str(tmp_path / "run")
+    args = built_command(script, home, out)
+    assert any(a.startswith("actor_rollout_ref.ref.fsdp_config.param_offload=True") for a in args)
+    proc = run_main(args, devices=1, env={"WANDB_MODE": "offline"})
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "2/2" in proc.stdout + proc.stderr and "step 2 |" in proc.stdout + proc.stderr
+    from rlhf_jax.runtime.checkpoint import Checkpointer
+
+    checkpoints = Checkpointer(os.path.join(out, "checkpoints"), async_save=False)
+    try:  # save_freq=20 in every script: verl saves at the last step too
+        assert checkpoints.all_steps() == [2]
+    finally:
+        checkpoints.close()
