@@ -313,6 +313,8 @@ IGNORED: tuple[Ignored, ...] = (
 
 def find_ignored(path: str) -> Ignored | None:
     """The :class:`Ignored` entry matching dotted ``path``, if any; an exact entry wins over a wildcard one."""
+    if path.startswith("critic.fsdp."):  # verl's newer critic engine section holds the same FSDP settings
+        path = "critic.fsdp_config." + path[len("critic.fsdp."):]
     for entry in IGNORED:
         if entry.pattern == path:
             return entry

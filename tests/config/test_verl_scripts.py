@@ -2,9 +2,10 @@
 
 Each script builds its command in bash (environment defaults, arrays, ``"$@"``) and starts ``python3 -m
 verl.trainer.main_ppo ...``. Here the entry point becomes ``-m rlhf_jax.main``; a ``python3`` first on PATH
-records the command the shell built, and that exact argument list runs (through ``tests.train.helpers.run_main``)
-with shrinking overrides appended as the script's own arguments: the tiny model, small batches and lengths, one
-device, two steps, a local output directory. The data the scripts name (``$HOME/data/gsm8k/*.parquet``,
+records the command the shell built, and that exact argument list runs (through ``tests.train.helpers.run_main``).
+The run is shrunk as a user shrinks these scripts: through the environment variables they read (the tiny model,
+small batches and lengths) and, for what has no variable, arguments appended to the script's (one device, two
+steps, a local output directory). The data the scripts name (``$HOME/data/gsm8k/*.parquet``,
 ``$HOME/data/math/*.parquet``) is written in verl's parquet schema under a temporary HOME.
 """
 
@@ -20,12 +21,13 @@ from tests.train.helpers import REPO, run_main
 
 SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "verl_scripts")
 ENTRY = "-m verl.trainer.main_ppo"
-SHRINK = ["actor_rollout_ref.model.path=builtin:tiny", "data.train_batch_size=4", "data.val_batch_size=4",
-          "data.max_prompt_length=64", "data.max_response_length=4", "actor_rollout_ref.rollout.n=2",
-          "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=256",
-          "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=256",
-          "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=256", "trainer.n_gpus_per_node=1", "trainer.nnodes=1",
-          "trainer.total_training_steps=2", "trainer.val_before_train=False"]
+# The scripts' own knobs (environment variables every one of them reads) shrink the run; what has no knob is
+# appended as the script's arguments.
+KNOBS = {"MODEL_PATH": "builtin:tiny", "TRAIN_BATCH_SIZE": "4", "PPO_MINI_BATCH_SIZE": "2", "MAX_PROMPT_LENGTH": "64",
+         "MAX_RESPONSE_LENGTH": "4", "PPO_MAX_TOKEN_LEN_PER_GPU": "256", "ROLLOUT_N": "2", "NNODES": "1",
+         "VERL_USE_UV": "0"}
+SHRINK = ["trainer.n_gpus_per_node=1", "data.val_batch_size=4", "trainer.total_training_steps=2",
+          "trainer.val_before_train=False"]
 RECORDER = """#!/bin/sh
 # stands in for python3: records the command line the script built, one argument per line
 for a in "$@"; do printf '%s\\n' "$a"; done > "$RECORDED_COMMAND"
@@ -54,8 +56,8 @@ def built_command(script: str, home, out: str) -> list[str]:
     runnable = home / script
     runnable.write_text(text.replace(ENTRY, "-m rlhf_jax.main"))
     recorded = home / (script + ".args")
-    env = dict(os.environ, HOME=str(home), PATH=f"{home / 'bin'}{os.pathsep}{os.environ['PATH']}", VERL_USE_UV="0",
-               RECORDED_COMMAND=str(recorded))
+    env = dict(os.environ, HOME=str(home), PATH=f"{home / 'bin'}{os.pathsep}{os.environ['PATH']}",
+               RECORDED_COMMAND=str(recorded), **KNOBS)
     subprocess.run(["bash", str(runnable), *SHRINK, f"trainer.default_local_dir={out}"], env=env, cwd=REPO,
                    check=True, capture_output=True, timeout=60)
     args = recorded.read_text().split("\n")[:-1]
