@@ -80,6 +80,7 @@ class ScoredBatch:
     version: int = struct.field(pytree_node=False)  # updates applied to the weights that sampled it
     data_state: Any = struct.field(pytree_node=False)  # the loader's state before its prompts were drawn
     metrics: dict[str, float] = struct.field(pytree_node=False)  # reward metrics and production timings
+    components: jax.Array | None = None  # GDPO's reward components (N, K) (algorithm.gdpo_reward_keys), or None
 
 
 @struct.dataclass

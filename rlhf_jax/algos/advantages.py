@@ -126,6 +126,25 @@ def rloo_vectorized(*, token_level_rewards: Array, response_mask: Array, group_i
     return adv, adv
 
 
+@register_adv_estimator("gdpo", grouped=True)
+def gdpo(*, token_level_rewards: Array, response_mask: Array, group_ids: Array | None = None,
+         reward_components: Array | None = None, reward_weights: tuple[float, ...] | None = None,
+         norm_adv_by_std_in_grpo: bool = True, epsilon: float = 1e-6, **_: Any) -> tuple[Array, Array]:
+    """GDPO (verl's compute_gdpo_outcome_advantage): each reward component (``reward_components`` (N, K), the
+    reward function's ``algorithm.gdpo_reward_keys``) is normalised within its group as GRPO does, the components
+    are summed with ``reward_weights`` (default 1 each), and the sum is whitened over the batch's response tokens.
+    Without components the summed token reward is the one component."""
+    comps = _scores(token_level_rewards)[:, None] if reward_components is None else jnp.asarray(reward_components)
+    weights = (1.0,) * comps.shape[1] if reward_weights is None else tuple(reward_weights)
+    total = jnp.zeros_like(response_mask)
+    for k, w in enumerate(weights):
+        a_k, _ = grpo(token_level_rewards=comps[:, k:k + 1].astype(response_mask.dtype), response_mask=response_mask,
+                      group_ids=group_ids, norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo, epsilon=epsilon)
+        total = total + w * a_k
+    adv = masked_whiten(total, response_mask) * response_mask
+    return adv, adv
+
+
 @register_adv_estimator("reinforce_plus_plus")
 def reinforce_plus_plus(*, token_level_rewards: Array, response_mask: Array, gamma: float = 1.0,
                         **_: Any) -> tuple[Array, Array]:

@@ -206,7 +206,14 @@ ALGORITHM = (
         choices=LOSS_TYPES),
     Key(_G + "adv_estimator", "gae",
         "Advantage estimator: gae, grpo, rloo, reinforce_plus_plus, reinforce_plus_plus_baseline, remax, opo, gpg, "
-        "grpo_passk, grpo_vectorized, rloo_vectorized, or a registered name.", check=registered(_G + "adv_estimator", algos.check_adv_estimator)),
+        "grpo_passk, grpo_vectorized, rloo_vectorized, gdpo, or a registered name.",
+        check=registered(_G + "adv_estimator", algos.check_adv_estimator)),
+    Key(_G + "gdpo_reward_keys", None,
+        "gdpo: the reward components, keys of the dict the reward function returns ({'score': ..., "
+        "'format_reward': ..., 'accuracy_reward': ...}); each is normalised within its group on its own.",
+        type=tuple),
+    Key(_G + "gdpo_reward_weights", None, "gdpo: one weight per gdpo_reward_keys entry; None = 1 each.",
+        type=tuple),
     Key(_G + "gamma", 1.0, "Discount factor.", check=within(0, 1)),
     Key(_G + "lam", 1.0, "GAE lambda (bias/variance trade-off).", check=within(0, 1)),
     Key(_G + "norm_adv_by_std_in_grpo", True, "GRPO: divide by the group std; False = Dr.GRPO (mean-centred only)."),

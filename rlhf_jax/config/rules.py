@@ -182,6 +182,25 @@ def dro_beta_set(cfg: ConfigDict, ctx: Context) -> None:
                          f"dro_beta > 0, got {pl.dro_beta}")
 
 
+@rule("algorithm.adv_estimator", "algorithm.gdpo_reward_keys", "algorithm.gdpo_reward_weights",
+      "algorithm.filter_groups.enable")
+def gdpo_components(cfg: ConfigDict, ctx: Context) -> None:
+    """GDPO normalises named reward components (verl asserts that gdpo_reward_keys is set), one weight each."""
+    alg = cfg.algorithm
+    if alg.adv_estimator != "gdpo":
+        return
+    keys, weights = alg.gdpo_reward_keys, alg.gdpo_reward_weights
+    if not keys:
+        raise ValueError("algorithm.adv_estimator=gdpo needs algorithm.gdpo_reward_keys: the reward components your "
+                         "reward function returns in its dict, e.g. ['format_reward', 'accuracy_reward']")
+    if weights is not None and len(weights) != len(keys):
+        raise ValueError(f"algorithm.gdpo_reward_weights has {len(weights)} entries for {len(keys)} "
+                         f"algorithm.gdpo_reward_keys {list(keys)}: give one weight per key")
+    if alg.filter_groups.enable:
+        raise ValueError("algorithm.adv_estimator=gdpo with algorithm.filter_groups.enable is not implemented: the "
+                         "dynamic sampling batches keep the summed score only")
+
+
 @rule("algorithm.kl_penalty", "algorithm.use_kl_in_reward", A + "actor.kl_loss_type", A + "actor.use_kl_loss")
 def kl_full_unsupported(cfg: ConfigDict, ctx: Context) -> None:
     """KL over the whole vocabulary (full) is not computed, as in verl."""

@@ -43,6 +43,8 @@ def to_checkpoint(queue: list[ScoredBatch]) -> tuple[dict[str, jax.Array], list[
         fields["scores"] = exp.scores
         if exp.baselines is not None:
             fields["baselines"] = exp.baselines
+        if exp.components is not None:
+            fields["components"] = exp.components
         arrays.update({f"{i}.{name}": x for name, x in fields.items()})
         described.append({"version": int(exp.version), "metrics": {k: float(v) for k, v in exp.metrics.items()},
                           "arrays": {name: [list(x.shape), str(x.dtype)] for name, x in fields.items()}})
@@ -66,5 +68,6 @@ def from_checkpoint(arrays: dict[str, jax.Array], described: list[dict], prompt_
         out = RolloutBatch(**{name: arrays[f"{i}.{name}"] for name in ROLLOUT_ARRAYS},
                            response_valid=arrays.get(f"{i}.response_valid"))
         queue.append(ScoredBatch(rollout=out, scores=arrays[f"{i}.scores"], baselines=arrays.get(f"{i}.baselines"),
-                                 prompts=pb, version=int(d["version"]), data_state=state, metrics=dict(d["metrics"])))
+                                 prompts=pb, version=int(d["version"]), data_state=state, metrics=dict(d["metrics"]),
+                                 components=arrays.get(f"{i}.components")))
     return queue

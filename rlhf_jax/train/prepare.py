@@ -101,7 +101,7 @@ class Preparer:
             token_scores = token_scores[:, :batch.response_mask.shape[1]]
             rewards, adv, returns, current_kl = self.advantage_fn(
                 token_scores, batch.response_mask, group_ids, batch.old_log_probs, batch.ref_log_probs, batch.values,
-                kl_coef, scored.baselines)
+                kl_coef, scored.baselines, scored.components)
             adv, returns = jax.block_until_ready((adv, returns))
             batch = batch.replace(advantages=adv, returns=returns)
         return Prepared(batch, layouts, host, token_scores, rewards, sampled_mask, current_kl, metrics, packer)

@@ -111,11 +111,13 @@ def forward_values(graphdef, params, batch: TrainBatch, *, n_micro: int):
 
 
 def advantage_stage(token_scores, response_mask, group_ids, old_log_probs, ref_log_probs, values, kl_coef,
-                    reward_baselines=None, *, estimator: str, gamma: float, lam: float, norm_adv_by_std_in_grpo: bool,
-                    use_kl_in_reward: bool, kl_penalty: str):
+                    reward_baselines=None, reward_components=None, *, estimator: str, gamma: float, lam: float,
+                    norm_adv_by_std_in_grpo: bool, use_kl_in_reward: bool, kl_penalty: str,
+                    reward_weights: tuple[float, ...] | None = None):
     """Token rewards (with the optional in-reward KL), advantages and returns; jitted once per run.
 
     ``reward_baselines`` (N,): ReMax's greedy-rollout score of each sample's prompt (None for other estimators).
+    ``reward_components`` (N, K) and ``reward_weights``: GDPO's named reward components and their weights.
     Returns (token_level_rewards, advantages, returns, current_kl).
     """
     mask = response_mask.astype(jnp.float32)
@@ -125,6 +127,7 @@ def advantage_stage(token_scores, response_mask, group_ids, old_log_probs, ref_l
     adv, returns = algos.compute_advantages(
         estimator, token_level_rewards=rewards, response_mask=mask, group_ids=group_ids, values=values,
         gamma=gamma, lam=lam, norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo, reward_baselines=reward_baselines,
+        reward_components=reward_components, reward_weights=reward_weights,
     )
     return rewards, adv, returns, current_kl
 

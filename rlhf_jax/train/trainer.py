@@ -56,6 +56,12 @@ log = logging.getLogger(__name__)
 
 
 
+def gdpo_keys(cfg: ConfigDict) -> tuple[str, ...]:
+    """The reward components GDPO normalises (algorithm.gdpo_reward_keys); () for every other estimator."""
+    alg = cfg.algorithm
+    return tuple(alg.gdpo_reward_keys) if alg.adv_estimator == "gdpo" and alg.gdpo_reward_keys else ()
+
+
 def router_aux_loss_coef(cfg: ConfigDict, model_cfg) -> float | None:
     """The weight of the router load-balancing loss of a Mixture-of-Experts actor (None for a dense one).
 
@@ -115,7 +121,8 @@ class Trainer:
         self.rollouts = self._rollouts(cfg, c)
         self.producer = Producer(self.rollouts, c.sampling, cfg.algorithm.filter_groups,
                                  greedy_baseline=algos.estimator_info(cfg.algorithm.adv_estimator).needs_greedy_baseline,
-                                 rollout_data_dir=cfg.trainer.rollout_data_dir, loader=self.loader, stop=stop)
+                                 rollout_data_dir=cfg.trainer.rollout_data_dir, loader=self.loader, stop=stop,
+                                 component_keys=gdpo_keys(cfg))
         e = cfg.experience
         self.experience = ExperienceBuffer(e.buffer_size, e.overlap, self.loop.total_steps, self.loader,
                                            self.producer.produce)
@@ -188,7 +195,8 @@ class Trainer:
         advantage_fn = jax.jit(functools.partial(
             advantage_stage, estimator=alg.adv_estimator, gamma=alg.gamma, lam=alg.lam,
             norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo, use_kl_in_reward=alg.use_kl_in_reward,
-            kl_penalty=alg.kl_penalty))
+            kl_penalty=alg.kl_penalty,
+            reward_weights=tuple(map(float, alg.gdpo_reward_weights)) if alg.gdpo_reward_weights else None))
         return Preparer(self.passes, self.plans, self.actor, self.ref, self._role_of("values"), correction,
                         jax.jit(functools.partial(rollout_correction, cfg=correction)), jax.jit(mismatch_metrics),
                         advantage_fn,

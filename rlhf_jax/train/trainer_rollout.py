@@ -124,6 +124,21 @@ class Rollouts:
         self.reward_manager.close()
 
 
+def reward_components(extras: dict[str, np.ndarray], keys: tuple[str, ...]) -> np.ndarray:
+    """(rows, K) float32: the reward function's values ``keys`` of every response (GDPO's components)."""
+    columns = []
+    for key in keys:
+        if key not in extras:
+            raise ValueError(f"algorithm.gdpo_reward_keys: the reward function returned no {key!r} (it returned "
+                             f"{sorted(extras) or 'a number, not a dict'}); return {{'score': ..., {key!r}: ...}}")
+        values = np.asarray(extras[key], np.float32)
+        if np.isnan(values).any():
+            raise ValueError(f"algorithm.gdpo_reward_keys: the reward function returned no {key!r} for "
+                             f"{int(np.isnan(values).sum())} of {len(values)} responses; every response needs it")
+        columns.append(values)
+    return np.stack(columns, axis=1)
+
+
 @dataclasses.dataclass
 class Producer:
     """Prompt batch -> ScoredBatch for training step ``step``: sample, score (per-turn rewards of multi-turn
@@ -136,6 +151,7 @@ class Producer:
     rollout_data_dir: str | None  # trainer.rollout_data_dir: where sampled responses are dumped
     loader: Any  # dynamic sampling draws further prompt batches from it
     stop: StopRequest
+    component_keys: tuple[str, ...] = ()  # GDPO: the reward function's values kept per response (N, K)
 
     def produce(self, pb: PromptBatch, step: int, data_state: Any = None, abandonable: bool = True,
                 weights: Any = None, version: int = 0) -> ScoredBatch:
@@ -143,11 +159,12 @@ class Producer:
         ``version`` (default: the current ones)."""
         timer = M.Timer()
         out_metrics: dict[str, Any] = {}
+        extras: dict[str, np.ndarray] = {}
         if self.filter_groups.enable:
             out, pb, scores = self._dynamic_rollout(pb, timer, out_metrics, step, version)
         else:
             out, scores = self._rollout(pb, timer, out_metrics, self.rollouts.key(self.sampling.seed, step), step,
-                                        abandonable=abandonable, weights=weights, version=version)
+                                        extras, abandonable=abandonable, weights=weights, version=version)
         baselines = None
         if self.greedy_baseline:
             with timer("gen_max"):  # verl's name for ReMax's greedy baseline rollout
@@ -155,9 +172,12 @@ class Producer:
         mesh = self.rollouts.mesh
         with timer("reward"):
             scores = jax.block_until_ready(to_global(mesh, np.asarray(scores, np.float32)))
+            components = None
+            if self.component_keys:
+                components = to_global(mesh, reward_components(extras, self.component_keys))
         out_metrics.update({f"timing_s/{k}": v for k, v in timer.seconds.items()})
         return ScoredBatch(rollout=out, scores=scores, baselines=baselines, prompts=pb, version=version,
-                           data_state=data_state, metrics=out_metrics)
+                           data_state=data_state, metrics=out_metrics, components=components)
 
     def _rollout(self, pb: PromptBatch, timer, out_metrics: dict, key, step: int, extras: dict | None = None,
                  abandonable: bool = True, weights: Any = None, version: int = 0):

@@ -313,3 +313,38 @@ def test_vectorized_rloo_gives_a_group_of_one_zero_where_rloo_keeps_its_score():
     vectorized, _ = run_jit("rloo_vectorized", d)
     np.testing.assert_allclose(np.asarray(plain)[:, 0], [1.0, -1.0, 3.0])
     np.testing.assert_allclose(np.asarray(vectorized)[:, 0], [1.0, -1.0, 0.0])
+
+
+def gdpo_ref(m, g, components, weights, norm=True):
+    """verl's compute_gdpo_outcome_advantage: per component, GRPO's group normalisation of the component's score;
+    the weighted sum; verl_F.masked_whiten (unbiased variance, 1e-8) over the response tokens, times the mask."""
+    total = np.zeros(m.shape)
+    for k, w in enumerate(weights):
+        r = np.zeros(m.shape)
+        r[:, 0] = components[:, k]  # one score per row (verl puts it on the last response token)
+        total += w * grpo_ref(r, m, g, norm)[0]
+    adv = whiten_ref(total, m) * m
+    return adv, adv
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("weights", [(1.0, 1.0, 1.0), (0.5, 2.0, 1.0)])
+def test_gdpo_matches_float64_reference(seed, weights):
+    d = make_inputs(seed)
+    rng = np.random.default_rng(100 + seed)
+    components = rng.choice([0.0, 0.5, 1.0], size=(B, 3))
+    f32 = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
+    adv, ret = compute_advantages("gdpo", token_level_rewards=f32(d["r"]), response_mask=f32(d["m"]),
+                                  group_ids=jnp.asarray(d["g"]), reward_components=f32(components),
+                                  reward_weights=weights)
+    ref_adv, ref_ret = gdpo_ref(d["m"].astype(np.float64), d["g"], components, weights)
+    np.testing.assert_allclose(np.asarray(adv), ref_adv, rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(np.asarray(ret), ref_ret, rtol=RTOL, atol=ATOL)
+
+
+def test_gdpo_without_components_whitens_grpo_of_the_summed_reward():
+    d = make_inputs(4)
+    adv, _ = run_jit("gdpo", d)
+    m = d["m"].astype(np.float64)
+    want = whiten_ref(grpo_ref(d["r"], m, d["g"])[0], m) * m
+    np.testing.assert_allclose(np.asarray(adv), want, rtol=RTOL, atol=ATOL)

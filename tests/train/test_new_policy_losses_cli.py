@@ -49,3 +49,45 @@ def test_dro_without_its_weight_is_refused_before_loading(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.splitlines()[-1] == ("error: actor_rollout_ref.actor.policy_loss.loss_mode=dro needs "
                                             "actor_rollout_ref.actor.policy_loss.dro_beta > 0, got None")
+
+
+GDPO_REWARD = '''
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    fmt = float(solution_str.strip().isdigit())
+    acc = float(solution_str.strip() == str(ground_truth).strip())
+    return {"score": fmt + acc, "format_reward": fmt, "accuracy_reward": acc}
+'''
+
+
+def test_gdpo_one_step_with_the_reward_functions_components(tmp_path):
+    reward = tmp_path / "components.py"
+    reward.write_text(GDPO_REWARD)
+    out = tmp_path / "run"
+    proc = run_main([*ONE_STEP, "algorithm.adv_estimator=gdpo", f"reward.custom_reward_function.path={reward}",
+                     "+algorithm.gdpo_reward_keys=['format_reward','accuracy_reward']",
+                     "+algorithm.gdpo_reward_weights=[1.0,2.0]", f"trainer.default_local_dir={out}"], devices=1)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    (row,) = read_metrics(str(out))
+    assert math.isfinite(row["actor/pg_loss"])
+
+
+def test_gdpo_without_its_reward_keys_is_refused_before_loading(tmp_path):
+    proc = run_main([*ONE_STEP, "algorithm.adv_estimator=gdpo", f"trainer.default_local_dir={tmp_path / 'run'}"],
+                    devices=1, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines()[-1].startswith("error: algorithm.adv_estimator=gdpo needs "
+                                                   "algorithm.gdpo_reward_keys"), proc.stderr[-2000:]
+
+
+def test_a_missing_component_is_named():
+    import numpy as np
+    import pytest as _pytest
+
+    from rlhf_jax.train.trainer_rollout import reward_components
+
+    got = reward_components({"a": np.array([1.0, 0.0]), "b": np.array([0.5, 0.5])}, ("b", "a"))
+    np.testing.assert_array_equal(got, [[0.5, 1.0], [0.5, 0.0]])
+    with _pytest.raises(ValueError, match="returned no 'c'"):
+        reward_components({"a": np.array([1.0])}, ("c",))
+    with _pytest.raises(ValueError, match="returned no 'a' for 1 of 2 responses"):
+        reward_components({"a": np.array([1.0, np.nan])}, ("a",))
