@@ -166,10 +166,8 @@ REF = (
         TOKEN_BUDGET_DOC.format(flag="ref.log_prob_use_dynamic_bsz"), type=int,
         same_as="actor_rollout_ref.actor.ppo_max_token_len_per_gpu"),
     Key(A + "ref.fsdp_config.param_offload", False,
-        "Keep the reference model's parameters in host memory (memory kind pinned_host) between its passes: each "
-        "reference pass copies them to the devices inside its program, so they take no device memory during "
-        "sampling and the updates (one host-to-device copy per pass). Under LoRA the reference is the actor's own "
-        "base weights, with nothing of its own to offload.", type=bool),
+        "Keep the reference model's parameters in host memory (pinned_host); each reference pass copies them to "
+        "the devices. Under LoRA there is no separate reference to offload.", type=bool),
 )
 
 ROLLOUT = (

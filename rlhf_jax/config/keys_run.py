@@ -209,8 +209,8 @@ ALGORITHM = (
         "grpo_passk, grpo_vectorized, rloo_vectorized, gdpo, or a registered name.",
         check=registered(_G + "adv_estimator", algos.check_adv_estimator)),
     Key(_G + "gdpo_reward_keys", None,
-        "gdpo: the reward components, keys of the dict the reward function returns ({'score': ..., "
-        "'format_reward': ..., 'accuracy_reward': ...}); each is normalised within its group on its own.",
+        "gdpo: reward components, keys of the dict the reward function returns; each is normalised within its "
+        "group on its own.",
         type=tuple),
     Key(_G + "gdpo_reward_weights", None, "gdpo: one weight per gdpo_reward_keys entry; None = 1 each.",
         type=tuple),

@@ -26,7 +26,7 @@ READERS: dict[str, tuple[str, ...]] = {
         _A + "model.enable_gradient_checkpointing", _A + "model.remat_policy", _A + "model.attn_implementation",
         "critic.model.enable_gradient_checkpointing", "critic.model.remat_policy", "mesh.logical_axis_rules",
         _A + "model.lora_rank", _A + "model.lora_alpha", _A + "model.target_modules", _A + "model.lora_adapter_path",
-        "mesh.rollout_devices", "trainer.n_gpus_per_node", _A + "rollout.dtype",
+        "mesh.rollout_devices", "trainer.n_gpus_per_node", _A + "rollout.dtype", _A + "ref.fsdp_config.param_offload",
     ),
     "rlhf_jax.config.validate": ("mesh.data", "mesh.fsdp", "mesh.tensor", "mesh.expert"),
     # read as the default of other keys (same_as): the sampler's length, the clip bounds
@@ -64,6 +64,7 @@ READERS: dict[str, tuple[str, ...]] = {
         "critic.shuffle", "critic.grad_clip",
         "critic.cliprange_value", "critic.loss_agg_mode", "reward_model.enable", "algorithm.adv_estimator",
         "algorithm.gamma", "algorithm.lam", "algorithm.norm_adv_by_std_in_grpo", "algorithm.kl_penalty",
+        "algorithm.gdpo_reward_keys", "algorithm.gdpo_reward_weights",
         "algorithm.filter_groups.enable", "algorithm.kl_ctrl.*", "trainer.validation_data_dir",
         "trainer.log_val_generations", "trainer.critic_warmup", "trainer.resume_mode",
         "trainer.max_actor_ckpt_to_keep", "trainer.seed",

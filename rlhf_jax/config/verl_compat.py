@@ -155,7 +155,10 @@ IGNORED: tuple[Ignored, ...] = (
             _is("float32", "fp32", None)),
     Ignored("*.fsdp_config.mixed_precision", "set actor_rollout_ref.model.compute_dtype (matmuls) and "
             "actor_rollout_ref.model.dtype (parameters, optimizer state)", _empty),
-    Ignored("*.fsdp_config.param_offload", _OFFLOAD, _off),
+    # the reference's parameter offload is a schema key (honoured); the actor's, critic's and reward model's are not
+    Ignored("actor_rollout_ref.actor.fsdp_config.param_offload", _OFFLOAD, _off),
+    Ignored("critic.*fsdp_config.param_offload", _OFFLOAD, _off),
+    Ignored("reward_model.*fsdp_config.param_offload", _OFFLOAD, _off),
     Ignored("*.fsdp_config.optimizer_offload", _OFFLOAD, _off),
     Ignored("*.fsdp_config.offload_policy", _OFFLOAD, _off),
     Ignored("*.fsdp_config.full_determinism", "deterministic kernels: set XLA_FLAGS=--xla_gpu_deterministic_ops=true",

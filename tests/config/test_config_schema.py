@@ -90,7 +90,7 @@ def test_markdown_reference_lists_every_key():
         assert f"| `{path}` |" in md, path
     for path in DERIVED_DOCS:
         assert f"| `{path}` |" in md, path
-    assert "`*.fsdp_config.param_offload`" in md
+    assert "`actor_rollout_ref.actor.fsdp_config.param_offload`" in md
     # Every table row has the same number of unescaped separators as its header.
     schema_part = md.split("## derived")[0]
     for line in schema_part.splitlines():
