@@ -144,3 +144,24 @@ def test_damaged_latest_checkpoint_is_one_warning_line(tmp_path, two_checkpoints
                 + re.escape(f"; moved to {step}.unreadable, resuming from step 1"))
     assert len(lines) == 1 and re.fullmatch(expected, lines[0]), proc.stderr[-3000:]
     assert [r["step"] for r in read_metrics(out)] == [1, 2, 3]
+
+
+def test_asyncio_reports_of_a_failed_restores_reads_are_dropped_whenever_they_come():
+    """A failed restore leaves reads in flight; asyncio logs each one's error ("exception was never retrieved")
+    when it is garbage-collected, at any later time. Those of TensorStore's futures carry no Orbax frame, only the
+    store's spec in their message; they are dropped too, and nothing else asyncio reports is."""
+    import logging
+
+    from rlhf_jax.runtime.checkpoint import _ORBAX_FAILURES
+
+    def record(message, error):
+        return logging.LogRecord("asyncio", logging.ERROR, __file__, 1, message, None,
+                                 (type(error), error, error.__traceback__))
+
+    store = ValueError('NOT_FOUND: Error opening "zarr" driver: Metadata at "x/.zarray" does not exist '
+                       '[tensorstore_spec=\'{"driver":"zarr"}\']')
+    assert not _ORBAX_FAILURES.filter(record("Future exception was never retrieved\nfuture: <Future finished>", store))
+    assert not _ORBAX_FAILURES.filter(record("Task exception was never retrieved\nfuture: <Task finished>", store))
+    other = ValueError("a user's own coroutine failed")
+    assert _ORBAX_FAILURES.filter(record("Task exception was never retrieved\nfuture: <Task finished>", other))
+    assert _ORBAX_FAILURES.filter(record("Unclosed client session", store))
