@@ -11,12 +11,14 @@ from rlhf_jax.config import schema
 from rlhf_jax.config.derive import DERIVED_DOCS
 from rlhf_jax.config.verl_compat import ALIASES, IGNORED
 from rlhf_jax.config.verl_defaults import DIFFERENCES
+from rlhf_jax.config.verl_releases import releases_of
 
 _INTRO = """# Configuration reference
 
 Generated from `rlhf_jax/config/keys_*.py` by `python -m rlhf_jax.config docs`; do not edit by hand.
 
-Keys follow verl's `ppo_trainer.yaml`. Set them in a recipe (`configs/*.py`, `get_config()`),
+Keys follow verl's `ppo_trainer.yaml`; "verl releases" says which of verl's releases name a key so in their
+`ppo_trainer.yaml` (empty: a key of rlhf_jax's own, or one verl sets elsewhere). Set them in a recipe (`configs/*.py`, `get_config()`),
 on the command line (`--config.actor_rollout_ref.actor.optim.lr=1e-6`), or in a verl-style
 YAML file (`--config=run.yaml`). A default of `None` is derived when the config is finalized
 (the description says from what); `${a.b}` inside a string refers to another key.
@@ -40,10 +42,11 @@ def render_markdown() -> str:
         top = key.path.split(".", 1)[0]
         if top != section:
             section = top
-            lines += ["", f"## {top}", "", "| key | default | type | description |", "|---|---|---|---|"]
+            lines += ["", f"## {top}", "", "| key | default | type | verl releases | description |",
+                      "|---|---|---|---|---|"]
         typ = "any" if key.value_type is object else key.value_type.__name__
         doc = key.doc + (f" One of: {', '.join(map(str, key.choices))}." if key.choices else "")
-        lines.append(f"| `{key.path}` | {_fmt(key.default)} | {typ} | {_cell(doc)} |")
+        lines.append(f"| `{key.path}` | {_fmt(key.default)} | {typ} | {releases_of(key.path)} | {_cell(doc)} |")
     lines += ["", "## derived (filled by finalize, read-only)", "", "| key | description |", "|---|---|"]
     lines += [f"| `{k}` | {_cell(v)} |" for k, v in DERIVED_DOCS.items()]
     lines += _rule_tables()
@@ -55,8 +58,8 @@ def render_markdown() -> str:
     lines += ["", "## verl's other names of schema keys", "",
               "Set in a verl YAML, these set the schema key (a copy that must agree: the file's value must equal",
               "the key's, or the fallback's where the key is unset).", "",
-              "| verl key | schema key | how |", "|---|---|---|"]
-    lines += [f"| `{a.path}` | `{a.target}` | {'sets it' if a.assign else 'must agree' + (f' (else `{a.fallback}`)' if a.fallback else '')} |"
+              "| verl key | verl releases | schema key | how |", "|---|---|---|---|"]
+    lines += [f"| `{a.path}` | {releases_of(a.path)} | `{a.target}` | {'sets it' if a.assign else 'must agree' + (f' (else `{a.fallback}`)' if a.fallback else '')} |"
               for a in ALIASES]
     lines += ["", "## defaults that differ from verl's", "",
               "Every other key defaults to the value of verl's generated `ppo_trainer.yaml`.", "",
