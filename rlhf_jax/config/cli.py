@@ -103,6 +103,14 @@ def _apply_hydra(cfg: ConfigDict, hydra: dict[int, str], overrides: list[tuple[i
     return apply_mapping(dialects.nested(settings), cfg, source="command line")
 
 
+def _dialect_args(hydra: dict[int, str], fmt: str) -> ConfigDict:
+    """The schema config of another trainer's Hydra-style command line: the arguments read as that trainer's file
+    (its defaults where they are silent; ``~key`` leaves a key at that default)."""
+    settings = {k: v for k, v in hydra_args.parse(hydra.values()).items() if v is not hydra_args.REMOVED}
+    translated = dialects.to_schema(dialects.nested(settings), fmt, "command line")
+    return apply_mapping(dialects.nested(translated), source="command line")
+
+
 def _config_file_arg(argv: list[str], name: str) -> tuple[int, int, str] | None:
     """(index, number of argv items, value) of ``--name=v`` / ``--name v``, if present."""
     for i, arg in enumerate(argv):
@@ -134,7 +142,13 @@ def load_config_from_argv(argv: Sequence[str], *, name: str = "config", default:
     fv = flags.FlagValues()
     found = _config_file_arg(argv[1:], name)
     source = found[2] if found else default
-    if hydra and not found:  # a verl command line: verl's defaults underneath, as a ppo_trainer.yaml run has
+    if hydra and not found and fmt not in (None, "verl"):  # another trainer's command line (verl's SFT trainer's:
+        # --config_format=verl_sft data.prompt_key=... model.partial_pretrain=...): its arguments are its file
+        source = f"<{fmt} command line>"
+        config_flags.DEFINE_config_dict(name, _dialect_args(hydra, fmt), _HELP, flag_values=fv, lock_config=True,
+                                        sys_argv=argv)
+        hydra = {}
+    elif hydra and not found:  # a verl command line: verl's defaults underneath, as a ppo_trainer.yaml run has
         source = "<verl defaults>"
         config_flags.DEFINE_config_dict(name, verl_base(), _HELP, flag_values=fv, lock_config=True, sys_argv=argv)
     elif source is None:

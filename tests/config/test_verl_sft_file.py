@@ -148,3 +148,37 @@ def test_file_trains_on_question_answer_json(tmp_path):
     assert not any(k.startswith("val-core") for r in rows for k in r)  # loss only, as verl's SFT trainer
     assert rows[-1]["train/loss"] < rows[0]["train/loss"]
     assert os.listdir(os.path.join(out, "checkpoints")) == ["3"]  # save_freq -1: only the last step
+
+
+def test_verl_sft_command_line_trains_on_keys_inside_a_dict_column(tmp_path):
+    """The arguments of verl's SFT example scripts (``torchrun -m verl.trainer.fsdp_sft_trainer ARGS``) after
+    ``python -m rlhf_jax.main --config_format=verl_sft``: ``prompt_dict_keys`` / ``response_dict_keys`` index into
+    verl's ``extra_info`` column as verl does, and LoRA is on."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [{"data_source": "qa", "prompt": [{"role": "user", "content": "x"}],
+             "extra_info": {"question": f"What is {a} plus {b}?", "answer": str(a + b)}}
+            for a in range(5) for b in range(5)]
+    data = tmp_path / "train.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), data)
+    out = tmp_path / "run"
+    proc = run_main(["--config_format=verl_sft", f"data.train_files={data}", f"data.val_files={data}",
+                     "data.prompt_key=extra_info", "data.response_key=extra_info", "optim.lr=1e-3",
+                     "data.prompt_dict_keys=['question']", "+data.response_dict_keys=['answer']",
+                     "data.micro_batch_size_per_gpu=4", "data.train_batch_size=8", "data.max_length=64",
+                     "model.partial_pretrain=builtin:tiny", f"trainer.default_local_dir={out}",
+                     "trainer.project_name=gsm8k-sft", "trainer.experiment_name=tiny", "trainer.logger=['jsonl']",
+                     "trainer.total_epochs=1", "trainer.total_training_steps=3", "trainer.n_gpus_per_node=1",
+                     "model.lora_rank=8", "model.lora_alpha=16", "model.target_modules=all-linear"], devices=1)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    metrics = read_metrics(str(out))
+    assert [r["step"] for r in metrics] == [1, 2, 3] and metrics[-1]["train/loss"] < metrics[0]["train/loss"]
+    from rlhf_jax.config import load_config_from_argv
+
+    cfg = load_config_from_argv(["main", "--config_format=verl_sft", "model.partial_pretrain=builtin:tiny",
+                                 "data.prompt_key=extra_info", "data.prompt_dict_keys=['question']",
+                                 "+data.response_dict_keys=['answer']", "model.lora_rank=8"])
+    assert cfg.algorithm.type == "sft" and cfg.actor_rollout_ref.model.lora_rank == 8
+    # response_key left at verl's default ("answer"), indexed by the dict keys as verl does: row["answer"]["answer"]
+    assert cfg.data.prompt_key == "extra_info.question" and cfg.data.response_key == "answer.answer"

@@ -64,10 +64,9 @@ RULES: tuple[Rule, ...] = (
     Rule("data.val_max_samples", "data.val_max_samples", lambda v, _: int(v)),
     Rule("data.prompt_key", "data.prompt_key"),
     Rule("data.response_key", "data.response_key"),
-    Rule("data.prompt_dict_keys", reason="keys inside a dict column are not read: name the column with prompt_key",
-         accept=lambda v: not v),
-    Rule("data.response_dict_keys", reason="keys inside a dict column are not read: name the column with "
-         "response_key", accept=lambda v: not v),
+    # verl indexes the column by each key in turn (row[prompt_key][k1][k2]...): a dotted path of data.prompt_key
+    Rule("data.prompt_dict_keys", used_by="data.prompt_key"),
+    Rule("data.response_dict_keys", used_by="data.response_key"),
     Rule("data.multiturn.enable", "data.multiturn.enable", lambda v, _: bool(v)),
     Rule("data.multiturn.messages_key", "data.multiturn.messages_key"),
     Rule("data.multiturn.tools_key", reason="tool definitions of a conversation are not rendered"),
@@ -162,5 +161,11 @@ def finish(full: dict, values: dict[str, Any]) -> None:
     if _A + "model.path" not in values:
         raise ValueError("model.partial_pretrain is required: the checkpoint to fine-tune")
     values.update({"algorithm.type": "sft", "trainer.val_before_train": False, "trainer.val_accuracy": False})
+    data = full.get("data") or {}
+    for which in ("prompt", "response"):
+        inner = data.get(f"{which}_dict_keys")
+        if inner:
+            column = values.get(f"data.{which}_key") or DEFAULTS[f"data.{which}_key"]
+            values[f"data.{which}_key"] = ".".join([str(column), *map(str, inner)])
     if not full.get("data", {}).get("val_files"):
         values["data.val_files"] = ()
