@@ -21,6 +21,7 @@ from jax.sharding import NamedSharding
 from rlhf_jax.models import lora
 from rlhf_jax.parallel import batch_sharding
 from rlhf_jax.rewards.reward_model import decode_responses
+from rlhf_jax.rewards.manager import RewardFunctionError
 from rlhf_jax.rollout.sampler import cast_floating
 from rlhf_jax.train import metrics as M
 from rlhf_jax.parallel.hosts import to_global, to_local
@@ -125,15 +126,16 @@ class Rollouts:
 
 
 def reward_components(extras: dict[str, np.ndarray], keys: tuple[str, ...]) -> np.ndarray:
-    """(rows, K) float32: the reward function's values ``keys`` of every response (GDPO's components)."""
+    """(rows, K) float32: the reward function's values ``keys`` of every response (GDPO's components). A missing
+    one is a RewardFunctionError, which ``main`` reports in one line."""
     columns = []
     for key in keys:
         if key not in extras:
-            raise ValueError(f"algorithm.gdpo_reward_keys: the reward function returned no {key!r} (it returned "
+            raise RewardFunctionError(f"algorithm.gdpo_reward_keys: the reward function returned no {key!r} (it returned "
                              f"{sorted(extras) or 'a number, not a dict'}); return {{'score': ..., {key!r}: ...}}")
         values = np.asarray(extras[key], np.float32)
         if np.isnan(values).any():
-            raise ValueError(f"algorithm.gdpo_reward_keys: the reward function returned no {key!r} for "
+            raise RewardFunctionError(f"algorithm.gdpo_reward_keys: the reward function returned no {key!r} for "
                              f"{int(np.isnan(values).sum())} of {len(values)} responses; every response needs it")
         columns.append(values)
     return np.stack(columns, axis=1)

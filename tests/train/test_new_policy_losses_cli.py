@@ -83,11 +83,12 @@ def test_a_missing_component_is_named():
     import numpy as np
     import pytest as _pytest
 
+    from rlhf_jax.rewards.manager import RewardFunctionError
     from rlhf_jax.train.trainer_rollout import reward_components
 
     got = reward_components({"a": np.array([1.0, 0.0]), "b": np.array([0.5, 0.5])}, ("b", "a"))
     np.testing.assert_array_equal(got, [[0.5, 1.0], [0.5, 0.0]])
-    with _pytest.raises(ValueError, match="returned no 'c'"):
+    with _pytest.raises(RewardFunctionError, match="returned no 'c'"):  # main prints it in one line
         reward_components({"a": np.array([1.0])}, ("c",))
-    with _pytest.raises(ValueError, match="returned no 'a' for 1 of 2 responses"):
+    with _pytest.raises(RewardFunctionError, match="returned no 'a' for 1 of 2 responses"):
         reward_components({"a": np.array([1.0, np.nan])}, ("a",))
