@@ -29,6 +29,7 @@ from .kl import (
     update_kl_controller,
 )
 from .policy_losses import check_policy_loss, effective_loss_agg_mode, policy_loss
+from .bypass import BYPASS_LOSS_TYPES  # registers the bypass_mode loss
 from .registry import (
     ADV_ESTIMATORS,
     KL_ESTIMATORS,

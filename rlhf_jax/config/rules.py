@@ -182,6 +182,19 @@ def dro_beta_set(cfg: ConfigDict, ctx: Context) -> None:
                          f"dro_beta > 0, got {pl.dro_beta}")
 
 
+@rule(A + "actor.policy_loss.loss_mode", "algorithm.rollout_correction.bypass_mode")
+def bypass_loss(cfg: ConfigDict, ctx: Context) -> None:
+    """Bypass mode's loss is algorithm.rollout_correction.loss_type's (verl replaces the policy loss with it), so a
+    policy loss of another name would not be trained; bypass_mode is set by its key, not as a loss name."""
+    mode = cfg.actor_rollout_ref.actor.policy_loss.loss_mode
+    if cfg.algorithm.rollout_correction.bypass_mode and mode != "vanilla":
+        raise ValueError(f"algorithm.rollout_correction.bypass_mode trains algorithm.rollout_correction.loss_type's "
+                         f"loss, not actor_rollout_ref.actor.policy_loss.loss_mode={mode}: set loss_mode=vanilla")
+    if mode == "bypass_mode":
+        raise ValueError("actor_rollout_ref.actor.policy_loss.loss_mode=bypass_mode: set "
+                         "algorithm.rollout_correction.bypass_mode=true instead")
+
+
 @rule("algorithm.adv_estimator", "algorithm.gdpo_reward_keys", "algorithm.gdpo_reward_weights",
       "algorithm.filter_groups.enable")
 def gdpo_components(cfg: ConfigDict, ctx: Context) -> None:

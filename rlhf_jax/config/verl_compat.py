@@ -307,10 +307,6 @@ IGNORED: tuple[Ignored, ...] = (
     Ignored("reward_model.rollout", "generative reward models are not implemented: the reward model is a classifier "
             "(leave reward_model.rollout.name unset)",
             lambda v: not isinstance(v, dict) or v.get("name") in (None, "???")),
-    Ignored("algorithm.rollout_correction.bypass_mode", "old log-probs are always recomputed by the trainer "
-            "(the sampler's are the behaviour policy of algorithm.rollout_correction)", _off),
-    Ignored("algorithm.rollout_correction.loss_type", "the policy loss is actor_rollout_ref.actor.policy_loss.loss_mode",
-            _is("ppo_clip")),
 )
 
 

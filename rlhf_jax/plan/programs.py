@@ -26,7 +26,7 @@ from rlhf_jax.train.optim import make_optimizer
 from rlhf_jax.train.setup import lora_spec, sampler_graphdef
 from rlhf_jax.train import losses
 from rlhf_jax.train.losses import Loss
-from rlhf_jax.train.passes import PassPlan, StepPasses, compile_pass, pass_batch, step_passes
+from rlhf_jax.train.passes import PassPlan, StepPasses, compile_pass, pass_batch, step_correction, step_passes
 from rlhf_jax.train.steps import CriticLossSpec
 
 A = "actor_rollout_ref."
@@ -111,7 +111,8 @@ def build_run(cfg: ConfigDict, devices: list) -> RunParts:
     actor_spec = actor_loss_spec(cfg, d.recompute_old_log_prob, sampling.logprob_temperature, actor.config)
     if shared:
         actor_spec = dataclasses.replace(actor_spec, value=critic_spec, vf_coef=float(cfg.critic.vf_coef))
-    correction = correction_from_config(cfg.algorithm.rollout_correction, arr.actor.tis_imp_ratio_cap)
+    correction = step_correction(cfg, correction_from_config(cfg.algorithm.rollout_correction,
+                                                             arr.actor.tis_imp_ratio_cap))
     sampler = Sampler(sampler_graphdef(cfg, actor.config, actor.task, None if actor.config.lora else actor.graphdef),
                       mesh=rollout_mesh or mesh, rules=rules, max_positions=actor.config.max_position_embeddings)
     passes = step_passes(cfg, correction, use_kl_loss=actor_spec.use_kl_loss)

@@ -29,6 +29,7 @@ from typing import Callable
 
 import jax
 
+from rlhf_jax.algos.rollout_correction import RolloutCorrection
 from rlhf_jax.batch.packing import row_length
 from rlhf_jax.parallel.backend import compile_backend
 from rlhf_jax.parallel.chips import chip_of
@@ -180,16 +181,24 @@ class StepPasses:
         return {"update_actor": self.actor_fields, "update_critic": self.critic_fields}.get(name, ())
 
 
+def step_correction(cfg, correction):
+    """The rollout correction the step applies between the forward passes and the advantages: ``correction``, or
+    none in bypass mode, whose loss applies it against the current policy (algos.bypass)."""
+    return RolloutCorrection() if cfg.algorithm.rollout_correction.bypass_mode else correction
+
+
 def step_passes(cfg, correction, *, use_kl_loss: bool) -> StepPasses:
-    """The passes of a finalized config with the rollout ``correction`` (algos.rollout_correction's settings).
+    """The passes of a finalized config with the step's rollout ``correction`` (``step_correction``).
     The old log-probs are computed when the loss's ratio needs them (``derived.recompute_old_log_prob``), for the
-    in-reward KL, and for the rollout correction (which compares them with the sampler's)."""
+    in-reward KL, and for the rollout correction (which compares them with the sampler's); never in bypass mode,
+    where the sampler's are the old policy's."""
     critic = cfg.critic
     values = ("actor" if critic.shared_trunk else "critic") if critic.enable else None
     fields = ("old_log_probs", "advantages") + (("ref_log_probs",) if use_kl_loss else ()) + (
         ("rollout_is_weights",) if correction.rollout_is is not None else ()) + (
         ("values", "returns") if values == "actor" else ())
     old = cfg.derived.recompute_old_log_prob or cfg.algorithm.use_kl_in_reward or correction.enabled
+    old = old and not cfg.algorithm.rollout_correction.bypass_mode
     return StepPasses(old_log_prob=bool(old), ref=bool(cfg.derived.need_ref), values=values, actor_fields=fields)
 
 

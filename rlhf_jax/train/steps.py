@@ -233,8 +233,8 @@ def actor_loss(spec: ActorLossSpec, logp, ent, m: TrainBatch, m_mask, den, den_p
                            denominator=den_plain, norm_constant=spec.norm_constant)
         loss = loss + spec.kl_loss_coef * kl
         aux["actor/kl_loss"] = kl
-    for name, value in pg_metrics.items():
-        aux[f"actor/{name}"] = value
+    for name, value in pg_metrics.items():  # a named group of its own (bypass mode's rollout_corr/) keeps its name
+        aux[name if "/" in name else f"actor/{name}"] = value
     return loss, aux
 
 

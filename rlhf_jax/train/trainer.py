@@ -37,7 +37,7 @@ from rlhf_jax.train.engine import Role
 from rlhf_jax.train.fit_loop import RunLoop
 from rlhf_jax.train.optim import make_optimizer
 from rlhf_jax.train.passes import (PassPlan, compile_pass, describe, fit_pass, free_device_memory, gib, held_bytes,
-                                   pass_batch, pass_bytes, plan_passes, step_passes)
+                                   pass_batch, pass_bytes, plan_passes, step_correction, step_passes)
 from rlhf_jax.runtime.oom import memory_hint
 from rlhf_jax.train.prepare import Prepared, Preparer
 from rlhf_jax.runtime.preemption import STOP, StopRequest
@@ -84,7 +84,7 @@ def actor_loss_spec(cfg: ConfigDict, recompute_old: bool, temperature: float, mo
     """The actor loss settings; ``model_cfg`` (the actor's ModelConfig) decides the router loss of a MoE actor."""
     a = cfg.actor_rollout_ref.actor
     pl = a.policy_loss
-    return ActorLossSpec(
+    spec = ActorLossSpec(
         router_aux_loss_coef=router_aux_loss_coef(cfg, model_cfg),
         loss_mode=pl.loss_mode, loss_agg_mode=a.loss_agg_mode,
         clip_ratio_low=a.clip_ratio_low, clip_ratio_high=a.clip_ratio_high,
@@ -97,6 +97,11 @@ def actor_loss_spec(cfg: ConfigDict, recompute_old: bool, temperature: float, mo
         else (("tau_neg", a.tau_neg), ("tau_pos", a.tau_pos)) if pl.loss_mode == "sapo"
         else (("dro_beta", pl.dro_beta),) if pl.loss_mode == "dro" else (),
     )
+    corr = cfg.algorithm.rollout_correction
+    if corr.bypass_mode:  # old = the sampler's log-probs; the loss applies the correction (algos.bypass)
+        spec = dataclasses.replace(spec, loss_mode="bypass_mode", use_old_log_probs=True, options=(
+            ("correction", correction_from_config(corr, a.tis_imp_ratio_cap)), ("loss_type", corr.loss_type)))
+    return spec
 
 
 class Trainer:
@@ -133,7 +138,8 @@ class Trainer:
         kc = cfg.algorithm.kl_ctrl
         self.kl_ctrl = algos.init_kl_controller(kc.kl_coef, kc.type, kc.target_kl, kc.horizon)
         self.critic_loss, self.actor_loss = self._losses(cfg, c)
-        correction = correction_from_config(cfg.algorithm.rollout_correction, a.tis_imp_ratio_cap)
+        correction = step_correction(cfg, correction_from_config(cfg.algorithm.rollout_correction,
+                                                                 a.tis_imp_ratio_cap))
         self.passes = step_passes(cfg, correction, use_kl_loss=self.actor_loss.spec.use_kl_loss)
         self.plans = plan_passes(cfg, actor_mlp_width=self.actor.config.intermediate_size,
                                  critic_mlp_width=self.critic.config.intermediate_size if self.critic else None)

@@ -93,7 +93,7 @@ reward_model:
     ("data:\n  custom_cls:\n    path: my_dataset.py\n    name: MyDataset\n", r"data\.custom_cls"),
     ("data:\n  sampler:\n    class_path: my_sampler.py\n    class_name: S\n", r"data\.sampler"),
     ("reward_model:\n  sandbox_fusion:\n    url: http://localhost:8080/run\n", r"reward_model\.sandbox_fusion"),
-    ("algorithm:\n  rollout_correction:\n    bypass_mode: true\n", r"algorithm\.rollout_correction\.bypass_mode"),
+    ("actor_rollout_ref:\n  actor:\n    router_replay: {mode: R2}\n", r"router_replay"),
     ("trainer:\n  del_local_ckpt_after_load: True\n", r"trainer\.del_local_ckpt_after_load"),
     ("actor_rollout_ref:\n  actor:\n    fsdp_config:\n      optimizer_offload: True\n",
      r"optimizer_offload=True is not supported by rlhf_jax \(host offload is not implemented"),

@@ -92,3 +92,28 @@ def test_a_missing_component_is_named():
         reward_components({"a": np.array([1.0])}, ("c",))
     with _pytest.raises(RewardFunctionError, match="returned no 'a' for 1 of 2 responses"):
         reward_components({"a": np.array([1.0, np.nan])}, ("a",))
+
+
+@pytest.mark.parametrize("loss_type", ["ppo_clip", "reinforce"])
+def test_bypass_mode_skips_the_old_log_prob_pass(loss_type, tmp_path):
+    # two mini-batches would recompute old log-probs; bypass mode uses the sampler's instead
+    out = tmp_path / "run"
+    proc = run_main([*ONE_STEP, "algorithm.rollout_correction.bypass_mode=True",
+                     f"algorithm.rollout_correction.loss_type={loss_type}", "algorithm.rollout_correction.rollout_is=token",
+                     "algorithm.rollout_correction.rollout_rs=token", "algorithm.rollout_correction.rollout_rs_threshold=5.0",
+                     f"trainer.default_local_dir={out}"], devices=1)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    (row,) = read_metrics(str(out))
+    assert "timing_s/old_log_prob" not in row and "training/rollout_probs_diff_mean" not in row
+    assert math.isfinite(row["actor/pg_loss"]) and math.isfinite(row["rollout_corr/kl"])
+    assert 0.0 <= row["rollout_corr/rollout_rs_masked_fraction"] <= 1.0
+
+
+def test_bypass_mode_with_another_policy_loss_is_refused_by_name(tmp_path):
+    proc = run_main([*ONE_STEP, "algorithm.rollout_correction.bypass_mode=True",
+                     "actor_rollout_ref.actor.policy_loss.loss_mode=gspo",
+                     f"trainer.default_local_dir={tmp_path / 'run'}"], devices=1, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines()[-1] == (
+        "error: algorithm.rollout_correction.bypass_mode trains algorithm.rollout_correction.loss_type's loss, not "
+        "actor_rollout_ref.actor.policy_loss.loss_mode=gspo: set loss_mode=vanilla")
