@@ -165,8 +165,10 @@ def test_trinity_convert_round_trips_and_refuses_what_it_cannot_honour(tmp_path,
     ]:
         with pytest.raises(ValueError, match=key):
             load_yaml(base + text)
-    with pytest.raises(ValueError, match=r"algorithm_type='dpo'"):
+    with pytest.raises(ValueError, match=r"mode='both': algorithm_type dpo trains from a dataset"):
         load_yaml(base.replace("grpo", "dpo"))
+    with pytest.raises(ValueError, match=r"algorithm_type='opmd'"):
+        load_yaml(base.replace("grpo", "opmd"))
     with pytest.raises(ValueError, match=r"buffer\.train_batch_size.*differs from buffer\.batch_size x"):
         load_yaml(base + "  train_batch_size: 6\n")
 
