@@ -11,7 +11,10 @@ import os
 from typing import Any
 
 from rlhf_jax.config.hub_data import parse
-from rlhf_jax.data.sources import DataError
+
+
+class DataError(ValueError):
+    """A Hub dataset that cannot be read (sources.py reports it as its DataError)."""
 
 _TRUE = ("1", "true", "yes", "on")
 _WHERE = "(an entry of data.train_files / data.val_files)"

@@ -185,9 +185,12 @@ def read_file(path: str, split: str | None = None) -> list[Row]:
     if str(path).startswith(BUILTIN_PREFIX):
         return [Row(rec, str(path), i) for i, rec in enumerate(_read_builtin(str(path), split))]
     if is_hub_dataset(str(path)):
-        from rlhf_jax.data.hub import read_hub
+        from rlhf_jax.data import hub
 
-        records = read_hub(str(path), split)
+        try:
+            records = hub.read_hub(str(path), split)
+        except hub.DataError as e:
+            raise DataError(str(e)) from None
         if not records:
             raise DataError(f"{path}: contains no rows")
         return [Row(rec, str(path), i) for i, rec in enumerate(records)]
