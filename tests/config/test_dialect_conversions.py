@@ -28,7 +28,9 @@ def _trainer_config(tmp_path, rm):
     qa = tmp_path / "qa.json"
     qa.write_text(json.dumps({"train": [{"Question": f"{i}+1=", "Answer": str(i + 1)} for i in range(16)],
                               "test": [{"Question": f"{i}+2=", "Answer": str(i + 2)} for i in range(4)]}))
-    return {**_COMMON, "reward_model.model.path": rm, "data.train_files": str(qa), "data.val_files": str(qa)}
+    # log_with: wandb writes no metrics.jsonl: the jsonl sink is added to compare the two runs' metrics
+    return {**_COMMON, "reward_model.model.path": rm, "data.train_files": str(qa), "data.val_files": str(qa),
+            "trainer.logger": "('console','wandb','jsonl')"}
 
 
 @pytest.mark.parametrize("fixture,setup,fmt", [("atorch_ppo.yaml", _atorch, "atorch"),
