@@ -111,6 +111,9 @@ DATA = (
         "covers every assistant message."),
     Key("data.multiturn.messages_key", "messages", "SFT: column of the conversation (a list of role/content "
         "messages) when data.multiturn.enable."),
+    Key("data.multiturn.train_on", "all", "SFT conversations: all (the loss covers every assistant message) or last "
+        "(only the final assistant message; the turns before it are context, as Trinity-RFT trains a conversation).",
+        choices=("all", "last")),
     Key("data.max_length", None, "SFT: tokens per example (prompt + response); longer ones follow data.truncation "
         "(error, left or right). None = data.max_prompt_length + data.max_response_length.", type=int),
     Key("data.micro_batch_size_per_gpu", -1, "SFT: per shard and forward/backward, sequences (padded rows) or packed "
@@ -205,6 +208,10 @@ ALGORITHM = (
         "in [0, 0.5) (conservative DPO; 0 = plain DPO).", check=Check(lambda v: 0 <= v < 0.5, " must be in [0, 0.5)")),
     Key(_G + "dpo.loss_type", "sigmoid", "DPO pair loss: sigmoid (DPO), hinge (SLiC) or ipo (IPO), as TRL names them.",
         choices=LOSS_TYPES),
+    Key(_G + "dpo.kl_loss_coef", 0.0, "DPO: weight of a per-token KL loss to the reference added to the pair loss "
+        "(the token mean over both responses of the mini-batch, Trinity-RFT's DPO); 0 = none.", check=at_least(0)),
+    Key(_G + "dpo.kl_loss_type", "low_var_kl", "DPO: estimator of that KL loss (kl/k1, abs, mse/k2, low_var_kl/k3).",
+        check=registered(_G + "dpo.kl_loss_type", algos.check_kl_kind)),
     Key(_G + "adv_estimator", "gae",
         "Advantage estimator: gae, grpo, rloo, reinforce_plus_plus, reinforce_plus_plus_baseline, remax, opo, gpg, "
         "grpo_passk, grpo_vectorized, rloo_vectorized, gdpo, or a registered name.",

@@ -80,7 +80,8 @@ def dpo_settings(cfg: ConfigDict, ctx: Context) -> None:
 
 
 # Keys read only by the SFT trainer (algorithm.type=sft): set under another type they would do nothing.
-SFT_ONLY = ("data.response_key", "data.multiturn.enable", "data.multiturn.messages_key", "data.max_length",
+SFT_ONLY = ("data.response_key", "data.multiturn.enable", "data.multiturn.messages_key", "data.multiturn.train_on",
+            "data.max_length",
             "data.micro_batch_size_per_gpu", "trainer.val_accuracy")
 
 

@@ -14,7 +14,7 @@ import os
 from ml_collections import ConfigDict
 
 from rlhf_jax import algos
-from rlhf_jax.config import builtin, schema
+from rlhf_jax.config import builtin, hub_data, schema
 from rlhf_jax.config.names import BUILTIN_DATASETS, BUILTIN_MODELS
 from rlhf_jax.config.rule import Context, rule
 
@@ -66,14 +66,16 @@ def shared_trunk(cfg: ConfigDict, ctx: Context) -> None:
                              "optimizer, mini-batches and remat train the value head (set the actor's keys)")
 
 
-@rule("data.train_files", "data.val_files", "actor_rollout_ref.model.path", "critic.model.path", "critic.enable",
-      "reward_model.enable", "reward_model.model.path", "custom_reward_function.path")
+@rule("data.train_files", "data.val_files", "algorithm.type", "actor_rollout_ref.model.path", "critic.model.path",
+      "critic.enable", "reward_model.enable", "reward_model.model.path", "custom_reward_function.path")
 def files_exist(cfg: ConfigDict, ctx: Context) -> None:
     """The data files, model directories and reward function the config names exist (skipped by check_paths=False)."""
     if not ctx.check_paths:
         return
     for which in ("train_files", "val_files"):
         files = cfg.data[which]
+        if not files and which == "val_files" and cfg.algorithm.type in ("sft", "dpo"):
+            continue  # the SFT and DPO trainers run without validation data
         if not files:
             raise ValueError(f"data.{which} is empty: give at least one file or builtin:<name>")
         for f in files:
@@ -81,8 +83,14 @@ def files_exist(cfg: ConfigDict, ctx: Context) -> None:
                 if builtin.builtin_name(f) not in BUILTIN_DATASETS:
                     raise ValueError(f"data.{which}: unknown builtin data set {f!r}; available: "
                                      f"{', '.join(builtin.PREFIX + d for d in sorted(BUILTIN_DATASETS))}")
+            elif hub_data.is_hub_dataset(f):
+                try:
+                    hub_data.parse(f)
+                except ValueError as e:
+                    raise ValueError(f"data.{which}: {e}") from None
             elif not os.path.exists(os.path.expanduser(f)):
-                raise ValueError(f"data.{which}: file {f!r} does not exist; fix the path or use builtin:arithmetic")
+                raise ValueError(f"data.{which}: file {f!r} does not exist; fix the path, name a Hub dataset "
+                                 "(hf:<org>/<name>) or use builtin:arithmetic")
     # (key, path, whether the run reads a tokenizer from it): the policy's tokenizer comes from data.tokenizer if set
     models = [("actor_rollout_ref.model.path", cfg.actor_rollout_ref.model.path, not cfg.data.tokenizer)]
     if cfg.critic.enable:

@@ -7,8 +7,9 @@ Two row layouts (verl's ``sft_trainer`` names):
   followed by the tokenizer's EOS token, as in verl. Unset keys are recognised by name, so seed files with
   ``Question`` / ``Answer`` and verl's RL parquet (the ground truth is the target) need no keys.
 - multi-turn (``data.multiturn.enable``): a list of role/content messages (``data.multiturn.messages_key``),
-  rendered with the chat template; the loss covers the content of every assistant message (and the template's
-  end-of-turn after it), never the role headers nor the other messages.
+  rendered with the chat template; the loss covers the content of every assistant message (``data.multiturn.train_on``
+  all; last: the final one only) and the template's end-of-turn after it, never the role headers nor the other
+  messages.
 
 An example is laid out like an RL sample: the tokens before the first trained token are its *prompt*, the rest
 its *response* with a loss mask (holes at the user turns of a conversation). Examples longer than
@@ -110,6 +111,9 @@ def _multi_turn(row: Row, tokenizer, settings: dict) -> tuple[list[int], list[in
         raise DataError(f"{row.where}: conversation {key!r} has no assistant message to train on")
     if getattr(tokenizer, "chat_template", None) is None:
         raise DataError("data.multiturn.enable needs a tokenizer with a chat template (data.chat_template)")
+    # train_on=last: only the final assistant message is a target; the turns before it are context
+    answers = [k for k, m in enumerate(messages) if m["role"] == "assistant"]
+    trained = set(answers) if settings.get("train_on", "all") == "all" else {answers[-1]}
     pieces: list[tuple[str, int]] = []
     before = ""
     for k, message in enumerate(messages):
@@ -119,7 +123,7 @@ def _multi_turn(row: Row, tokenizer, settings: dict) -> tuple[list[int], list[in
             raise DataError(f"{row.where}: the chat template renders message {k} of {key!r} so that the conversation "
                             "before it is not a prefix of the conversation with it (a template that rewrites "
                             "earlier turns); use data.chat_template with a template that appends")
-        pieces += [(head[len(before):], 0), (full[len(head):], int(message["role"] == "assistant"))]
+        pieces += [(head[len(before):], 0), (full[len(head):], int(k in trained))]
         before = full
     ids, mask = [], []
     texts = [text for text, _ in pieces if text]
@@ -186,6 +190,7 @@ def sft_settings(data_cfg: Any, tools: list[dict] | None = None) -> dict:
     return {
         "prompt_key": data_cfg.prompt_key, "response_key": data_cfg.response_key,
         "multiturn": bool(data_cfg.multiturn.enable), "messages_key": data_cfg.multiturn.messages_key,
+        "train_on": data_cfg.multiturn.get("train_on", "all"),
         "template": data_cfg.prompt_template, "system_prompt": data_cfg.system_prompt or None,
         "chat_kwargs": {**dict(data_cfg.apply_chat_template_kwargs or {}), **({"tools": tools} if tools else {})},
     }

@@ -16,7 +16,8 @@ can name them in errors:
   ``builtin:arithmetic_preferences`` (DPO pairs) / ``builtin:calculator_demos`` (tool-call conversations): the
   synthetic tasks of :mod:`rlhf_jax.data.synthetic`, generated in memory (split ``train``: 1000 rows,
   seed 0; any other split: 100 rows, seed 1). Generator knobs can follow as a
-  query, e.g. ``builtin:arithmetic?max_value=20&ops=+-&train_size=5000``.
+  query, e.g. ``builtin:arithmetic?max_value=20&ops=+-&train_size=5000``,
+- ``hf:<org>/<name>[?subset=...&split=...&revision=...]``: a Hugging Face dataset, read by :mod:`rlhf_jax.data.hub`.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ import json
 import os
 from collections.abc import Sequence
 from typing import Any
+
+from rlhf_jax.config.hub_data import is_hub_dataset
 
 SUPPORTED_SUFFIXES = (".parquet", ".jsonl", ".json", ".csv")
 
@@ -177,9 +180,20 @@ def _read_builtin(spec: str, split: str | None) -> list[dict[str, Any]]:
 
 
 def read_file(path: str, split: str | None = None) -> list[Row]:
-    """Read one file (or directory, or builtin:<task>) into rows; `split` selects from split-JSON and directories."""
+    """Read one file (or directory, builtin:<task>, or hf:<dataset>) into rows; `split` selects from split-JSON,
+    directories and Hub datasets."""
     if str(path).startswith(BUILTIN_PREFIX):
         return [Row(rec, str(path), i) for i, rec in enumerate(_read_builtin(str(path), split))]
+    if is_hub_dataset(str(path)):
+        from rlhf_jax.data import hub
+
+        try:
+            records = hub.read_hub(str(path), split)
+        except hub.DataError as e:
+            raise DataError(str(e)) from None
+        if not records:
+            raise DataError(f"{path}: contains no rows")
+        return [Row(rec, str(path), i) for i, rec in enumerate(records)]
     path = os.path.expanduser(str(path))
     if os.path.isdir(path):
         return [row for f in _expand_directory(path, split) for row in read_file(f, split)]

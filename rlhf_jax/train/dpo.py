@@ -85,7 +85,8 @@ class DPOTrainer:
         self.actor = actor_role(cfg, c, self.loop.total_steps, d.actor_updates_per_step)
         self.ref = reference_role(cfg, c, self.actor)
         dc = cfg.algorithm.dpo
-        self.spec = DPOSpec(float(dc.beta), float(dc.label_smoothing), dc.loss_type)
+        self.spec = DPOSpec(float(dc.beta), float(dc.label_smoothing), dc.loss_type, float(dc.kl_loss_coef),
+                            dc.kl_loss_type)
         self.pad_id = pad_token_id_of(self.tok)
         self.loader = PromptLoader(self.train_data.prompts, cfg.data.train_batch_size, pad_token_id=self.pad_id,
                                    max_prompt_length=cfg.data.max_prompt_length, shuffle=cfg.data.shuffle,
@@ -114,14 +115,16 @@ class DPOTrainer:
                         f"{s}_responses": responses, f"{s}_response_mask": response_mask})
         return out
 
-    def _sequence_log_probs(self, role: Role, batch: dict, name: str, n_micro: int) -> jax.Array:
-        """Summed response log-probs (B,) of one side of the pairs under ``role``."""
+    def _sequence_log_probs(self, role: Role, batch: dict, name: str, n_micro: int, tokens: bool = False):
+        """Summed response log-probs (B,) of one side of the pairs under ``role`` (with ``tokens``: and the
+        per-token ones (B, R))."""
         one = side(batch, name)
         logp = role.log_probs(one, n_micro=n_micro, temperature=1.0)
-        return jnp.sum(logp * one.response_mask.astype(logp.dtype), axis=-1)
+        total = jnp.sum(logp * one.response_mask.astype(logp.dtype), axis=-1)
+        return (total, logp.astype(jnp.float32)) if tokens else total
 
     def _batch_specs(self) -> dict[str, tuple[tuple[int, ...], Any]]:
-        return pair_specs(self.cfg.derived.actor_mini_batch_size, *self.widths["train"])
+        return pair_specs(self.cfg.derived.actor_mini_batch_size, *self.widths["train"], kl=self.spec.kl_coef > 0)
 
     # ------------------------------------------------------------------ memory plan
     def plan_memory(self) -> tuple[str, ...]:
@@ -153,7 +156,11 @@ class DPOTrainer:
             batch = {k: to_global(self.mesh, v) for k, v in host.items()}
             with timer("ref"):
                 for s in SIDES:
-                    batch[f"ref_{s}"] = self._sequence_log_probs(self.ref, batch, s, d.ref_micro_batches)
+                    if self.spec.kl_coef > 0:  # the KL loss compares each token with the reference's
+                        batch[f"ref_{s}"], batch[f"ref_{s}_tokens"] = self._sequence_log_probs(
+                            self.ref, batch, s, d.ref_micro_batches, tokens=True)
+                    else:
+                        batch[f"ref_{s}"] = self._sequence_log_probs(self.ref, batch, s, d.ref_micro_batches)
                 jax.block_until_ready(batch["ref_rejected"])
             self.plan_memory()
             num = d.actor_num_mini_batches

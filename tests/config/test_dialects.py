@@ -165,8 +165,10 @@ def test_trinity_convert_round_trips_and_refuses_what_it_cannot_honour(tmp_path,
     ]:
         with pytest.raises(ValueError, match=key):
             load_yaml(base + text)
-    with pytest.raises(ValueError, match=r"algorithm_type='dpo'"):
+    with pytest.raises(ValueError, match=r"mode='both': algorithm_type dpo trains from a dataset"):
         load_yaml(base.replace("grpo", "dpo"))
+    with pytest.raises(ValueError, match=r"algorithm_type='opmd'"):
+        load_yaml(base.replace("grpo", "opmd"))
     with pytest.raises(ValueError, match=r"buffer\.train_batch_size.*differs from buffer\.batch_size x"):
         load_yaml(base + "  train_batch_size: 6\n")
 
@@ -240,7 +242,7 @@ def test_trainer_config_file_maps_its_keys_and_trls_defaults(tmp_path):
     assert (t.total_epochs, t.total_training_steps, t.seed, t.save_freq, t.project_name) == (2, 100, 11, 50, "rlhf-qa")
     assert t.logger == ("console", "wandb") and t.default_local_dir == "./checkpoints"
     for text, key in [
-        ("freeze_config:\n  freeze_emb: true\n", r"freeze_config\.freeze_emb=True is not supported"),
+        ("freeze_config:\n  layers_not_to_freeze: [h.3]\n", r"layers_not_to_freeze=\['h\.3'\]: 'h\.3' is not a"),
         ("ppo_config:\n  vf_coef: 0.5\n", r"ppo_config\.vf_coef=0\.5 .*separate copy"),
         ("ppo_config:\n  early_stopping: true\n", r"ppo_config\.early_stopping"),
         ("ppo_config:\n  batch_size: 10\n  mini_batch_size: 4\n", r"batch_size=10 is not a multiple"),
@@ -351,7 +353,8 @@ def test_atorch_convert_round_trips_warns_once_and_refuses_what_it_cannot_honour
         ("  reward_model:\n    model_path: /rm\n    optimizer:\n      name: adam\n",
          r"model\.reward_model\.optimizer\.name='adam' is not supported.*not trained"),
         ("    train_strategy: fsdp_strategy\n", r"model\.actor\.train_strategy='fsdp_strategy'"),
-        ("    model_params:\n      torch_dtype: bfloat16\n", r"model\.actor\.model_params\.torch_dtype"),
+        ("    model_params:\n      torch_dtype: auto\n", r"model\.actor\.model_params\.torch_dtype='auto': use"),
+        ("    model_params:\n      trust_remote_code: true\n", r"model_params\.trust_remote_code=True is not supp"),
         ("    optimizer:\n      name: torch.optim.RMSprop\n", r"model\.actor\.optimizer\.name='torch\.optim\.RMSprop'"),
         ("    optimizer:\n      name: AdamW\n      kwargs:\n        amsgrad: true\n",
          r"model\.actor\.optimizer\.kwargs\.amsgrad=True is not supported for AdamW"),

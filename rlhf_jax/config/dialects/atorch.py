@@ -124,15 +124,52 @@ def _actor_critic(value: Any, full: dict) -> dict:
     if value.get("model_cls") is not None:
         raise ValueError(f"model.actor_critic.model_cls={value['model_cls']!r}: a model class from a Python file "
                          "cannot be loaded; give a Hugging Face checkpoint directory")
-    if value.get("model_params"):
-        raise ValueError("model.actor_critic.model_params: model loading arguments: set actor_rollout_ref.model.*")
+    params = dict(value.get("model_params") or {})
+    dtype = params.pop("torch_dtype", None)
+    if params:
+        raise ValueError(f"model.actor_critic.model_params.{next(iter(params))}: model loading arguments other than "
+                         "torch_dtype: set actor_rollout_ref.model.*")
     for strategy in ("train_strategy", "inference_strategy"):
         if value.get(strategy) not in (None, _NATIVE):
             raise ValueError(f"model.actor_critic.{strategy}={value[strategy]!r}: {_STRATEGY}")
     out = {**_model_path("actor")(value["model_path"], full), "critic.enable": True, "critic.shared_trunk": True}
+    if dtype is not None:
+        out.update(_torch_dtype("actor_critic")(dtype, full))
     out.update(_optimizer("actor_critic", _A + "actor.")(value.get("optimizer") or DEFAULTS["model.actor.optimizer"],
                                                          full))
     return out
+
+
+_TORCH_DTYPES = {"float32": "float32", "float": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
+                 "float16": "float16", "half": "float16", "fp16": "float16"}
+
+
+def _dtype_name(value: Any, where: str) -> str:
+    name = str(value).removeprefix("torch.")
+    if name not in _TORCH_DTYPES:
+        raise ValueError(f"{where}={value!r}: use float32, bfloat16 or float16 (auto, the checkpoint's own dtype, "
+                         "is not read: name it)")
+    return _TORCH_DTYPES[name]
+
+
+def _torch_dtype(role: str):
+    def convert(value: Any, full: dict) -> dict:
+        where = f"model.{role}.model_params.torch_dtype"
+        dtype = _dtype_name(value, where)
+        if role in ("actor", "actor_critic"):
+            return {_A + "model.dtype": dtype, _A + "model.compute_dtype": dtype}
+        # every other role computes in the policy's dtype here (one compute dtype per run): it must agree
+        actor = get(full, "model.actor.model_params.torch_dtype",
+                    get(full, "model.actor_critic.model_params.torch_dtype"))
+        own = _dtype_name(actor, "model.actor.model_params.torch_dtype") if actor is not None else "float32"
+        if dtype != own:
+            raise ValueError(f"{where}={value!r} differs from the actor's {own} (model.actor.model_params.torch_dtype): "
+                             "the critic, reference and reward model compute in the policy's dtype here")
+        return {}
+    convert.__doc__ = ("parameters loaded (and trained) in this dtype: actor_rollout_ref.model.dtype and compute_dtype"
+                       if role in ("actor", "actor_critic") else
+                       "must equal the actor's torch_dtype (every role computes in the policy's dtype)")
+    return convert
 
 
 def _truncation(value: Any, _: dict) -> str:
@@ -182,8 +219,9 @@ RULES: tuple[Rule, ...] = (
          accept=lambda v: False),
     Rule("model.*.model_cls", reason="a model class from a Python file: give a Hugging Face checkpoint directory",
          accept=lambda v: v is None),
-    Rule("model.*.model_params.*", reason="model loading arguments: set actor_rollout_ref.model.* (dtype, ...)",
-         accept=lambda v: False),
+    *(Rule(f"model.{role}.model_params.torch_dtype", convert=_torch_dtype(role)) for role in MODELS),
+    Rule("model.*.model_params.*", reason="model loading arguments other than torch_dtype: set "
+         "actor_rollout_ref.model.* keys", accept=lambda v: False),
     Rule("model.*.model_params", reason="model loading arguments: set actor_rollout_ref.model.* (dtype, ...)",
          accept=lambda v: not v),
     Rule("model.*.train_strategy", reason=_STRATEGY, accept=lambda v: v in (None, _NATIVE)),

@@ -3,7 +3,8 @@
 Its run is TRL's classic PPO: one response per question, scored by ``reward_config.reward_model_name``, a
 per-token KL penalty to the reference in the reward (adaptive, from ``init_kl_coef``), GAE with whitened
 advantages and PPO clipping without a dual clip. Its data file is a JSON with ``train`` / ``test`` lists of
-``Question`` / ``Answer`` rows. TRL's PPOConfig defaults apply where the file is silent. The value model here
+``Question`` / ``Answer`` rows. TRL's PPOConfig defaults apply where the file is silent. ``freeze_config`` names
+the policy's parts that do not train (``actor_rollout_ref.actor.freeze.*``, the same flags). The value model here
 is a separate copy of the policy with its own optimizer (TRL's shares the policy's trunk and weighs the value
 loss by ``vf_coef``), so ``vf_coef`` has no counterpart and only its default is accepted.
 """
@@ -50,6 +51,20 @@ def _kl(value: Any, full: dict) -> dict:
     return out
 
 
+_FREEZE = _A + "actor.freeze."
+
+
+def _layers(value: Any, _: dict) -> tuple[int, ...]:
+    """Decoder layer indices (ints, or digit strings) trained whatever the freeze flags say."""
+    layers = [] if value is None else value if isinstance(value, (list, tuple)) else [value]
+    out = []
+    for layer in layers:
+        if isinstance(layer, bool) or not str(layer).lstrip("-").isdigit():
+            raise ValueError(f"{layer!r} is not a decoder layer index; list layer numbers (0, 1, ...)")
+        out.append(int(layer))
+    return tuple(out)
+
+
 def _logger(value: Any, _: dict) -> tuple[str, ...]:
     if value not in ("wandb", "tensorboard", None):
         raise ValueError("use wandb or tensorboard")
@@ -63,8 +78,9 @@ RULES: tuple[Rule, ...] = (
     Rule("data_config.max_length_promt", "data.max_prompt_length", lambda v, _: int(v)),
     Rule("data_config.truncate_promt", "data.truncation", lambda v, _: "left" if v else "error"),
     Rule("data_config.padding", reason="prompts are left-padded to length buckets"),
-    Rule("freeze_config.layers_not_to_freeze", reason="nothing is frozen", accept=_OFF),
-    Rule("freeze_config.*", reason="freezing parts of the model is not implemented here", accept=_OFF),
+    *(Rule(f"freeze_config.{name}", _FREEZE + name, lambda v, _: bool(v))
+      for name in ("freeze_emb", "freeze_ln", "freeze_attn", "freeze_ff", "freeze_other")),
+    Rule("freeze_config.layers_not_to_freeze", _FREEZE + "layers_not_to_freeze", _layers),
     Rule("generation_config.do_sample", _A + "rollout.do_sample", lambda v, _: bool(v)),
     Rule("generation_config.max_new_tokens", "data.max_response_length", lambda v, _: int(v)),
     Rule("generation_config.min_length", reason="a minimum length counting the prompt",

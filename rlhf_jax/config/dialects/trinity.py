@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rlhf_jax.config.dialects import trinity_train as T
 from rlhf_jax.config.dialects.rules import Rule, get
 from rlhf_jax.config.dialects.rules import needs_critic as _needs_critic
 
@@ -34,9 +35,11 @@ _TASKSET = "buffer.explorer_input.taskset."
 def _estimator(value: Any, full: dict) -> dict:
     """algorithm_type, or advantage_fn where given, as the advantage estimator."""
     algorithm = get(full, "algorithm.algorithm_type")
+    if algorithm in T.TRAIN_ALGORITHMS:
+        return {}  # the trainer is chosen by mode (train)
     if algorithm not in ("ppo", "grpo"):
-        raise ValueError(f"algorithm.algorithm_type={algorithm!r}: rlhf_jax trains ppo and grpo runs (opmd, dpo, "
-                         "sft and mix are not implemented)")
+        raise ValueError(f"algorithm.algorithm_type={algorithm!r}: rlhf_jax trains ppo, grpo, sft and dpo runs (opmd "
+                         "and mix are not implemented)")
     name = get(full, "algorithm.advantage_fn") or ("ppo" if algorithm == "ppo" else "grpo")
     if name not in _ESTIMATORS:
         raise ValueError(f"algorithm.advantage_fn={name!r}: use one of {', '.join(sorted(_ESTIMATORS))}")
@@ -46,16 +49,27 @@ def _estimator(value: Any, full: dict) -> dict:
 def _kl(kind: str):
     """A KL function name (none, k1, k2, k3, abs, low_var_kl) as the switch and estimator of that KL term."""
     def convert(value: Any, full: dict) -> dict:
+        algorithm = T.algorithm(full)
+        if value == "default":  # not in the file: the algorithm's own (Trinity's default_config)
+            value = "none" if kind == "kl_penalty" or algorithm == "sft" else "k2"
+        if algorithm == "dpo" and kind == "kl_loss" and value in (None, "none"):
+            value = "k2"  # Trinity's DPO always has a KL loss: it turns none into k2
         on = value not in (None, "none")
         if on and value not in _KL:
             raise ValueError(f"use none or one of {', '.join(sorted(_KL))}")
         args = get(full, f"algorithm.{kind}_fn_args") or {}
+        if on and algorithm in T.TRAIN_ALGORITHMS and (kind == "kl_penalty" or algorithm == "sft"):
+            raise ValueError(f"algorithm_type {algorithm} has no {kind.replace('_', ' ')}: use none")
+        if algorithm in T.TRAIN_ALGORITHMS:
+            if not on:
+                return {}
+            return {"algorithm.dpo.kl_loss_type": _KL[value],
+                    "algorithm.dpo.kl_loss_coef": float(args.get("kl_coef", 0.001))}
         if kind == "kl_loss":
             out = {_A + "actor.use_kl_loss": on}
             if on:
                 out[_A + "actor.kl_loss_type"] = _KL[value]
-            if "kl_coef" in args:
-                out[_A + "actor.kl_loss_coef"] = float(args["kl_coef"])
+                out[_A + "actor.kl_loss_coef"] = float(args.get("kl_coef", 0.001))  # Trinity's KLFn default
         else:
             out = {"algorithm.use_kl_in_reward": on}
             if on:
@@ -67,7 +81,12 @@ def _kl(kind: str):
 
 
 def _policy_loss(value: Any, full: dict) -> dict:
-    """policy_loss_fn (ppo) and its clip ranges and aggregation."""
+    """policy_loss_fn (ppo) and its clip ranges and aggregation; dpo and sft for those algorithms."""
+    if T.algorithm(full) == "dpo":
+        return T.dpo_loss(value, full)
+    if T.algorithm(full) == "sft":
+        return T.sft_loss(value, full)
+    value = "ppo" if value == "default" else value
     if value not in ("ppo", "gspo"):
         raise ValueError("use ppo or gspo")
     args = get(full, "algorithm.policy_loss_fn_args") or {}
@@ -86,6 +105,10 @@ def _entropy(value: Any, full: dict) -> dict:
     if value not in ("default", "none", None):
         raise ValueError("use default or none")
     coef = (get(full, "algorithm.entropy_loss_fn_args") or {}).get("entropy_coef", 0.0)
+    if T.algorithm(full) in T.TRAIN_ALGORITHMS:
+        if value != "none" and float(coef):
+            raise ValueError(f"algorithm_type {T.algorithm(full)} has no entropy bonus here: set entropy_coef 0")
+        return {}
     return {_A + "actor.entropy_coeff": 0.0 if value == "none" else float(coef)}
 
 
@@ -96,16 +119,14 @@ def _run_dir(value: Any, full: dict) -> str:
 
 def _train_batch(value: Any, full: dict) -> dict:
     """train_batch_size (experiences per step) must be batch_size x repeat_times: one optimizer step per step."""
+    if T.training_only(full):
+        return T.train_batch(value, full)
     tasks, repeat = int(get(full, "buffer.batch_size")), int(get(full, "algorithm.repeat_times", 1))
     if value is not None and int(value) != tasks * repeat:
         raise ValueError(f"{value} experiences per step differs from buffer.batch_size x algorithm.repeat_times = "
                          f"{tasks * repeat}; set actor_rollout_ref.actor.ppo_mini_batch_size for smaller "
                          "optimizer batches")
     return {}
-
-
-def _files(value: Any, _: dict) -> tuple[str, ...]:
-    return tuple(value) if isinstance(value, (list, tuple)) else (str(value),)
 
 
 def _eval(value: Any, full: dict) -> dict:
@@ -115,7 +136,7 @@ def _eval(value: Any, full: dict) -> dict:
     for ts in sets:
         if ts.get("storage_type", "file") != "file":
             raise ValueError("only file tasksets are read")
-        files += list(_files(ts["path"], full))
+        files.append(T.dataset(ts["path"], ts.get("subset_name"), "buffer.explorer_input.eval_tasksets"))
         splits.add(ts.get("split", "test"))
         args = ts.get("rollout_args") or {}
         if "temperature" in args:
@@ -171,6 +192,8 @@ def _sync(value: Any, file: dict) -> dict:
     """sync_interval K with sync_offset 0: K batches sampled with one set of weights, then trained on in order
     (experience.buffer_size=K); interval 1 with offset 1: sampling runs one step ahead of training
     (experience.overlap, on mesh.rollout_devices). Other pairs are refused."""
+    if T.training_only(file):
+        return {}  # no explorer to synchronise with
     interval, offset = int(value), int(get(file, "synchronizer.sync_offset", 0) or 0)
     if interval < 1 or offset < 0:
         raise ValueError("sync_interval must be >= 1 and sync_offset >= 0")
@@ -192,6 +215,37 @@ def _off(value: Any) -> bool:
     return not value
 
 
+def _tasks(value: Any, full: dict) -> dict:
+    """Tasks per step; in mode train, rows per step where train_batch_size is not given."""
+    if T.training_only(full) and get(full, "buffer.train_batch_size") is not None:
+        return {}
+    return {"data.train_batch_size": int(value)}
+
+
+def _model_len(value: Any, full: dict) -> dict:
+    """max_model_len: without max_prompt_tokens, the prompt may take what the response leaves (Trinity's rule)."""
+    response = get(full, "model.max_response_tokens")
+    if value is None or get(full, "model.max_prompt_tokens") is not None or response is None:
+        return {}
+    if int(value) <= int(response):
+        raise ValueError(f"leaves no room for a prompt beside max_response_tokens={response}")
+    return {"data.max_prompt_length": int(value) - int(response)}
+
+
+def _verl_settings(value: Any, _: dict) -> dict:
+    """verl keys inside the file (trainer_config): verl's names are rlhf_jax's, so they apply as written."""
+    out: dict[str, Any] = {}
+
+    def walk(node: Any, prefix: str) -> None:
+        if isinstance(node, dict) and node:
+            for k, v in node.items():
+                walk(v, f"{prefix}.{k}" if prefix else str(k))
+        elif prefix:
+            out[prefix] = tuple(node) if isinstance(node, list) else node
+    walk(value or {}, "")
+    return out
+
+
 def _logger(value: Any, _: dict) -> tuple[str, ...]:
     if value not in ("wandb", "tensorboard", "mlflow"):
         raise ValueError("use wandb, tensorboard or mlflow")
@@ -202,7 +256,7 @@ RULES: tuple[Rule, ...] = (
     # global
     Rule("project", "trainer.project_name"),
     Rule("name", "trainer.experiment_name"),
-    Rule("mode", reason="sampling and training alternate in one program", accept=lambda v: v == "both"),
+    Rule("mode", convert=T.mode),
     Rule("checkpoint_root_dir", "trainer.default_local_dir", _run_dir),
     Rule("continue_from_checkpoint", "trainer.resume_mode", lambda v, _: "auto" if v else "disable"),
     Rule("ignore_validator_suggestions", reason="no validator suggestions"),
@@ -210,7 +264,7 @@ RULES: tuple[Rule, ...] = (
     Rule("algorithm.algorithm_type", convert=_estimator),
     Rule("algorithm.advantage_fn", used_by="algorithm.algorithm_type"),
     Rule("algorithm.advantage_fn_args", reason="estimator options: set algorithm.* keys", accept=lambda v: not v),
-    Rule("algorithm.repeat_times", _A + "rollout.n", lambda v, _: int(v)),
+    Rule("algorithm.repeat_times", convert=lambda v, f: {} if T.training_only(f) else {_A + "rollout.n": int(v)}),
     Rule("algorithm.optimizer.lr", _A + "actor.optim.lr", lambda v, _: float(v)),
     Rule("algorithm.optimizer.lr_scheduler_type", _A + "actor.optim.warmup_style"),
     Rule("algorithm.optimizer.warmup_style", _A + "actor.optim.warmup_style"),
@@ -234,7 +288,7 @@ RULES: tuple[Rule, ...] = (
     Rule("model.max_prompt_tokens", "data.max_prompt_length", lambda v, _: int(v)),
     Rule("model.max_response_tokens", "data.max_response_length", lambda v, _: int(v)),
     Rule("model.min_response_tokens", _A + "rollout.min_new_tokens", lambda v, _: max(int(v) - 1, 0)),
-    Rule("model.max_model_len", reason="checked: prompt + response must fit the model's context"),
+    Rule("model.max_model_len", convert=_model_len),
     Rule("model.enable_prompt_truncation", "data.truncation", lambda v, _: "left" if v else "error"),
     Rule("model.repetition_penalty", reason="no repetition penalty", accept=lambda v: v in (None, 1, 1.0)),
     Rule("model.custom_chat_template", convert=lambda v, _: {} if v in (None, "None") else {"data.chat_template": v}),
@@ -253,14 +307,17 @@ RULES: tuple[Rule, ...] = (
     Rule("monitor.enable_ray_timeline", reason="no Ray", accept=lambda v: not v),
     Rule("log", reason="logging of Trinity's processes"),
     # buffer
-    Rule("buffer.batch_size", "data.train_batch_size", lambda v, _: int(v)),
+    Rule("buffer.batch_size", convert=_tasks),
+    Rule("buffer.max_retry_times", reason="SQL storage retries: data is read from files"),
+    Rule("buffer.max_retry_interval", reason="SQL storage retries: data is read from files"),
     Rule("buffer.train_batch_size", convert=_train_batch),
     Rule("buffer.total_epochs", "trainer.total_epochs", lambda v, _: int(v)),
     Rule("buffer.total_steps", convert=lambda v, _: {} if v is None else {"trainer.total_training_steps": int(v)}),
     Rule("buffer.explorer_input.default_workflow_type", convert=_default_workflow),
     Rule("buffer.explorer_input.default_eval_workflow_type", convert=_eval_workflow),
     Rule("buffer.explorer_input.default_reward_fn_type", "data.default_data_source", lambda v, _: _reward(v, _)),
-    Rule(_TASKSET + "path", "data.train_files", _files),
+    Rule(_TASKSET + "path", "data.train_files",
+         lambda v, f: (T.dataset(v, get(f, _TASKSET + "subset_name"), _TASKSET[:-1]),)),
     Rule(_TASKSET + "split", "data.train_split"),
     Rule(_TASKSET + "format.prompt_key", "data.prompt_key"),
     Rule(_TASKSET + "format.response_key", "data.ground_truth_key"),
@@ -275,12 +332,10 @@ RULES: tuple[Rule, ...] = (
     Rule(_TASKSET + "repeat_times", _A + "rollout.n", lambda v, _: int(v)),
     Rule(_TASKSET + "storage_type", reason="tasksets are files", accept=lambda v: v == "file"),
     Rule(_TASKSET + "name", reason="the taskset's name (a Ray actor's)"),
-    Rule(_TASKSET + "subset_name", reason="files are read as given", accept=lambda v: v is None),
+    Rule(_TASKSET + "subset_name", used_by=_TASKSET + "path"),
     Rule(_TASKSET + "workflow_args", convert=_workflow_args),
     Rule("buffer.explorer_input.eval_tasksets", convert=_eval),
-    Rule("buffer.trainer_input.experience_buffer.replay_buffer", reason="experience replay is not implemented",
-         accept=_off),
-    Rule("buffer.trainer_input.experience_buffer", reason="experiences pass from sampler to update in memory"),
+    Rule(T.EXPERIENCE, convert=T.experience_buffer),
     Rule("buffer.trainer_input.auxiliary_buffers", reason="auxiliary (SFT) buffers are not implemented",
          accept=lambda v: not v),
     # explorer
@@ -305,11 +360,11 @@ RULES: tuple[Rule, ...] = (
     Rule("trainer.grad_clip", _A + "actor.grad_clip", lambda v, _: float(v)),
     Rule("trainer.use_dynamic_bsz", _A + "actor.use_dynamic_bsz", lambda v, _: bool(v)),
     Rule("trainer.max_token_len_per_gpu", _A + "actor.ppo_max_token_len_per_gpu", lambda v, _: int(v)),
+    Rule("trainer.ppo_max_token_len_per_gpu", _A + "actor.ppo_max_token_len_per_gpu", lambda v, _: int(v)),
     Rule("trainer.max_checkpoints_to_keep", "trainer.max_actor_ckpt_to_keep", lambda v, _: int(v) if v else None),
     Rule("trainer.ulysses_sequence_parallel_size", reason="sequence parallelism: the mesh section",
          accept=lambda v: v in (None, 1)),
-    Rule("trainer.trainer_config", reason="verl settings inside a Trinity file: give them as rlhf_jax keys",
-         accept=lambda v: not v),
+    Rule("trainer.trainer_config", convert=_verl_settings),
     Rule("trainer.trainer_type", reason="the trainer is rlhf_jax's", accept=lambda v: v in (None, "verl")),
     Rule("trainer.*", reason="Trinity trainer process settings"),
     # the rest of Trinity's processes
@@ -324,7 +379,8 @@ DEFAULTS: dict[str, Any] = {
     "mode": "both",
     "algorithm.algorithm_type": "ppo",
     "algorithm.repeat_times": 1,
-    "algorithm.policy_loss_fn": "ppo",
+    "algorithm.policy_loss_fn": "default",  # the algorithm's own (ppo, sft or dpo)
+    "algorithm.kl_loss_fn": "default",  # k2 (none for sft)
     "synchronizer.sync_interval": 1,
     "synchronizer.sync_offset": 0,
 }
