@@ -103,6 +103,7 @@ class TrainBatch:
     advantages: jax.Array | None = None
     returns: jax.Array | None = None
     rollout_is_weights: jax.Array | None = None
+    sum_pi_squared: jax.Array | None = None  # sum_v pi_v^2 per token under the old policy (optimal token baseline)
 
     def sequences(self) -> TrainBatch:
         """Only the model's inputs (what a forward pass reads)."""

@@ -30,6 +30,7 @@ from .kl import (
 )
 from .policy_losses import check_policy_loss, effective_loss_agg_mode, policy_loss
 from .bypass import BYPASS_LOSS_TYPES  # registers the bypass_mode loss
+from . import optimal_baseline  # noqa: F401  (registers the optimal-token-baseline estimators)
 from .registry import (
     ADV_ESTIMATORS,
     KL_ESTIMATORS,

@@ -82,15 +82,20 @@ class EstimatorInfo:
     grouped: bool = False  # compares the samples of one prompt: rollout.n >= 2, else every advantage is 0
     needs_critic: bool = False  # reads values: a value model is trained (critic.enable defaults to this)
     needs_greedy_baseline: bool = False  # reads reward_baselines: one greedy rollout per prompt batch (ReMax)
+    # reads old_log_probs and sum_pi_squared: the old-log-prob pass runs and also returns sum_v pi_v^2 per token
+    needs_sum_pi_squared: bool = False
 
 
 def register_adv_estimator(name: str, *, overwrite: bool = False, grouped: bool = False, needs_critic: bool = False,
-                           needs_greedy_baseline: bool = False) -> Callable[[F], F]:
+                           needs_greedy_baseline: bool = False,
+                           needs_sum_pi_squared: bool = False) -> Callable[[F], F]:
     """Register an advantage estimator ``fn(*, token_level_rewards, response_mask, group_ids, values, gamma, lam, **options) -> (advantages, returns)``.
 
-    ``grouped``, ``needs_critic`` and ``needs_greedy_baseline`` describe what it needs (:class:`EstimatorInfo`).
+    ``grouped``, ``needs_critic``, ``needs_greedy_baseline`` and ``needs_sum_pi_squared`` describe what it needs
+    (:class:`EstimatorInfo`).
     """
-    info = EstimatorInfo(grouped=grouped, needs_critic=needs_critic, needs_greedy_baseline=needs_greedy_baseline)
+    info = EstimatorInfo(grouped=grouped, needs_critic=needs_critic, needs_greedy_baseline=needs_greedy_baseline,
+                         needs_sum_pi_squared=needs_sum_pi_squared)
     return ADV_ESTIMATORS.register(name, overwrite=overwrite, info=info)
 
 

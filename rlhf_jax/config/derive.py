@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from ml_collections import ConfigDict
 
+from rlhf_jax import algos
+
 DERIVED_DOCS: dict[str, str] = {
     "derived.num_devices": "Devices in the mesh.",
     "derived.num_processes": "JAX processes (hosts).",
@@ -26,6 +28,8 @@ DERIVED_DOCS: dict[str, str] = {
     "derived.max_seq_len": "data.max_prompt_length + rollout.response_length.",
     "derived.need_ref": "A reference model is needed (actor.use_kl_loss or algorithm.use_kl_in_reward).",
     "derived.recompute_old_log_prob": "Old log-probs need a forward pass (false only for 1 mini-batch x 1 epoch).",
+    "derived.sum_pi_squared": "The old-log-prob pass also returns sum_v pi_v^2 per token (actor.calculate_sum_pi_squared, "
+                              "or an estimator that reads it: optimal_token_baseline, tir_optimal_token_baseline).",
     "derived.actor_mini_batch_size": "Sequences per actor mini-batch = ppo_mini_batch_size x rollout.n.",
     "derived.actor_num_mini_batches": "Actor optimizer steps per PPO epoch.",
     "derived.actor_mini_batch_size_per_shard": "Sequences of one actor mini-batch on one shard.",
@@ -107,6 +111,8 @@ def derive_batches(
         train * n, dp, "make data.train_batch_size x actor_rollout_ref.rollout.n a multiple of mesh.data x mesh.fsdp x mesh.expert")
     d.max_seq_len = cfg.data.max_prompt_length + rollout.response_length
     d.need_ref = bool(actor.use_kl_loss or cfg.algorithm.use_kl_in_reward)
+    d.sum_pi_squared = bool(rl and (actor.calculate_sum_pi_squared or algos.estimator_info(
+        cfg.algorithm.adv_estimator).needs_sum_pi_squared))
 
     if not rl:
         _supervised(d, train, dp)

@@ -112,6 +112,9 @@ ACTOR = (
         check=above(0)),
     Key(A + "actor.tis_imp_ratio_cap", -1.0, "verl's older switch for truncated importance sampling: > 0 is "
         "algorithm.rollout_correction.rollout_is=token with this rollout_is_threshold; <= 0 = off."),
+    Key(A + "actor.calculate_sum_pi_squared", False, "Also compute sum_v pi_v^2 per token in the old-log-prob pass "
+        "(chunked with the log-probs) and log verl's variance_proxy/ metrics; the optimal-token-baseline estimators "
+        "turn it on themselves."),
     Key(A + "actor.clip_ratio_low", None, "Lower clip epsilon (ratio >= 1 - low); None = clip_ratio.", type=float,
         check=above(0), same_as="actor_rollout_ref.actor.clip_ratio"),
     Key(A + "actor.clip_ratio_high", None, "Upper clip epsilon (ratio <= 1 + high); None = clip_ratio.", type=float,

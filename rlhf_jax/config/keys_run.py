@@ -251,12 +251,10 @@ ALGORITHM = (
         "1 / rollout_rs_threshold.", type=float),
     Key(_G + "rollout_correction.rollout_token_veto_threshold", None, "Drop every response with a token whose ratio "
         "is below this; None = off.", type=float),
-    Key(_G + "rollout_correction.bypass_mode", False, "Bypass mode: the sampler's log-probs are the old policy's "
-        "(no old-log-prob pass); the correction compares the current policy with the sampler's inside the loss, "
-        "which is loss_type's (actor.policy_loss.loss_mode must stay vanilla)."),
-    Key(_G + "rollout_correction.loss_type", "ppo_clip", "Bypass mode's loss: ppo_clip (PPO's clipped ratio current / "
-        "sampler, no importance weights) or reinforce (-A log pi times the rollout_is weights); read only with "
-        "bypass_mode.", choices=BYPASS_LOSS_TYPES),
+    Key(_G + "rollout_correction.bypass_mode", False, "The sampler's log-probs are the old policy's (no old-log-prob "
+        "pass); the loss applies the correction against the current policy (docs/algorithms.md)."),
+    Key(_G + "rollout_correction.loss_type", "ppo_clip", "Bypass mode's loss: ppo_clip (clipped ratio current / "
+        "sampler) or reinforce (-A log pi times the rollout_is weights).", choices=BYPASS_LOSS_TYPES),
     Key(_G + "kl_ctrl.type", "fixed", "In-reward KL coefficient controller.", choices=KL_CTRL_TYPES),
     Key(_G + "kl_ctrl.kl_coef", 0.001, "(Initial) in-reward KL coefficient beta.", check=at_least(0)),
     Key(_G + "kl_ctrl.horizon", 10000, "Adaptive controller horizon."),

@@ -39,7 +39,7 @@ READERS: dict[str, tuple[str, ...]] = {
         _A + "ref.log_prob_micro_batch_size_per_gpu", _A + "rollout.log_prob_micro_batch_size_per_gpu",
         "critic.ppo_mini_batch_size", "critic.ppo_micro_batch_size_per_gpu", "critic.forward_micro_batch_size_per_gpu",
         "critic.ppo_epochs", "trainer.total_epochs", "trainer.total_training_steps", _A + "actor.use_kl_loss",
-        "algorithm.use_kl_in_reward",
+        "algorithm.use_kl_in_reward", _A + "actor.calculate_sum_pi_squared",
     ),
     "rlhf_jax.train.passes": (
         _A + "model.use_remove_padding", _A + "actor.use_dynamic_bsz", _A + "actor.ppo_max_token_len_per_gpu",
@@ -64,8 +64,8 @@ READERS: dict[str, tuple[str, ...]] = {
         "critic.shuffle", "critic.grad_clip",
         "critic.cliprange_value", "critic.loss_agg_mode", "reward_model.enable", "algorithm.adv_estimator",
         "algorithm.gamma", "algorithm.lam", "algorithm.norm_adv_by_std_in_grpo", "algorithm.kl_penalty",
-        "algorithm.gdpo_reward_keys", "algorithm.gdpo_reward_weights",
-        "algorithm.filter_groups.enable", "algorithm.kl_ctrl.*", "trainer.validation_data_dir",
+        "algorithm.gdpo_reward_keys", "algorithm.gdpo_reward_weights", "algorithm.rollout_correction.bypass_mode",
+        "algorithm.rollout_correction.loss_type", "algorithm.filter_groups.enable", "algorithm.kl_ctrl.*", "trainer.validation_data_dir",
         "trainer.log_val_generations", "trainer.critic_warmup", "trainer.resume_mode",
         "trainer.max_actor_ckpt_to_keep", "trainer.seed",
     ),
@@ -102,7 +102,9 @@ READERS: dict[str, tuple[str, ...]] = {
         "reward_model.max_length",
     ),
     # the RolloutCorrection dataclass's fields are the section's keys (correction_from_config)
-    "rlhf_jax.algos.rollout_correction": ("algorithm.rollout_correction.*",),
+    "rlhf_jax.algos.rollout_correction": tuple(f"algorithm.rollout_correction.{k}" for k in (
+        "rollout_is", "rollout_is_threshold", "rollout_is_batch_normalize", "rollout_rs", "rollout_rs_threshold",
+        "rollout_rs_threshold_lower", "rollout_token_veto_threshold")),
     # Accepted only when it names the policy's tokenizer (what responses are decoded with here, as in verl).
     "rlhf_jax.config.rules": ("reward_model.model.input_tokenizer", "trainer.max_critic_ckpt_to_keep"),
 }

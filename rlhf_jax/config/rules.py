@@ -196,6 +196,17 @@ def bypass_loss(cfg: ConfigDict, ctx: Context) -> None:
                          "algorithm.rollout_correction.bypass_mode=true instead")
 
 
+@rule("algorithm.adv_estimator", "algorithm.rollout_correction.bypass_mode")
+def sum_pi_squared_pass(cfg: ConfigDict, ctx: Context) -> None:
+    """The optimal-token-baseline estimators read the old policy's sum_v pi_v^2, which only the old-log-prob pass
+    computes; bypass mode skips that pass (verl fails the same way)."""
+    adv = cfg.algorithm.adv_estimator
+    if cfg.algorithm.rollout_correction.bypass_mode and algos.estimator_info(adv).needs_sum_pi_squared:
+        raise ValueError(f"algorithm.adv_estimator={adv} reads the old policy's sum_pi_squared, which "
+                         "algorithm.rollout_correction.bypass_mode=true does not compute (it skips the old-log-prob "
+                         "pass): turn one of them off")
+
+
 @rule("algorithm.adv_estimator", "algorithm.gdpo_reward_keys", "algorithm.gdpo_reward_weights",
       "algorithm.filter_groups.enable")
 def gdpo_components(cfg: ConfigDict, ctx: Context) -> None:

@@ -259,8 +259,8 @@ IGNORED: tuple[Ignored, ...] = (
     Ignored("actor_rollout_ref.actor.freeze_vision_tower", "multi-modal models are not supported", _off),
     Ignored("actor_rollout_ref.actor.calculate_entropy", "the entropy is always computed and logged"),
     Ignored("actor_rollout_ref.actor.use_prefix_grouper", "the same losses without grouping shared prefixes"),
-    Ignored("actor_rollout_ref.actor.calculate_sum_pi_squared", "not implemented", _off),
-    Ignored("actor_rollout_ref.actor.sum_pi_squared_checkpointing", "not implemented", _off),
+    Ignored("actor_rollout_ref.actor.sum_pi_squared_checkpointing", "sum_pi_squared is computed chunk by chunk with "
+            "the log-probs: no vocabulary-sized tensor to recompute"),
     Ignored("actor_rollout_ref.model.hf_config_path", "the config.json in actor_rollout_ref.model.path is used", _off),
     Ignored("actor_rollout_ref.model.mtp", "multi-token prediction is not implemented", _off),
     Ignored("actor_rollout_ref.rollout.mtp", "multi-token prediction is not implemented", _off),

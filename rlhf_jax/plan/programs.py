@@ -134,7 +134,8 @@ def compile_training_pass(run: RunParts, name: str, role: Role, plan: PassPlan):
     """Pass ``name`` compiled at ``plan`` for the largest batch the config allows, as ``Trainer.compile_pass``."""
     loss = {"update_actor": run.actor_loss, "update_critic": run.critic_loss}.get(name)
     return compile_pass(name, role, plan, pass_batch(run.cfg, run.passes, name, plan.packed),
-                        dp=run.cfg.derived.dp_size, temperature=run.actor_loss.spec.temperature, loss=loss)
+                        dp=run.cfg.derived.dp_size, temperature=run.actor_loss.spec.temperature, loss=loss,
+                        sum_pi_squared=run.passes.sum_pi_squared)
 
 
 def merge_program(run: RunParts):

@@ -118,14 +118,17 @@ class Role:
         return int(counts[0]) if counts else 0
 
     # ----------------------------------------------------------------- forward passes
-    def _logp_fn(self, inputs: TrainBatch, n_micro: int, temperature: float, with_entropy: bool) -> Callable:
+    def _logp_fn(self, inputs: TrainBatch, n_micro: int, temperature: float, with_entropy: bool,
+                 with_sum_pi_squared: bool = False) -> Callable:
+        two = with_entropy or with_sum_pi_squared
         return self._jit(
-            ("logp", n_micro, temperature, with_entropy, shape_key(inputs)),
+            ("logp", n_micro, temperature, with_entropy, with_sum_pi_squared, shape_key(inputs)),
             lambda: jax.jit(
                 self._on_devices(functools.partial(steps.forward_log_probs, self.graphdef, n_micro=n_micro,
-                                                   temperature=temperature, with_entropy=with_entropy)),
+                                                   temperature=temperature, with_entropy=with_entropy,
+                                                   with_sum_pi_squared=with_sum_pi_squared)),
                 in_shardings=(self.state_shardings(), self._batch_shardings(inputs)),
-                out_shardings=batch_sharding(self.mesh, 2) if not with_entropy else (batch_sharding(self.mesh, 2),) * 2,
+                out_shardings=(batch_sharding(self.mesh, 2),) * 2 if two else batch_sharding(self.mesh, 2),
             ),
         )
 
@@ -139,10 +142,12 @@ class Role:
             ),
         )
 
-    def log_probs(self, batch: TrainBatch, *, n_micro: int, temperature: float, with_entropy: bool = False):
-        """Response log-probs (N, R) of the batch's sequences (and entropies with ``with_entropy``)."""
+    def log_probs(self, batch: TrainBatch, *, n_micro: int, temperature: float, with_entropy: bool = False,
+                  with_sum_pi_squared: bool = False):
+        """Response log-probs (N, R) of the batch's sequences (and entropies with ``with_entropy``, or the sums of
+        squared probabilities with ``with_sum_pi_squared``)."""
         inputs = batch.sequences()
-        return self._logp_fn(inputs, n_micro, temperature, with_entropy)(self.state(), inputs)
+        return self._logp_fn(inputs, n_micro, temperature, with_entropy, with_sum_pi_squared)(self.state(), inputs)
 
     def values(self, batch: TrainBatch, *, n_micro: int):
         """Values (N, R) of the states before each response token."""
@@ -196,12 +201,14 @@ class Role:
         key = jax.eval_shape(lambda: jax.random.key(0))
         return jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=replicated(self.mesh))
 
-    def padded_program(self, kind: str | Loss, batch: TrainBatch, *, n_micro: int, temperature: float = 1.0) -> Any:
+    def padded_program(self, kind: str | Loss, batch: TrainBatch, *, n_micro: int, temperature: float = 1.0,
+                       sum_pi_squared: bool = False) -> Any:
         """A padded pass compiled for the abstract ``batch`` (for the memory plan): "logp", "values", or the
         update of a ``Loss``."""
         batch = self._placed(batch)
         if kind == "logp":
-            return self._logp_fn(batch, n_micro, temperature, False).lower(self.state(), batch).compile()
+            return self._logp_fn(batch, n_micro, temperature, False, sum_pi_squared).lower(self.state(),
+                                                                                            batch).compile()
         if kind == "values":
             return self._values_fn(batch, n_micro).lower(self.state(), batch).compile()
         extra = (self._key_spec(),) if kind.takes_rng else ()
@@ -237,6 +244,8 @@ class Role:
             rows = batch_sharding(self.mesh, 2)
             micro = self._packed_micro(micro_shape, logit_size)
             grid = jax.ShapeDtypeStruct(grid_shape, jnp.float32, sharding=rows)
+            if static.get("sum_pi_squared"):  # two grids: log-probs and sums of squared probabilities
+                grid, rows = (grid, grid), (rows, rows)
             fn = jax.jit(self._on_devices(functools.partial(step_fn, self.graphdef, dp=dp, **static)),
                          in_shardings=(self.state_shardings(), rows, self._batch_shardings(micro)),
                          out_shardings=rows, donate_argnums=(1,))
@@ -247,15 +256,20 @@ class Role:
 
     def _packed_forward(self, kind: str, micros: list[dict], grid_shape: tuple[int, int], dp: int, **static):
         grid = jax.device_put(jnp.zeros(grid_shape, jnp.float32), batch_sharding(self.mesh, 2))
+        if static.get("sum_pi_squared"):
+            grid = (grid, jax.device_put(jnp.zeros(grid_shape, jnp.float32), batch_sharding(self.mesh, 2)))
         for micro in micros:
             program = self.packed_forward_program(kind, micro["input_ids"].shape, micro["logit_positions"].shape[0],
                                                   grid_shape, dp, **static)
             grid = program(self.state(), grid, micro)
         return grid
 
-    def log_probs_packed(self, micros: list[dict], grid_shape: tuple[int, int], *, dp: int, temperature: float):
-        """Response log-probs (rows, R) of packed micro-batches (device dicts of (dp*M, L) arrays)."""
-        return self._packed_forward("logp", micros, grid_shape, dp, temperature=temperature)
+    def log_probs_packed(self, micros: list[dict], grid_shape: tuple[int, int], *, dp: int, temperature: float,
+                         sum_pi_squared: bool = False):
+        """Response log-probs (rows, R) of packed micro-batches (device dicts of (dp*M, L) arrays); with
+        ``sum_pi_squared`` (that, the sums of squared probabilities)."""
+        static = {"sum_pi_squared": True} if sum_pi_squared else {}
+        return self._packed_forward("logp", micros, grid_shape, dp, temperature=temperature, **static)
 
     def values_packed(self, micros: list[dict], grid_shape: tuple[int, int], *, dp: int):
         return self._packed_forward("values", micros, grid_shape, dp)

@@ -62,8 +62,10 @@ class Padded:
 
     plan: PassPlan
 
-    def log_probs(self, role, batch: TrainBatch, temperature: float) -> jax.Array:
-        return role.log_probs(batch, n_micro=self.plan.num_micro, temperature=temperature)
+    def log_probs(self, role, batch: TrainBatch, temperature: float, sum_pi_squared: bool = False):
+        """Log-probs (N, R); with ``sum_pi_squared`` (those, the sums of squared probabilities)."""
+        return role.log_probs(batch, n_micro=self.plan.num_micro, temperature=temperature,
+                              with_sum_pi_squared=sum_pi_squared)
 
     def values(self, role, batch: TrainBatch) -> jax.Array:
         return role.values(batch, n_micro=self.plan.num_micro)
@@ -86,9 +88,10 @@ class Packed:
     plan: PassPlan
     packer: Packer
 
-    def log_probs(self, role, batch: TrainBatch, temperature: float) -> jax.Array:
+    def log_probs(self, role, batch: TrainBatch, temperature: float, sum_pi_squared: bool = False):
+        """Log-probs (N, R); with ``sum_pi_squared`` (those, the sums of squared probabilities)."""
         return role.log_probs_packed(self.packer.micros(self.plan), batch.response_mask.shape, dp=self.packer.dp,
-                                     temperature=temperature)
+                                     temperature=temperature, sum_pi_squared=sum_pi_squared)
 
     def values(self, role, batch: TrainBatch) -> jax.Array:
         return role.values_packed(self.packer.micros(self.plan), batch.response_mask.shape, dp=self.packer.dp)

@@ -88,3 +88,26 @@ def perf_metrics(*, total_tokens: int, step_seconds: float, update_seconds: floa
     else:  # CPU: the host process's peak resident memory
         out["perf/max_memory_allocated_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
     return out
+
+
+def variance_proxy_metrics(old_log_probs: np.ndarray, sum_pi_squared: np.ndarray, advantages: np.ndarray,
+                           mask: np.ndarray, rollout_is_weights: np.ndarray | None = None,
+                           grad_norm: float | None = None) -> dict[str, float]:
+    """verl's gradient-variance proxies from the score-norm proxy W = sum_t (1 - 2 pi_t + sum_v pi_v^2): the signal
+    ||g||^2 (the actor's gradient norm squared), the total power E[A^2 W] (E[rho^2 A^2 W] with importance weights,
+    A and rho averaged over each response), and the noise (total - signal) / (N - 1)."""
+    mask = mask.astype(np.float64)
+    row_mean = lambda x: (x * mask).sum(-1) / (mask.sum(-1) + 1e-8)  # noqa: E731  (verl's masked_mean)
+    w = 1.0 - 2.0 * np.exp(old_log_probs) + sum_pi_squared
+    a = row_mean(advantages)
+    if rollout_is_weights is not None:
+        w_values = (w * rollout_is_weights**2 * mask).sum(-1)
+        total = float(np.mean(row_mean(rollout_is_weights) ** 2 * a**2 * np.maximum((w * mask).sum(-1), 0.0)))
+    else:
+        w_values = (w * mask).sum(-1)
+        total = float(np.mean(a**2 * np.maximum(w_values, 0.0)))
+    signal = None if grad_norm is None else float(grad_norm) ** 2
+    noise = max(0.0, (total - signal) / (len(a) - 1)) if signal is not None and len(a) > 1 else 0.0
+    return {"variance_proxy/proxy1_signal_strength": signal or 0.0, "variance_proxy/proxy2_total_power": total,
+            "variance_proxy/proxy3_pure_noise": noise, "variance_proxy/expected_a_squared": float(np.mean(a**2)),
+            "variance_proxy/expected_w": float(np.mean(w_values))}

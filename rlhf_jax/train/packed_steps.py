@@ -59,7 +59,8 @@ def packed_hidden(model, micro: Micro, with_router_stats: bool = False):
                                with_router_stats=with_router_stats)
 
 
-def packed_log_probs(model, micro: Micro, temperature: float, with_entropy: bool, dp: int, with_router_stats=False):
+def packed_log_probs(model, micro: Micro, temperature: float, with_entropy: bool, dp: int, with_router_stats=False,
+                     with_sum_pi_squared: bool = False):
     """Log-prob (and entropy) of the next token at each of the micro-batch's ``logit_positions``; (dp, C) float32.
 
     Only those positions go through the vocabulary projection (prompt and padding positions do not).
@@ -68,12 +69,14 @@ def packed_log_probs(model, micro: Micro, temperature: float, with_entropy: bool
     if with_router_stats:
         hidden, stats = packed_hidden(model, micro, True)
         return _log_probs_at(model, hidden, micro, temperature, with_entropy, dp), stats
-    return _log_probs_at(model, packed_hidden(model, micro), micro, temperature, with_entropy, dp)
+    return _log_probs_at(model, packed_hidden(model, micro), micro, temperature, with_entropy, dp, with_sum_pi_squared)
 
 
-def _log_probs_at(model, hidden, micro: Micro, temperature: float, with_entropy: bool, dp: int):
+def _log_probs_at(model, hidden, micro: Micro, temperature: float, with_entropy: bool, dp: int,
+                  with_sum_pi_squared: bool = False):
     picked = pick(hidden, micro, dp)  # (dp, C, E)
-    return token_log_probs(model, picked, micro["logit_token_ids"].reshape(dp, -1), temperature, with_entropy)
+    return token_log_probs(model, picked, micro["logit_token_ids"].reshape(dp, -1), temperature, with_entropy,
+                           with_sum_pi_squared)
 
 
 def pick(per_position: jax.Array, micro: Micro, dp: int) -> jax.Array:
@@ -95,9 +98,15 @@ def covered_mask(micro: Micro, grid_shape: tuple[int, int], dp: int) -> jax.Arra
     return scatter_to_grid((targets >= 0).astype(jnp.float32), targets, grid_shape, dp)
 
 
-def forward_log_probs(graphdef, params, grid_acc, micro: Micro, *, temperature: float, dp: int):
-    """Add this micro-batch's response log-probs into ``grid_acc`` (rows, R) (donated, filled cell by cell)."""
+def forward_log_probs(graphdef, params, grid_acc, micro: Micro, *, temperature: float, dp: int,
+                      sum_pi_squared: bool = False):
+    """Add this micro-batch's response log-probs into ``grid_acc`` (rows, R) (donated, filled cell by cell); with
+    ``sum_pi_squared`` the grids are a pair, the second for the sums of squared probabilities."""
     model = nnx.merge(graphdef, params)
+    if sum_pi_squared:
+        logp, squares = packed_log_probs(model, micro, temperature, False, dp, with_sum_pi_squared=True)
+        return tuple(acc + scatter_to_grid(x, micro["logit_targets"], acc.shape, dp)
+                     for acc, x in zip(grid_acc, (logp, squares)))
     logp, _ = packed_log_probs(model, micro, temperature, False, dp)
     return grid_acc + scatter_to_grid(logp, micro["logit_targets"], grid_acc.shape, dp)
 

@@ -169,6 +169,7 @@ class StepPasses:
     ref: bool  # the reference policy's log-probs
     values: str | None  # "critic": a separate value model; "actor": the value head on the actor's trunk; None
     actor_fields: tuple[str, ...]  # the per-token arrays (TrainBatch fields) the actor update reads
+    sum_pi_squared: bool = False  # the old-log-prob pass also returns sum_v pi_v^2 per token (the estimator's)
 
     critic_fields = ("values", "returns")  # the critic update's
 
@@ -199,7 +200,9 @@ def step_passes(cfg, correction, *, use_kl_loss: bool) -> StepPasses:
         ("values", "returns") if values == "actor" else ())
     old = cfg.derived.recompute_old_log_prob or cfg.algorithm.use_kl_in_reward or correction.enabled
     old = old and not cfg.algorithm.rollout_correction.bypass_mode
-    return StepPasses(old_log_prob=bool(old), ref=bool(cfg.derived.need_ref), values=values, actor_fields=fields)
+    squares = bool(cfg.derived.sum_pi_squared)  # the old policy's, from its own pass (never in bypass mode)
+    return StepPasses(old_log_prob=bool(old or squares), ref=bool(cfg.derived.need_ref), values=values,
+                      actor_fields=fields, sum_pi_squared=squares)
 
 
 # ---------------------------------------------------------------------------- memory
@@ -213,21 +216,24 @@ def pass_batch(cfg, passes: StepPasses, name: str, packed: bool) -> TrainBatch:
 
 
 def compile_pass(name: str, role, plan: PassPlan, batch: TrainBatch, *, dp: int, temperature: float,
-                 loss=None):
+                 loss=None, sum_pi_squared: bool = False):
     """Pass ``name`` (run by ``role``; an update trains ``loss``) compiled at its planned layout for the abstract
-    ``batch`` (``pass_batch``)."""
+    ``batch`` (``pass_batch``); ``sum_pi_squared``: the old-log-prob pass also returns the squared sums."""
     rows, R = batch.response_mask.shape
+    squares = {"sum_pi_squared": True} if sum_pi_squared and name == "old_log_prob" else {}
     if plan.packed:
         # At most every packed position predicts a response token: plan for the largest logit list.
         micro_shape = (dp * plan.rows_per_micro, plan.row_len)
         logits = dp * plan.rows_per_micro * plan.row_len
         if name in ("old_log_prob", "ref"):
-            return role.packed_forward_program("logp", micro_shape, logits, (rows, R), dp, temperature=temperature)
+            return role.packed_forward_program("logp", micro_shape, logits, (rows, R), dp, temperature=temperature,
+                                               **squares)
         if name == "values":
             return role.packed_forward_program("values", micro_shape, logits, (rows, R), dp)
         return role.packed_grads_program(loss, micro_shape, logits, batch, dp)
     if name in ("old_log_prob", "ref"):
-        return role.padded_program("logp", batch.sequences(), n_micro=plan.num_micro, temperature=temperature)
+        return role.padded_program("logp", batch.sequences(), n_micro=plan.num_micro, temperature=temperature,
+                                   **squares)
     if name == "values":
         return role.padded_program("values", batch.sequences(), n_micro=plan.num_micro)
     return role.padded_program(loss, batch, n_micro=plan.num_micro)

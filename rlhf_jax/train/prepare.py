@@ -73,14 +73,18 @@ class Preparer:
         packer = Packer(self.mesh, self.dp, self.pad_token_id,
                         lambda: {k: host[k] for k in ("prompts", "prompt_mask", "responses", "response_valid")})
         layouts = {name: layout(plan, packer) for name, plan in self.plans.items()}
+        squares = None
         if self.passes.old_log_prob:
             with timer("old_log_prob"):
-                old = layouts["old_log_prob"].log_probs(self.actor, batch, self.temperature)
+                old = layouts["old_log_prob"].log_probs(self.actor, batch, self.temperature,
+                                                        sum_pi_squared=self.passes.sum_pi_squared)
+                if self.passes.sum_pi_squared:
+                    old, squares = old
                 metrics.update({k: float(v) for k, v in self.mismatch_fn(old, rollout_logprobs,
                                                                           batch.response_mask).items()})
         else:
             old = rollout_logprobs  # unused by the loss (ratio 1), kept for shapes
-        batch, sampled_mask = batch.replace(old_log_probs=old), batch.response_mask
+        batch, sampled_mask = batch.replace(old_log_probs=old, sum_pi_squared=squares), batch.response_mask
         if self.correction.enabled:  # before the advantages: rejected tokens leave every later stage
             weights, mask, corr_metrics = self.correction_fn(old, rollout_logprobs, sampled_mask)
             batch = batch.replace(response_mask=mask, rollout_is_weights=weights)
@@ -101,7 +105,7 @@ class Preparer:
             token_scores = token_scores[:, :batch.response_mask.shape[1]]
             rewards, adv, returns, current_kl = self.advantage_fn(
                 token_scores, batch.response_mask, group_ids, batch.old_log_probs, batch.ref_log_probs, batch.values,
-                kl_coef, scored.baselines, scored.components)
+                kl_coef, scored.baselines, scored.components, batch.sum_pi_squared, batch.rollout_is_weights)
             adv, returns = jax.block_until_ready((adv, returns))
             batch = batch.replace(advantages=adv, returns=returns)
         return Prepared(batch, layouts, host, token_scores, rewards, sampled_mask, current_kl, metrics, packer)

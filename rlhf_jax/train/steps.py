@@ -48,8 +48,9 @@ def merge_micro(tree: Any) -> Any:
     return jax.tree.map(merge, tree)
 
 
-def token_log_probs(model, hidden, ids, temperature: float, with_entropy: bool):
-    """Log-probs of ``ids`` (and entropies) from the hidden states that predict them; (b, T) float32.
+def token_log_probs(model, hidden, ids, temperature: float, with_entropy: bool, with_sum_pi_squared: bool = False):
+    """Log-probs of ``ids`` (and entropies, or ``with_sum_pi_squared`` the sum over the vocabulary of the squared
+    probabilities) from the hidden states that predict them; (b, T) float32.
 
     Logits are formed chunk by chunk over T so a (b, T, vocab) float32 tensor never
     exists whole (and is rematerialised in the backward pass).
@@ -62,6 +63,9 @@ def token_log_probs(model, hidden, ids, temperature: float, with_entropy: bool):
             z = z / temperature
         lse = jax.nn.logsumexp(z, axis=-1)
         logp = jnp.take_along_axis(z, tok[..., None].astype(jnp.int32), axis=-1)[..., 0] - lse
+        if with_sum_pi_squared:  # the optimal token baseline's path variance reads it (algos.optimal_baseline)
+            p = jnp.exp(z - lse[..., None])
+            return logp, jnp.einsum("...v,...v->...", p, p)
         if not with_entropy:
             return logp
         # sum_v p z as a contraction: XLA:CPU's library fusion runs the same multiply-then-reduce ~5x slower
@@ -70,11 +74,11 @@ def token_log_probs(model, hidden, ids, temperature: float, with_entropy: bool):
         return logp, ent
 
     out = algos.map_sequence_chunks(per_chunk, hidden, ids, chunk_size=chunk)
-    return out if with_entropy else (out, None)
+    return out if with_entropy or with_sum_pi_squared else (out, None)
 
 
 def response_log_probs(model, input_ids, attention_mask, responses, temperature: float, with_entropy: bool,
-                       with_router_stats: bool = False):
+                       with_router_stats: bool = False, with_sum_pi_squared: bool = False):
     """Log-probs (and entropies) of ``responses`` under ``model`` at ``temperature``; (b, R) float32.
     ``with_router_stats``: (that, the MoE router statistics over the real tokens)."""
     R = responses.shape[1]
@@ -82,7 +86,7 @@ def response_log_probs(model, input_ids, attention_mask, responses, temperature:
         hidden, stats = model.hidden_states(input_ids, attention_mask, with_router_stats=True)
         return token_log_probs(model, hidden[:, -R - 1 : -1], responses, temperature, with_entropy), stats
     hidden = model.hidden_states(input_ids, attention_mask)[:, -R - 1 : -1]  # states that predict each response token
-    return token_log_probs(model, hidden, responses, temperature, with_entropy)
+    return token_log_probs(model, hidden, responses, temperature, with_entropy, with_sum_pi_squared)
 
 
 def response_values(model, input_ids, attention_mask, response_length: int):
@@ -90,14 +94,17 @@ def response_values(model, input_ids, attention_mask, response_length: int):
     return model.token_values(input_ids, attention_mask)[:, -response_length - 1 : -1]
 
 
-def forward_log_probs(graphdef, params, batch: TrainBatch, *, n_micro: int, temperature: float, with_entropy: bool):
-    """Log-probs (and entropy) of the whole batch, one micro-batch at a time (lax.map)."""
+def forward_log_probs(graphdef, params, batch: TrainBatch, *, n_micro: int, temperature: float, with_entropy: bool,
+                      with_sum_pi_squared: bool = False):
+    """Log-probs (and entropy, or the sum of squared probabilities) of the whole batch, one micro-batch at a time
+    (lax.map)."""
     model = nnx.merge(graphdef, params)
     micro = split_micro((batch.input_ids, batch.attention_mask, batch.responses), n_micro)
 
     def one(m):
-        logp, ent = response_log_probs(model, *m, temperature, with_entropy)
-        return (logp, ent) if with_entropy else logp
+        logp, second = response_log_probs(model, *m, temperature, with_entropy,
+                                          with_sum_pi_squared=with_sum_pi_squared)
+        return (logp, second) if with_entropy or with_sum_pi_squared else logp
 
     out = jax.lax.map(one, micro)
     return merge_micro(out)
@@ -111,13 +118,15 @@ def forward_values(graphdef, params, batch: TrainBatch, *, n_micro: int):
 
 
 def advantage_stage(token_scores, response_mask, group_ids, old_log_probs, ref_log_probs, values, kl_coef,
-                    reward_baselines=None, reward_components=None, *, estimator: str, gamma: float, lam: float,
+                    reward_baselines=None, reward_components=None, sum_pi_squared=None, rollout_is_weights=None, *,
+                    estimator: str, gamma: float, lam: float,
                     norm_adv_by_std_in_grpo: bool, use_kl_in_reward: bool, kl_penalty: str,
                     reward_weights: tuple[float, ...] | None = None):
     """Token rewards (with the optional in-reward KL), advantages and returns; jitted once per run.
 
     ``reward_baselines`` (N,): ReMax's greedy-rollout score of each sample's prompt (None for other estimators).
     ``reward_components`` (N, K) and ``reward_weights``: GDPO's named reward components and their weights.
+    ``sum_pi_squared`` (N, R) and ``rollout_is_weights`` (N, R): the optimal token baseline's path variance.
     Returns (token_level_rewards, advantages, returns, current_kl).
     """
     mask = response_mask.astype(jnp.float32)
@@ -127,7 +136,8 @@ def advantage_stage(token_scores, response_mask, group_ids, old_log_probs, ref_l
     adv, returns = algos.compute_advantages(
         estimator, token_level_rewards=rewards, response_mask=mask, group_ids=group_ids, values=values,
         gamma=gamma, lam=lam, norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo, reward_baselines=reward_baselines,
-        reward_components=reward_components, reward_weights=reward_weights,
+        reward_components=reward_components, reward_weights=reward_weights, old_log_probs=old_log_probs,
+        sum_pi_squared=sum_pi_squared, rollout_is_weights=rollout_is_weights,
     )
     return rewards, adv, returns, current_kl
 

@@ -249,6 +249,12 @@ class Trainer:
             if step >= self.cfg.trainer.critic_warmup:
                 with timer("update_actor"):
                     metrics.update(self._update("update_actor", self.actor, self.actor_loss, prepared, step))
+        if prepared.batch.sum_pi_squared is not None:
+            b = prepared.batch
+            weights = None if b.rollout_is_weights is None else gather_all(b.rollout_is_weights)
+            metrics.update(M.variance_proxy_metrics(
+                gather_all(b.old_log_probs), gather_all(b.sum_pi_squared), gather_all(b.advantages),
+                gather_all(b.response_mask), weights, metrics.get("actor/grad_norm")))
         return metrics | self._step_metrics(scored, prepared, timer, step)
 
     def _update(self, name: str, role: Role, loss: losses.Loss, prepared: Prepared, step: int) -> dict[str, float]:
@@ -313,7 +319,8 @@ class Trainer:
         """Pass ``name`` compiled at ``plan`` for the largest batch the config allows (what the memory plan reads)."""
         loss = {"update_actor": self.actor_loss, "update_critic": self.critic_loss}.get(name)
         return compile_pass(name, self._role_of(name), plan, pass_batch(self.cfg, self.passes, name, plan.packed),
-                            dp=self.cfg.derived.dp_size, temperature=self.actor_loss.spec.temperature, loss=loss)
+                            dp=self.cfg.derived.dp_size, temperature=self.actor_loss.spec.temperature, loss=loss,
+                            sum_pi_squared=self.passes.sum_pi_squared)
 
     # ------------------------------------------------------------------ the loop's other calls
     def validate(self, step: int) -> dict[str, float]:

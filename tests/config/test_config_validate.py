@@ -174,6 +174,15 @@ def test_model_config_read_and_length_limit(tmp_path):
         (lambda c: setattr(c.custom_reward_function, "path", "/nonexistent/score.py"),
          r"custom_reward_function\.path: file '/nonexistent/score\.py' does not exist"),
         (lambda c: setattr(c.trainer, "project_name", "${trainer.nope}"), r"trainer\.project_name: \$\{trainer\.nope\}"),
+        (lambda c: (setattr(c.algorithm, "adv_estimator", "optimal_token_baseline"),
+                    setattr(c.algorithm.rollout_correction, "bypass_mode", True)),
+         r"^algorithm\.adv_estimator=optimal_token_baseline reads the old policy's sum_pi_squared, which algorithm\."
+         r"rollout_correction\.bypass_mode=true does not compute"),
+        (lambda c: (setattr(c.algorithm.rollout_correction, "bypass_mode", True),
+                    setattr(c.actor_rollout_ref.actor.policy_loss, "loss_mode", "gspo")),
+         r"^algorithm\.rollout_correction\.bypass_mode trains .* not actor_rollout_ref\.actor\.policy_loss\.loss_mode=gspo"),
+        (lambda c: setattr(c.actor_rollout_ref.actor.policy_loss, "loss_mode", "bypass_mode"),
+         r"^actor_rollout_ref\.actor\.policy_loss\.loss_mode=bypass_mode: set algorithm\.rollout_correction\.bypass_mode"),
     ],
 )
 def test_rejections_name_the_key(mutate, pattern):
