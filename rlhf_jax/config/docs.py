@@ -68,6 +68,7 @@ def render_markdown() -> str:
               for path, (verl, why) in DIFFERENCES.items()]
     lines += _optimizer_arguments()
     lines += _dialect_tables()
+    lines += _refusal_table()
     return "\n".join(lines) + "\n"
 
 
@@ -142,6 +143,21 @@ def _dialect_tables() -> list[str]:
             lines.append(f"| `{rule.their}` | {_cell(here)} | {_cell(rule.reason)} |")
         lines += ["", "Their defaults applied when the file omits the key:", "",
                   ", ".join(f"`{k}: {v}`" for k, v in module.DEFAULTS.items())]
+    return lines
+
+
+def _refusal_table() -> list[str]:
+    """Every refused foreign key with the capability it asks for (``config/limits.py``)."""
+    from rlhf_jax.config.limits import LIMITS, refusals
+
+    lines = ["", "## refused keys of other trainers' files", "",
+             "A key of a verl or other trainer's file stops the run (one line naming it, before anything is built) "
+             "only for values that ask for something rlhf_jax does not do; its other values are honoured or "
+             "ignored as the tables above say. Each refusal names what is missing, and a test checks that the "
+             "schema still has no key for it (`rlhf_jax/config/limits.py`).", "",
+             "| format | their key | message | what rlhf_jax does not do |", "|---|---|---|---|"]
+    lines += [f"| {r.fmt} | `{r.their}` | {_cell(r.reason)} | "
+              f"{_cell(LIMITS[r.limit].what) if r.limit in LIMITS else ''} |" for r in refusals()]
     return lines
 
 

@@ -127,6 +127,16 @@ def test_silent_file_takes_verl_sft_defaults(tmp_path):
     assert cfg.actor_rollout_ref.actor.optim.warmup_style == "cosine" and cfg.trainer.total_epochs == 4
 
 
+def test_optimizer_arguments_are_honoured_and_the_engine_trainers_scheduler_name_ignored(tmp_path, caplog):
+    # verl's build_optimizer passes override_optimizer_config to the optimizer class; fsdp_sft_trainer reads
+    # optim.lr_scheduler, so warmup_style (the engine trainer's name) changes nothing there either
+    cfg = load_yaml(_yaml(tmp_path, **{"lr_scheduler: wsd": "lr_scheduler: wsd\n  warmup_style: constant\n"
+                                                          "  override_optimizer_config:\n    amsgrad: true"}))
+    assert cfg.actor_rollout_ref.actor.optim.override_optimizer_config == {"amsgrad": True}
+    assert cfg.actor_rollout_ref.actor.optim.warmup_style == "wsd"
+    assert "optim.warmup_style" in caplog.text
+
+
 @pytest.mark.parametrize("old,new,key", [
     ("ulysses_sequence_parallel_size: 1", "ulysses_sequence_parallel_size: 2", "ulysses_sequence_parallel_size=2"),
     ("lr_scheduler: wsd", "lr_scheduler: linear", "optim.lr_scheduler='linear'"),

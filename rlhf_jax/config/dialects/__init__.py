@@ -19,6 +19,7 @@ log = logging.getLogger("rlhf_jax.config")
 FORMATS = ("verl", "roll", "trinity", "trainer_config", "atorch", "verl_sft")
 _MODULES = {"roll": roll, "trinity": trinity, "trainer_config": trainer_config, "atorch": atorch,
             "verl_sft": verl_sft}
+MODULES = _MODULES  # every format but verl's own, by name: its module holds RULES, DEFAULTS and finish
 
 
 def detect(mapping: dict) -> str:

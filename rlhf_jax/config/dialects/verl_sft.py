@@ -107,8 +107,10 @@ RULES: tuple[Rule, ...] = (
     Rule("optim.num_cycles", _A + "actor.optim.num_cycles", lambda v, _: float(v)),
     Rule("optim.total_training_steps", reason="trainer.total_training_steps decides", accept=lambda v: v in (None, -1)),
     Rule("optim.lr_scheduler_type", reason=_IGNORED_OPTIM + " (lr_scheduler is)"),
-    Rule("optim.warmup_style", reason=_IGNORED_OPTIM + " (lr_scheduler is)", accept=_NONE),
-    Rule("optim.override_optimizer_config", reason="no optimizer options beyond the optim keys", accept=_NONE),
+    Rule("optim.warmup_style", reason=_IGNORED_OPTIM + " (lr_scheduler is)"),
+    # the optimizer class's further arguments, in PyTorch's names, as verl's build_optimizer passes them
+    Rule("optim.override_optimizer_config", _A + "actor.optim.override_optimizer_config",
+         lambda v, _: dict(v) if v else None),
     Rule("optim._target_", reason="verl's config class"),
     Rule("ulysses_sequence_parallel_size", reason="no sequence parallelism", accept=lambda v: int(v) == 1),
     Rule("use_remove_padding", _A + "model.use_remove_padding", lambda v, _: bool(v)),

@@ -1,0 +1,209 @@
+"""Why a key of another trainer's file is refused: the capability rlhf_jax lacks, and how that is checked.
+
+A foreign key is refused (by name, before anything is built) only when its value asks for something rlhf_jax cannot
+do. Each refusal of a dialect's rule table (``config/dialects/*.py``, verl's :data:`verl_compat.IGNORED`) names one
+:class:`Limit` in :data:`REFUSED_BECAUSE`. A limit lists the schema keys that would offer the capability
+(``absent``); ``tests/config/test_refusals.py`` checks that the schema has none of them, so a feature built later
+turns every refusal that still claims it is missing into a failing test, and that every refusal names a limit.
+docs/CONFIG.md lists the refusals with their limits (``python -m rlhf_jax.config docs``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+from collections.abc import Iterator
+
+
+@dataclasses.dataclass(frozen=True)
+class Limit:
+    """What rlhf_jax does not do (``what``), and the schema key patterns (``absent``) that would do it."""
+
+    what: str
+    absent: tuple[str, ...]
+
+
+LIMITS: dict[str, Limit] = {
+    "host_offload": Limit("keeping the trained actor's, the critic's or the reward model's parameters or optimizer "
+                          "state in host memory (the reference's parameters can be: ref.fsdp_config.param_offload)",
+                          ("actor_rollout_ref.actor.*offload*", "critic.*offload*", "reward_model.*offload*",
+                           "*.optimizer_offload")),
+    "activation_offload": Limit("moving activations to host memory (remat saves activation memory instead)",
+                                ("*activation_offload*",)),
+    "sequence_parallel": Limit("splitting one sequence over several devices (sequence or context parallelism)",
+                               ("mesh.context", "mesh.sequence", "*ulysses_sequence_parallel_size",
+                                "*context_parallel*")),
+    "sampler_mesh": Limit("a separate data, expert or pipeline layout for the sampler (it uses the training mesh)",
+                          ("actor_rollout_ref.rollout.*_parallel_size", "mesh.pipeline")),
+    "role_mesh": Limit("a different FSDP group size per role (every role is sharded by the mesh section)",
+                       ("*.fsdp_config.fsdp_size",)),
+    "role_dtypes": Limit("a parameter or compute dtype for one role other than the actor's (every role computes in "
+                         "actor_rollout_ref.model.compute_dtype)",
+                         ("critic.model.dtype", "critic.model.compute_dtype", "reward_model.model.*dtype",
+                          "actor_rollout_ref.ref.*dtype")),
+    "determinism_flag": Limit("a per-role switch for deterministic kernels (XLA_FLAGS decide it for the process)",
+                              ("*determinism*",)),
+    "role_profiling": Limit("profiling one role on its own (trainer.profile_steps traces whole steps)",
+                            ("actor_rollout_ref.*.profiler*", "critic.profiler*", "reward_model.profiler*")),
+    "external_model_code": Limit("running model or tokenizer code from outside rlhf_jax (remote code, external "
+                                 "libraries, model classes from files)",
+                                 ("*external_lib*", "*trust_remote_code*", "*model_cls*")),
+    "config_overrides": Limit("changing a checkpoint's architecture settings (dropout, RoPE) from the run's config",
+                              ("*override_config*", "*dropout*", "*rope_scaling*", "*rope_theta*")),
+    "global_micro_batch": Limit("verl's deprecated global micro-batch sizes (micro-batches are sized per device)",
+                                ("*.ppo_micro_batch_size", "*.log_prob_micro_batch_size", "*.micro_batch_size",
+                                 "critic.forward_micro_batch_size")),
+    "critic_lora": Limit("LoRA adapters on the critic (LoRA trains the actor)", ("critic.model.lora_*",)),
+    "lora_exclude": Limit("excluding modules from LoRA by name (target_modules lists those adapted)",
+                          ("*exclude_modules*",)),
+    "interactions": Limit("simulated-user interactions in multi-turn rollouts (environments and tools only)",
+                          ("*interaction*",)),
+    "repeat_rollouts": Limit("repeating a whole multi-turn rollout (rollout.n samples each prompt)",
+                             ("*num_repeat_rollouts*",)),
+    "agent_loops": Limit("verl's agent-loop classes and custom inference servers (multi-turn rollouts run "
+                         "environments, workflows and tools)", ("*agent_loop*", "*custom_async_server*")),
+    "data_code": Limit("dataset, sampler or data-generation classes loaded from user code",
+                       ("data.custom_cls*", "data.sampler*", "data.datagen*")),
+    "async_reward_fn": Limit("scoring in a background task overlapping the next step", ("*launch_reward_fn_async*",)),
+    "sandbox": Limit("sandboxed code execution for rewards", ("*sandbox*",)),
+    "pf_ppo": Limit("prioritized-replay PPO", ("*pf_ppo*",)),
+    "delete_after_load": Limit("deleting local checkpoints after loading them", ("*del_local_ckpt*",)),
+    "tiled_mlp": Limit("tiled MLP computation (remat saves the memory instead)", ("*tiled_mlp*",)),
+    "routing_replay": Limit("replaying mixture-of-experts routing decisions", ("*router_replay*", "*routing_replay*")),
+    "multimodal": Limit("vision or other multi-modal models", ("*vision_tower*", "*multi_modal*", "*pixel*")),
+    "sum_pi_squared": Limit("the per-token sum of squared probabilities (optimal-token baselines)",
+                            ("*sum_pi_squared*",)),
+    "hf_config_path": Limit("a model config from another path than the checkpoint's", ("*hf_config_path*",)),
+    "mtp": Limit("multi-token prediction heads", ("*mtp*",)),
+    "over_sampling": Limit("over-sampling with early abort of the slowest samples", ("*over_sample*",
+                                                                                      "*over_rollout*")),
+    "rollout_trace": Limit("tracing rollouts to an external backend", ("*rollout.trace*",)),
+    "rollout_replay": Limit("dumping rollouts and replaying them instead of sampling", ("*skip_rollout*",)),
+    "server_metrics": Limit("an inference server's metrics endpoint", ("*prometheus*",)),
+    "quantized_sampling": Limit("sampling with quantized weights", ("*quantization*",)),
+    "reward_fn_key": Limit("choosing the scorer by another column than data_source", ("data.reward_fn_key",)),
+    "reward_plugins": Limit("reward managers or reward loops loaded from user modules (custom_reward_function loads "
+                            "a scoring function)", ("reward_manager.*", "reward_model.reward_loop*")),
+    "reward_pool": Limit("a separate device pool for the reward model", ("reward_model.enable_resource_pool",
+                                                                         "reward_model.n_gpus_per_node")),
+    "generative_rm": Limit("generative (sampling) reward models", ("reward_model.rollout*",)),
+    "bypass_mode": Limit("using the sampler's log-probs as the old policy's (old log-probs are recomputed)",
+                         ("*bypass_mode*", "*recompute*")),
+    "correction_loss": Limit("a separate policy loss for rollout correction", ("algorithm.rollout_correction.loss*",)),
+    "balance_tokens": Limit("balancing tokens across data-parallel ranks", ("*balance_dp_token*",)),
+    "optimizer_classes": Limit("optimizers from other libraries' classes (optimizers are optax's, by name)",
+                               ("*optimizer_impl*",)),
+    "schedule_length": Limit("a learning-rate schedule longer or shorter than the run", ("*.optim.total_training_steps",)),
+    "hdfs": Limit("copying checkpoints to HDFS", ("*hdfs*",)),
+    "their_values": Limit("a value the other trainer does not define either", ()),
+}
+
+# format -> {their key (the rule's pattern) -> the limit that refuses it}
+REFUSED_BECAUSE: dict[str, dict[str, str]] = {
+    "verl": {
+        "*.profiler": "role_profiling",
+        "*.fsdp_config.fsdp_size": "role_mesh",
+        "*.fsdp_config.model_dtype": "role_dtypes",
+        "*.fsdp_config.dtype": "role_dtypes",
+        "*.fsdp_config.mixed_precision": "role_dtypes",
+        "actor_rollout_ref.actor.fsdp_config.param_offload": "host_offload",
+        "critic.*fsdp_config.param_offload": "host_offload",
+        "reward_model.*fsdp_config.param_offload": "host_offload",
+        "*.fsdp_config.optimizer_offload": "host_offload",
+        "*.fsdp_config.offload_policy": "host_offload",
+        "*.fsdp_config.full_determinism": "determinism_flag",
+        "*.ulysses_sequence_parallel_size": "sequence_parallel",
+        "*.enable_activation_offload": "activation_offload",
+        "*.external_lib": "external_model_code",
+        "*.override_config": "config_overrides",
+        "critic.model.lora_rank": "critic_lora",
+        "*.exclude_modules": "lora_exclude",
+        "*.ppo_micro_batch_size": "global_micro_batch",
+        "*.log_prob_micro_batch_size": "global_micro_batch",
+        "*.micro_batch_size": "global_micro_batch",
+        "critic.forward_micro_batch_size": "global_micro_batch",
+        "actor_rollout_ref.rollout.mode": "their_values",
+        "actor_rollout_ref.rollout.multi_turn.interaction_config_path": "interactions",
+        "actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts": "repeat_rollouts",
+        "actor_rollout_ref.rollout.agent": "agent_loops",
+        "data.custom_cls": "data_code",
+        "data.sampler": "data_code",
+        "data.datagen": "data_code",
+        "reward_model.launch_reward_fn_async": "async_reward_fn",
+        "reward_model.sandbox_fusion": "sandbox",
+        "algorithm.use_pf_ppo": "pf_ppo",
+        "trainer.del_local_ckpt_after_load": "delete_after_load",
+        "*.tiled_mlp": "tiled_mlp",
+        "*.router_replay": "routing_replay",
+        "actor_rollout_ref.actor.freeze_vision_tower": "multimodal",
+        "actor_rollout_ref.actor.calculate_sum_pi_squared": "sum_pi_squared",
+        "actor_rollout_ref.actor.sum_pi_squared_checkpointing": "sum_pi_squared",
+        "actor_rollout_ref.model.hf_config_path": "hf_config_path",
+        "actor_rollout_ref.model.mtp": "mtp",
+        "actor_rollout_ref.rollout.mtp": "mtp",
+        "actor_rollout_ref.rollout.data_parallel_size": "sampler_mesh",
+        "actor_rollout_ref.rollout.expert_parallel_size": "sampler_mesh",
+        "actor_rollout_ref.rollout.pipeline_model_parallel_size": "sampler_mesh",
+        "actor_rollout_ref.rollout.over_sample_rate": "over_sampling",
+        "actor_rollout_ref.rollout.trace": "rollout_trace",
+        "actor_rollout_ref.rollout.skip_rollout": "rollout_replay",
+        "actor_rollout_ref.rollout.enable_rollout_routing_replay": "routing_replay",
+        "actor_rollout_ref.rollout.prometheus": "server_metrics",
+        "actor_rollout_ref.rollout.quantization": "quantized_sampling",
+        "actor_rollout_ref.rollout.quantization_config_file": "quantized_sampling",
+        "data.reward_fn_key": "reward_fn_key",
+        "reward_manager.source": "reward_plugins",
+        "reward_manager.module": "reward_plugins",
+        "reward_model.enable_resource_pool": "reward_pool",
+        "reward_model.reward_loop_source": "reward_plugins",
+        "reward_model.reward_loop_module_path": "reward_plugins",
+        "reward_model.reward_loop_class_name": "reward_plugins",
+        "reward_model.rollout": "generative_rm",
+        "algorithm.rollout_correction.bypass_mode": "bypass_mode",
+        "algorithm.rollout_correction.loss_type": "correction_loss",
+    },
+    "verl_sft": {
+        "data.micro_batch_size": "global_micro_batch",
+        "data.balance_dp_token": "balance_tokens",
+        "data.custom_cls.*": "data_code",
+        "model.fsdp_config.cpu_offload": "host_offload",
+        "model.fsdp_config.offload_params": "host_offload",
+        "model.external_lib": "external_model_code",
+        "optim.optimizer_impl": "optimizer_classes",
+        "optim.total_training_steps": "schedule_length",
+        "ulysses_sequence_parallel_size": "sequence_parallel",
+        "trainer.default_hdfs_dir": "hdfs",
+    },
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Refusal:
+    """One refusing rule: the format, their key (pattern), the rule's own reason and the limit it names."""
+
+    fmt: str
+    their: str
+    reason: str
+    limit: str | None
+
+
+def refusals() -> Iterator[Refusal]:
+    """Every refusing rule of every format: a rule that refuses some values of their key (``accept``) or whose
+    conversion refuses (its docstring starts with "refused")."""
+    from rlhf_jax.config import dialects
+    from rlhf_jax.config.verl_compat import IGNORED
+
+    for entry in IGNORED:
+        if entry.accept is not None:
+            yield Refusal("verl", entry.pattern, entry.reason, REFUSED_BECAUSE.get("verl", {}).get(entry.pattern))
+    for fmt, module in dialects.MODULES.items():
+        table = REFUSED_BECAUSE.get(fmt, {})
+        for rule in module.RULES:
+            doc = (rule.convert.__doc__ or "").strip() if rule.convert is not None else ""
+            if (rule.accept is not None and not rule.maps) or doc.startswith("refused"):
+                yield Refusal(fmt, rule.their, rule.reason or doc, table.get(rule.their))
+
+
+def schema_keys_offering(limit: Limit, paths: tuple[str, ...]) -> list[str]:
+    """The schema keys among ``paths`` that match one of ``limit.absent`` (none, while the limit holds)."""
+    return [p for p in paths if any(fnmatch.fnmatchcase(p, pattern) for pattern in limit.absent)]
