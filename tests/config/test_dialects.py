@@ -143,6 +143,17 @@ def test_trinity_file_maps_its_keys(monkeypatch):
     assert (t.project_name, t.experiment_name, t.max_actor_ckpt_to_keep) == ("Trinity-RFT", "gsm8k-grpo", 5)
 
 
+def test_trinity_lora_and_advantage_arguments_map_onto_ours():
+    base = "mode: both\nalgorithm:\n  algorithm_type: ppo\n  repeat_times: 2\nbuffer:\n  batch_size: 4\n"
+    args = "  advantage_fn_args: {gamma: 0.9, lam: 0.8, epsilon: 1.0e-6}\n"
+    cfg = load_yaml(base.replace("  repeat_times: 2\n", "  repeat_times: 2\n" + args)
+                    + "model:\n  max_prompt_tokens: 8\n  lora_configs:\n  - {name: lora, lora_rank: 16, lora_alpha: 32, "
+                      "target_modules: [q_proj, v_proj]}\n")
+    assert (cfg.algorithm.gamma, cfg.algorithm.lam) == (0.9, 0.8)
+    m = cfg.actor_rollout_ref.model
+    assert (m.lora_rank, m.lora_alpha, tuple(m.target_modules)) == (16, 32.0, ("q_proj", "v_proj"))
+
+
 def test_trinity_convert_round_trips_and_refuses_what_it_cannot_honour(tmp_path, caplog):
     converted = tmp_path / "converted.yaml"
     converted.write_text(convert(TRINITY))
@@ -160,7 +171,9 @@ def test_trinity_convert_round_trips_and_refuses_what_it_cannot_honour(tmp_path,
         ("synchronizer:\n  sync_style: trainer_driven\n", r"synchronizer\.sync_style='trainer_driven'"),
         ("stages:\n- stage_name: sft\n", r"stages=.*stage layout is not mapped.*configs/sft_grpo_stages\.py"),
         ("explorer:\n  over_rollout:\n    ratio: 0.2\n", r"explorer\.over_rollout"),
-        ("model:\n  max_prompt_tokens: 8\n  lora_configs: [{lora_rank: 8}]\n", r"model\.lora_configs"),
+        ("model:\n  max_prompt_tokens: 8\n  lora_configs: [{lora_rank: 8}, {lora_rank: 4}]\n",
+         r"model\.lora_configs=.*one LoRA adapter per run"),
+        ("algorithm:\n  advantage_fn_args: {std_threshold: 0.1}\n", r"advantage_fn_args\.std_threshold has no rlhf_jax"),
         ("unknown_section:\n  x: 1\n", r"unknown_section\.x \(trinity key\) has no rlhf_jax equivalent"),
     ]:
         with pytest.raises(ValueError, match=key):
@@ -231,7 +244,14 @@ def test_trainer_config_file_maps_its_keys_and_trls_defaults(tmp_path):
     assert arr.model.path == "gpt2" and (d.train_batch_size, arr.rollout.n) == (16, 1)
     assert arr.actor.ppo_mini_batch_size == 8 and arr.actor.ppo_epochs == 2  # mini_batch_size 4 x accumulation 2
     assert (arr.rollout.top_k, arr.rollout.top_p, arr.rollout.do_sample) == (-1, 1.0, True)
-    assert (arr.actor.optim.lr, cfg.critic.optim.lr, arr.actor.grad_clip) == (1e-5, 1e-5, 1.0)
+    assert (arr.actor.optim.lr, arr.actor.grad_clip) == (1e-5, 1.0)
+    # TRL's value head sits on the policy's trunk, its loss weighed by vf_coef (TRL's default 0.1)
+    assert cfg.critic.shared_trunk and cfg.critic.vf_coef == 0.1
+    with open(TRAINER_CONFIG) as f:
+        text = f.read()
+    assert "vf_coef" not in text
+    (tmp_path / "vf.yaml").write_text(text.replace("ppo_config:\n", "ppo_config:\n  vf_coef: 0.5\n", 1))
+    assert load_yaml(str(tmp_path / "vf.yaml")).critic.vf_coef == 0.5
     assert cfg.reward_model.enable and cfg.reward_model.model.path == "OpenAssistant/reward-model-deberta-v3-base"
     assert cfg.reward_model.micro_batch_size_per_gpu == 4
     # TRL's PPO: GAE, adaptive in-reward KL from 0.2 towards 6, lam 0.95, no dual clip
@@ -243,7 +263,6 @@ def test_trainer_config_file_maps_its_keys_and_trls_defaults(tmp_path):
     assert t.logger == ("console", "wandb") and t.default_local_dir == "./checkpoints"
     for text, key in [
         ("freeze_config:\n  layers_not_to_freeze: [h.3]\n", r"layers_not_to_freeze=\['h\.3'\]: 'h\.3' is not a"),
-        ("ppo_config:\n  vf_coef: 0.5\n", r"ppo_config\.vf_coef=0\.5 .*separate copy"),
         ("ppo_config:\n  early_stopping: true\n", r"ppo_config\.early_stopping"),
         ("ppo_config:\n  batch_size: 10\n  mini_batch_size: 4\n", r"batch_size=10 is not a multiple"),
     ]:

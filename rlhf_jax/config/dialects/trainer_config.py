@@ -4,9 +4,9 @@ Its run is TRL's classic PPO: one response per question, scored by ``reward_conf
 per-token KL penalty to the reference in the reward (adaptive, from ``init_kl_coef``), GAE with whitened
 advantages and PPO clipping without a dual clip. Its data file is a JSON with ``train`` / ``test`` lists of
 ``Question`` / ``Answer`` rows. TRL's PPOConfig defaults apply where the file is silent. ``freeze_config`` names
-the policy's parts that do not train (``actor_rollout_ref.actor.freeze.*``, the same flags). The value model here
-is a separate copy of the policy with its own optimizer (TRL's shares the policy's trunk and weighs the value
-loss by ``vf_coef``), so ``vf_coef`` has no counterpart and only its default is accepted.
+the policy's parts that do not train (``actor_rollout_ref.actor.freeze.*``, the same flags). The value model is
+TRL's: a value head on the policy's trunk (``critic.shared_trunk``), trained by the policy's optimizer with the
+value loss weighed by ``vf_coef`` (``critic.vf_coef``).
 """
 
 from __future__ import annotations
@@ -96,10 +96,8 @@ RULES: tuple[Rule, ...] = (
          lambda v, _: int(v) if v else 2),
     Rule("ppo_config.mini_batch_size", convert=_mini_batch),
     Rule("ppo_config.gradient_accumulation_steps", used_by="ppo_config.mini_batch_size"),
-    Rule("ppo_config.learning_rate", convert=lambda v, _: {_A + "actor.optim.lr": float(v),
-                                                           "critic.optim.lr": float(v)}),
-    Rule("ppo_config.max_grad_norm", convert=lambda v, _: {_A + "actor.grad_clip": float(v or 0.0),
-                                                           "critic.grad_clip": float(v or 0.0)}),
+    Rule("ppo_config.learning_rate", _A + "actor.optim.lr", lambda v, _: float(v)),
+    Rule("ppo_config.max_grad_norm", _A + "actor.grad_clip", lambda v, _: float(v or 0.0)),
     Rule("ppo_config.ppo_epochs", _A + "actor.ppo_epochs", lambda v, _: int(v)),
     Rule("ppo_config.seed", "trainer.seed", lambda v, _: int(v)),
     Rule("ppo_config.steps", "trainer.total_training_steps", lambda v, _: int(v)),
@@ -119,8 +117,7 @@ RULES: tuple[Rule, ...] = (
     Rule("ppo_config.lam", "algorithm.lam", lambda v, _: float(v)),
     Rule("ppo_config.cliprange", _A + "actor.clip_ratio", lambda v, _: float(v)),
     Rule("ppo_config.cliprange_value", "critic.cliprange_value", lambda v, _: float(v)),
-    Rule("ppo_config.vf_coef", reason="the value model is a separate copy with its own optimizer (no shared trunk)",
-         accept=lambda v: float(v) == 0.1),
+    Rule("ppo_config.vf_coef", "critic.vf_coef", lambda v, _: float(v)),
     Rule("ppo_config.ratio_threshold", reason="mini-batches with large ratios are clipped, not skipped"),
     *(Rule("ppo_config." + name, reason="not implemented", accept=_OFF)
       for name in ("early_stopping", "use_score_scaling", "use_score_norm", "score_clip", "whiten_rewards")),
@@ -141,14 +138,15 @@ DEFAULTS: dict[str, Any] = {
     "ppo_config.horizon": 10000,
     "ppo_config.lam": 0.95,
     "ppo_config.cliprange_value": 0.2,
+    "ppo_config.vf_coef": 0.1,
     "ppo_config.ppo_epochs": 4,
     "ppo_config.max_grad_norm": None,
 }
 
 
 def finish(full: dict, values: dict[str, Any]) -> None:
-    """TRL's fixed choices: GAE, one response per question, no dual clip, the critic from the policy."""
+    """TRL's fixed choices: GAE, one response per question, no dual clip, the value head on the policy's trunk."""
     values.update({"algorithm.adv_estimator": "gae", _A + "rollout.n": 1, _A + "actor.clip_ratio_c": 1e30,
-                   _A + "actor.loss_agg_mode": "token-mean"})
+                   _A + "actor.loss_agg_mode": "token-mean", "critic.shared_trunk": True})
     if "reward_model.enable" not in values:
         raise ValueError("reward_config.reward_model_name is required: this trainer scores with a reward model")

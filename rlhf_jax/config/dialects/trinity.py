@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rlhf_jax.config.dialects import trinity_maps as M
 from rlhf_jax.config.dialects import trinity_train as T
 from rlhf_jax.config.dialects.rules import Rule, get
 from rlhf_jax.config.dialects.rules import needs_critic as _needs_critic
@@ -263,7 +264,7 @@ RULES: tuple[Rule, ...] = (
     # algorithm
     Rule("algorithm.algorithm_type", convert=_estimator),
     Rule("algorithm.advantage_fn", used_by="algorithm.algorithm_type"),
-    Rule("algorithm.advantage_fn_args", reason="estimator options: set algorithm.* keys", accept=lambda v: not v),
+    Rule("algorithm.advantage_fn_args", convert=M.advantage_args),
     Rule("algorithm.repeat_times", convert=lambda v, f: {} if T.training_only(f) else {_A + "rollout.n": int(v)}),
     Rule("algorithm.optimizer.lr", _A + "actor.optim.lr", lambda v, _: float(v)),
     Rule("algorithm.optimizer.lr_scheduler_type", _A + "actor.optim.warmup_style"),
@@ -293,7 +294,7 @@ RULES: tuple[Rule, ...] = (
     Rule("model.repetition_penalty", reason="no repetition penalty", accept=lambda v: v in (None, 1, 1.0)),
     Rule("model.custom_chat_template", convert=lambda v, _: {} if v in (None, "None") else {"data.chat_template": v}),
     Rule("model.chat_template_path", convert=lambda v, _: {} if v in (None, "None") else {"data.chat_template": v}),
-    Rule("model.lora_configs", reason="LoRA settings of Trinity's", accept=lambda v: not v),
+    Rule("model.lora_configs", convert=M.lora),
     Rule("model.rope_scaling", reason="RoPE comes from the checkpoint's config.json", accept=lambda v: v is None),
     Rule("model.rope_theta", reason="RoPE comes from the checkpoint's config.json", accept=lambda v: v is None),
     Rule("model.tinker", reason="Tinker backend", accept=_off),
@@ -326,6 +327,9 @@ RULES: tuple[Rule, ...] = (
     Rule(_TASKSET + "rollout_args.temperature", _A + "rollout.temperature", lambda v, _: float(v)),
     Rule(_TASKSET + "rollout_args.top_p", _A + "rollout.top_p", lambda v, _: float(v)),
     Rule(_TASKSET + "rollout_args.top_k", _A + "rollout.top_k", lambda v, _: int(v)),
+    Rule(_TASKSET + "rollout_args.logprobs", reason="each sampled token's log-prob is kept (no alternatives)"),
+    Rule(_TASKSET + "rollout_args.n", reason="samples per task come from algorithm.repeat_times",
+         accept=lambda v: v in (None, 1)),
     Rule(_TASKSET + "rollout_args.*", reason="sampling settings: actor_rollout_ref.rollout", accept=lambda v: v is None),
     Rule(_TASKSET + "default_workflow_type", convert=_workflow),
     Rule(_TASKSET + "default_reward_fn_type", "data.default_data_source", lambda v, _: _reward(v, _)),
