@@ -21,7 +21,7 @@ OPTIMIZER_NAMES = {"adamw": "AdamW", "adam": "Adam", "sgd": "SGD", "lion": "Lion
 # algorithm.type: the trainers (their classes are registered by these names in the trainer registry)
 TRAINER_TYPES = ("rl", "dpo", "sft")
 
-REWARD_MANAGERS = ("naive", "prime", "batch", "dapo")
+REWARD_MANAGERS = ("naive", "prime", "batch", "dapo", "gdpo")
 ANSWER_MATCH_MODES = ("any", "exact", "numeric", "last_number")
 LOGGERS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
 PROMPT_TRUNCATION = ("error", "left", "right", "middle")  # data.truncation

@@ -66,6 +66,7 @@ class RewardManager:
         overlong_buffer_len: int = 0,
         overlong_penalty_factor: float = 1.0,
         max_response_length: int | None = None,
+        experiment_name: str = "",
     ):
         if reward_manager not in REWARD_MANAGERS:
             raise ValueError(f"reward_model.reward_manager must be one of {REWARD_MANAGERS}, got {reward_manager!r}")
@@ -75,6 +76,7 @@ class RewardManager:
             raise ValueError("reward_model.overlong_buffer needs data.max_response_length")
         self.spec = spec or ScoreSpec()
         self.kind = reward_manager
+        self.experiment_name = experiment_name  # verl's gdpo manager hands it to the function in extra_info
         self.num_workers = int(num_workers)
         self.timeout_s = timeout_s
         self.fail_on_error = fail_on_error
@@ -102,6 +104,8 @@ class RewardManager:
             raise ValueError(f"lengths differ: {len(data_sources)} data_sources, {n} solutions, "
                              f"{len(ground_truths)} ground truths")
         extra_infos = list(extra_infos) if extra_infos is not None else [None] * n
+        if self.kind == "gdpo":
+            extra_infos = [{**(e or {}), "experiment_name": self.experiment_name} for e in extra_infos]
         calls = [(data_sources[i], solutions[i], ground_truths[i], extra_infos[i] or {}) for i in range(n)]
         if self._pool is not None:
             outcomes = self._pool.map(calls, self.timeout_s)
@@ -189,10 +193,11 @@ class RewardManager:
 
     @classmethod
     def from_config(
-        cls, reward_cfg: Any, custom_cfg: Any, max_response_length: int | None = None
+        cls, reward_cfg: Any, custom_cfg: Any, max_response_length: int | None = None, experiment_name: str = ""
     ) -> RewardManager:
         """From a finalized config's `reward_model` (reward_manager, num_workers, timeout_s, fail_on_error,
-        scorer_kwargs, overlong_buffer.{enable,len,penalty_factor}) and `custom_reward_function` (path, name)."""
+        scorer_kwargs, overlong_buffer.{enable,len,penalty_factor}) and `custom_reward_function` (path, name);
+        ``experiment_name`` (trainer.experiment_name) for the gdpo manager."""
         r, overlong = reward_cfg, reward_cfg.overlong_buffer
         return cls(
             spec_from_config(custom_cfg, reward_cfg),
@@ -203,4 +208,5 @@ class RewardManager:
             overlong_buffer_len=int(overlong.len) if overlong.enable else 0,
             overlong_penalty_factor=float(overlong.penalty_factor),
             max_response_length=max_response_length,
+            experiment_name=experiment_name,
         )

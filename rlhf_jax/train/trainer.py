@@ -176,7 +176,8 @@ class Trainer:
             multi_turn = MultiTurnRollout(cfg, sampler.graphdef, self.actor.config, c.tokenizer, c.mesh, c.rules,
                                           cfg.data.max_prompt_length)
         rewards = RewardManager.from_config(cfg.reward_model, cfg.custom_reward_function,
-                                            max_response_length=cfg.actor_rollout_ref.rollout.response_length)
+                                            max_response_length=cfg.actor_rollout_ref.rollout.response_length,
+                                            experiment_name=cfg.trainer.experiment_name)
         reward_model = None
         if cfg.reward_model.enable:
             from rlhf_jax.rewards import RewardModelScorer

@@ -6,7 +6,9 @@ records the command the shell built, and that exact argument list runs (through 
 The run is shrunk as a user shrinks these scripts: through the environment variables they read (the tiny model,
 small batches and lengths) and, for what has no variable, arguments appended to the script's (one device, two
 steps, a local output directory). The data the scripts name (``$HOME/data/gsm8k/*.parquet``,
-``$HOME/data/math/*.parquet``) is written in verl's parquet schema under a temporary HOME.
+``$HOME/data/math/*.parquet``, ``$HOME/data/rlla_4k/*.parquet``) is written in verl's parquet schema under a
+temporary HOME, which also stands in for verl's checkout (``examples/<trainer>/`` holds the script; the GDPO script's
+reward function sits at ``verl/utils/reward_score/rlla.py``).
 """
 
 from __future__ import annotations
@@ -28,6 +30,14 @@ KNOBS = {"MODEL_PATH": "builtin:tiny", "TRAIN_BATCH_SIZE": "4", "PPO_MINI_BATCH_
          "VERL_USE_UV": "0"}
 SHRINK = ["trainer.n_gpus_per_node=1", "data.val_batch_size=4", "trainer.total_training_steps=2",
           "trainer.val_before_train=False"]
+# The reward function the GDPO script names in verl's checkout: a stand-in returning the components it asks for.
+RUBRIC = """
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    fmt = float(solution_str.strip().isdigit())
+    acc = float(solution_str.strip() == str(ground_truth).strip())
+    assert extra_info["experiment_name"], extra_info  # the gdpo reward manager hands it over
+    return {"score": acc + fmt, "accuracy_reward": acc, "format_reward": fmt}
+"""
 RECORDER = """#!/bin/sh
 # stands in for python3: records the command line the script built, one argument per line
 for a in "$@"; do printf '%s\\n' "$a"; done > "$RECORDED_COMMAND"
@@ -38,10 +48,13 @@ for a in "$@"; do printf '%s\\n' "$a"; done > "$RECORDED_COMMAND"
 def home(tmp_path_factory):
     """A HOME with the parquet files the scripts name, and a bin directory whose python3 records its arguments."""
     home = tmp_path_factory.mktemp("home")
-    for name in ("gsm8k", "math"):
+    for name in ("gsm8k", "math", "rlla_4k"):
         subprocess.run([sys.executable, "-m", "rlhf_jax.data.synthetic", "--task", "arithmetic", "--out",
                         str(home / "data" / name), "--train-size", "16", "--test-size", "4", "--max-value", "4"],
                        check=True, capture_output=True, timeout=120)
+    rubric = home / "verl" / "utils" / "reward_score" / "rlla.py"
+    rubric.parent.mkdir(parents=True)
+    rubric.write_text(RUBRIC)
     recorder = home / "bin" / "python3"
     recorder.parent.mkdir()
     recorder.write_text(RECORDER)
@@ -53,7 +66,8 @@ def built_command(script: str, home, out: str) -> list[str]:
     """The argument list the script's shell passes to python3, entry point replaced, shrinking overrides after it."""
     text = open(os.path.join(SCRIPTS, script)).read()
     assert text.count(ENTRY) == 1, script
-    runnable = home / script
+    runnable = home / "examples" / script.split("_run_")[0] / script  # REPO_ROOT (two folders up) is HOME
+    runnable.parent.mkdir(parents=True, exist_ok=True)
     runnable.write_text(text.replace(ENTRY, "-m rlhf_jax.main"))
     recorded = home / (script + ".args")
     env = dict(os.environ, HOME=str(home), PATH=f"{home / 'bin'}{os.pathsep}{os.environ['PATH']}",
