@@ -176,9 +176,8 @@ REWARD = (
         check=at_least(1), check_if="reward_model.enable"),
     Key(_R + "max_length", None, "Reward-model input length; None = prompt + response length.", type=int),
     Key(_R + "reward_manager", "naive",
-        "Rule-based scoring: naive (in-process threads), prime (worker processes), batch (one call per batch with "
-        "lists, verl's), dapo (naive; the penalty is overlong_buffer) or gdpo (naive; extra_info also holds "
-        "trainer.experiment_name).", choices=REWARD_MANAGERS),
+        "Rule-based scoring: naive (threads), prime (worker processes), batch (one call with lists), dapo (naive + "
+        "overlong_buffer) or gdpo (naive; extra_info has experiment_name).", choices=REWARD_MANAGERS),
     Key(_R + "num_workers", 2, "Worker processes of the prime reward manager.", check=at_least(1)),
     Key(_R + "timeout_s", 10.0, "Seconds one scoring call may take before it scores 0 (or fails, see fail_on_error).",
         check=above(0)),
