@@ -17,6 +17,8 @@ from rlhf_jax.config.dialects.rules import translate
 log = logging.getLogger("rlhf_jax.config")
 
 FORMATS = ("verl", "roll", "trinity", "trainer_config", "atorch", "verl_sft")
+# Formats whose files are Hydra primary configs: their defaults lists are composed before translation.
+COMPOSED = ("roll",)
 _MODULES = {"roll": roll, "trinity": trinity, "trainer_config": trainer_config, "atorch": atorch,
             "verl_sft": verl_sft}
 

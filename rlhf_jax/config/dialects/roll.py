@@ -150,8 +150,11 @@ def _worker_common(role: str) -> tuple[Rule, ...]:
         Rule(f"{role}.worker_cls", reason="ROLL's worker classes", accept=lambda v: v is None or "roll." in str(v)),
         Rule(f"{role}.model_args.attn_implementation", reason="attention: actor_rollout_ref.model.attn_implementation"),
         Rule(f"{role}.model_args.model_name_or_path", reason="the models come from pretrain / reward_pretrain"),
-        Rule(f"{role}.system_envs", reason="environment variables: set them in the shell", accept=lambda v: not v),
+        Rule(f"{role}.system_envs", used_by="finish (trainer.env_vars)"),
     )
+
+
+_WORKERS = ("actor_train", "actor_infer", "reference", "critic", "validation")
 
 
 def _lora_off(value: Any) -> bool:
@@ -160,7 +163,7 @@ def _lora_off(value: Any) -> bool:
 
 RULES: tuple[Rule, ...] = (
     # the file itself
-    Rule("defaults", reason="Hydra defaults list: the file is read on its own"),
+    Rule("defaults", reason="Hydra defaults list: composed before the file is read (config/hydra_compose.py)"),
     Rule("hydra", reason="Hydra runtime settings"),
     # run, output, logging
     Rule("exp_name", "trainer.experiment_name"),
@@ -179,7 +182,7 @@ RULES: tuple[Rule, ...] = (
     Rule("num_gpus_per_node", "trainer.n_gpus_per_node", lambda v, _: int(v)),
     Rule("num_nodes", "trainer.nnodes", lambda v, _: int(v)),
     Rule("rpc_timeout", reason="no Ray"),
-    Rule("system_envs", reason="environment variables: set them in the shell", accept=lambda v: not v),
+    Rule("system_envs", used_by="finish (trainer.env_vars)"),
     Rule("checkpoint_config", reason="checkpoints are written to output_dir", accept=lambda v: not v),
     Rule("profiler_timeline", reason="profile with trainer.profile_steps (jax.profiler)", accept=lambda v: not v),
     Rule("profiler_memory", reason="profile with trainer.profile_steps (jax.profiler)", accept=lambda v: not v),
@@ -287,6 +290,8 @@ RULES: tuple[Rule, ...] = (
     Rule("critic.data_args", reason="prompts come from actor_train.data_args"),
     *_worker_common("critic"),
     # rule-based rewards by domain tag: here each row's data_source picks the built-in scorer
+    Rule("rewards.*.system_envs", used_by="finish (trainer.env_vars)"),
+    Rule("rewards.*.system_envs.*", used_by="finish (trainer.env_vars)"),
     Rule("rewards.*.worker_cls", reason="rule-based scoring follows each row's data_source",
          accept=lambda v: "llm_judge" not in str(v) and "reward_model" not in str(v)),
     Rule("rewards.*.tag_included", reason="rule-based scoring follows each row's data_source"),
@@ -327,8 +332,36 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
+def _env_vars(full: dict) -> dict[str, str]:
+    """ROLL's system_envs: the top level's for the driver and every worker, a worker's own winning for that worker.
+    Here every worker is this one process, so each variable must have one value wherever the file names it."""
+    sections = [("system_envs", get(full, "system_envs"))]
+    sections += [(f"{role}.system_envs", get(full, f"{role}.system_envs")) for role in _WORKERS]
+    rewards = get(full, "rewards")
+    if isinstance(rewards, dict):
+        sections += [(f"rewards.{name}.system_envs", get(full, f"rewards.{name}.system_envs")) for name in rewards]
+    out: dict[str, str] = {}
+    where: dict[str, str] = {}
+    for path, envs in sections:
+        if envs is None:
+            continue
+        if not isinstance(envs, dict):
+            raise ValueError(f"{path}={envs!r}: a mapping of environment variables is expected")
+        for name, value in envs.items():
+            text = "" if value is None else str(value)
+            if name in out and out[name] != text:
+                raise ValueError(f"{path}.{name}={text!r} but {where[name]}.{name}={out[name]!r}: every worker runs "
+                                 f"in one process here, so {name} can have only one value")
+            out.setdefault(name, text)
+            where.setdefault(name, path)
+    return out
+
+
 def finish(full: dict, values: dict[str, Any]) -> None:
     """Checks between keys once every rule has run."""
+    env_vars = _env_vars(full)
+    if env_vars:
+        values["trainer.env_vars"] = env_vars
     if not get(full, "response_length") and not get(full, "sequence_length"):
         raise ValueError("ROLL needs response_length or sequence_length")
     if "critic.model.path" in values and not _needs_critic(values["algorithm.adv_estimator"]):
