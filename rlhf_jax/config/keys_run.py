@@ -128,7 +128,8 @@ DATA = (
     Key("data.multiturn.messages_key", "messages", "SFT: column of the conversation (a list of role/content "
         "messages) when data.multiturn.enable."),
     Key("data.max_length", None, "SFT: tokens per example (prompt + response); longer ones follow data.truncation "
-        "(error, left or right). None = data.max_prompt_length + data.max_response_length.", type=int),
+        "(error, left or right). None = data.max_prompt_length + data.max_response_length. DPO: the most tokens "
+        "of a prompt + either response; a longer pair is dropped with filter_overlong_prompts, else refused.", type=int),
     Key("data.micro_batch_size_per_gpu", -1, "SFT: per shard and forward/backward, sequences (padded rows) or packed "
         "rows of max_length tokens (model.use_remove_padding); -1 = the whole per-shard batch."),
 )

@@ -53,7 +53,7 @@ READERS: dict[str, tuple[str, ...]] = {
     "rlhf_jax.train.tasks": ("algorithm.type",),
     "rlhf_jax.train.trainer_experience": ("experience.buffer_size", "experience.overlap"),
     "rlhf_jax.train.dpo": ("algorithm.dpo.*",),
-    "rlhf_jax.data.preferences": ("data.chosen_key", "data.rejected_key"),
+    "rlhf_jax.data.preferences": ("data.chosen_key", "data.rejected_key", "data.max_length"),
     "rlhf_jax.train.trainer_checkpoints": (_A + "actor.checkpoint.*", "critic.checkpoint.*"),
     "rlhf_jax.train.trainer": (
         _A + "actor.shuffle", _A + "actor.grad_clip", _A + "actor.clip_ratio_low", _A + "actor.clip_ratio_high",

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rlhf_jax.config.dialects.roll_lora import lora_rules
 from rlhf_jax.config.dialects.rules import Rule, get
 from rlhf_jax.config.dialects.rules import needs_critic as _needs_critic
 
@@ -157,18 +158,18 @@ def _worker_common(role: str) -> tuple[Rule, ...]:
 _WORKERS = ("actor_train", "actor_infer", "reference", "critic", "validation")
 
 
-def _lora_off(value: Any) -> bool:
-    return not value
+def _output_dir(value: Any, full: dict) -> dict:
+    # ROLL stages checkpoints in output_dir and keeps them in checkpoint_config.output_dir when that is given
+    return {} if get(full, "checkpoint_config.output_dir") else {"trainer.default_local_dir": value}
 
 
-RULES: tuple[Rule, ...] = (
-    # the file itself
+# Keys every ROLL pipeline's config has (BaseConfig's): the file, the run, its output and logging.
+RUN_RULES: tuple[Rule, ...] = (
     Rule("defaults", reason="Hydra defaults list: composed before the file is read (config/hydra_compose.py)"),
     Rule("hydra", reason="Hydra runtime settings"),
-    # run, output, logging
     Rule("exp_name", "trainer.experiment_name"),
     Rule("seed", "trainer.seed", lambda v, _: int(v)),
-    Rule("output_dir", "trainer.default_local_dir"),
+    Rule("output_dir", convert=_output_dir),
     Rule("logging_dir", "trainer.log_dir"),
     Rule("track_with", "trainer.logger", _logger),
     Rule("tracker_kwargs.project", "trainer.project_name"),
@@ -183,12 +184,18 @@ RULES: tuple[Rule, ...] = (
     Rule("num_nodes", "trainer.nnodes", lambda v, _: int(v)),
     Rule("rpc_timeout", reason="no Ray"),
     Rule("system_envs", used_by="finish (trainer.env_vars)"),
-    Rule("checkpoint_config", reason="checkpoints are written to output_dir", accept=lambda v: not v),
+    Rule("checkpoint_config.type", reason="checkpoints are files under trainer.default_local_dir",
+         accept=lambda v: v in (None, "file_system")),
+    Rule("checkpoint_config.output_dir", "trainer.default_local_dir"),
     Rule("profiler_timeline", reason="profile with trainer.profile_steps (jax.profiler)", accept=lambda v: not v),
     Rule("profiler_memory", reason="profile with trainer.profile_steps (jax.profiler)", accept=lambda v: not v),
     Rule("async_generation_ratio", reason="sampling and training alternate in one program", accept=lambda v: not v),
     Rule("generate_opt_level", reason="the sampler is the built-in JAX decode loop"),
     Rule("max_running_requests", reason="the sampler decodes the whole batch"),
+)
+
+RULES: tuple[Rule, ...] = (
+    *RUN_RULES,
     Rule("is_num_return_sequences_expand", reason="the sampler shares each prompt's KV cache among its samples"),
     # batch sizes and lengths
     Rule("rollout_batch_size", "data.train_batch_size", lambda v, _: int(v)),
@@ -248,7 +255,8 @@ RULES: tuple[Rule, ...] = (
     Rule("actor_train.model_args.dtype", _A + "model.compute_dtype", _dtype),
     Rule("actor_train.model_args.disable_gradient_checkpointing", _A + "model.enable_gradient_checkpointing",
          lambda v, _: not v),
-    Rule("actor_train.model_args.lora_*", reason="LoRA settings of ROLL's", accept=_lora_off),
+    *lora_rules("actor_train"),
+    *lora_rules("actor_infer"),
     *_optim("actor_train", _A + "actor."),
     Rule("actor_train.data_args.file_name", "data.train_files", _train_files),
     Rule("actor_train.data_args.template", "data.prompt_template", _template),
@@ -366,3 +374,9 @@ def finish(full: dict, values: dict[str, Any]) -> None:
         raise ValueError("ROLL needs response_length or sequence_length")
     if "critic.model.path" in values and not _needs_critic(values["algorithm.adv_estimator"]):
         values.pop("critic.model.path")  # ROLL loads the critic only for GAE
+
+
+# The pieces ROLL's other pipelines' tables (roll_dpo.py) are built from.
+devices, dtype, template, train_files, env_vars = _devices, _dtype, _template, _train_files, _env_vars
+optim_rules, worker_rules = _optim, _worker_common
+
