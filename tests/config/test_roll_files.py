@@ -105,3 +105,19 @@ def test_roll_lora_settings_are_the_actors_adapters():
         load_yaml(base + "actor_train:\n  model_args:\n    lora_target: mlp\n")
     with pytest.raises(ValueError, match=r"lora_dropout=0\.1 is not supported"):
         load_yaml(base + "actor_train:\n  model_args:\n    lora_target: all-linear\n    lora_dropout: 0.1\n")
+
+
+def test_roll_freeze_module_prefix_freezes_whole_parameter_groups():
+    base = "rollout_batch_size: 4\nresponse_length: 8\nadv_estimator: grpo\nnorm_mean_type: group\n"
+
+    def frozen(prefixes):
+        f = load_yaml(base + f"actor_train:\n  model_args:\n    freeze_module_prefix: {prefixes}\n"
+                      ).actor_rollout_ref.actor.freeze
+        return {g for g in ("emb", "ln", "attn", "ff", "other") if f[f"freeze_{g}"]}
+
+    assert frozen("model.embed_tokens") == {"emb"}
+    assert frozen("model.embed_tokens,lm_head") == {"emb", "other"}
+    assert frozen("model.") == {"emb", "ln", "attn", "ff"}  # every parameter under model., not the output layer
+    with pytest.raises(ValueError, match=r"freeze_module_prefix='model\.layers\.0': prefix 'model\.layers\.0' does "
+                                         r"not name whole parameter groups"):
+        frozen("model.layers.0")

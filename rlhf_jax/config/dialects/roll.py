@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlhf_jax.config.dialects.roll_lora import lora_rules
+from rlhf_jax.config.dialects.roll_partial import lora_rules
 from rlhf_jax.config.dialects.rules import Rule, get
 from rlhf_jax.config.dialects.rules import needs_critic as _needs_critic
 
@@ -151,6 +151,9 @@ def _worker_common(role: str) -> tuple[Rule, ...]:
         Rule(f"{role}.worker_cls", reason="ROLL's worker classes", accept=lambda v: v is None or "roll." in str(v)),
         Rule(f"{role}.model_args.attn_implementation", reason="attention: actor_rollout_ref.model.attn_implementation"),
         Rule(f"{role}.model_args.model_name_or_path", reason="the models come from pretrain / reward_pretrain"),
+        Rule(f"{role}.model_args.model_type", reason="the model's architecture comes from its config.json",
+             accept=lambda v: v is None),
+        Rule(f"{role}.model_args.ulysses_size", reason="sequence parallelism: the mesh section shards the model"),
         Rule(f"{role}.system_envs", used_by="finish (trainer.env_vars)"),
     )
 

@@ -55,8 +55,6 @@ RULES: tuple[Rule, ...] = (
     Rule("actor_train.model_args.dtype", _A + "model.compute_dtype", roll.dtype),
     Rule("actor_train.model_args.disable_gradient_checkpointing", _A + "model.enable_gradient_checkpointing",
          lambda v, _: not v),
-    Rule("actor_train.model_args.model_type", reason="the model's architecture comes from its config.json",
-         accept=lambda v: v is None),
     Rule(_T + "gradient_accumulation_steps", convert=_batch),
     Rule(_T + "num_train_epochs", "trainer.total_epochs", lambda v, _: int(v)),
     *(r for r in roll.optim_rules("actor_train", _A + "actor.")
@@ -70,8 +68,6 @@ RULES: tuple[Rule, ...] = (
     Rule("reference.infer_batch_size", reason="the reference's log-probs are computed with the actor's micro-batch"),
     Rule("reference.model_args.dtype", reason="the reference computes in actor_rollout_ref.model.compute_dtype"),
     Rule("reference.model_args.disable_gradient_checkpointing", reason="the reference has no backward pass"),
-    Rule("reference.model_args.model_type", reason="the model's architecture comes from its config.json",
-         accept=lambda v: v is None),
     Rule("reference.data_args", reason="pairs come from actor_train.data_args"),
     *roll.worker_rules("reference"),
     Rule("validation.data_args.file_name", "data.val_files", roll.train_files),

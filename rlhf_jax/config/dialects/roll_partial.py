@@ -1,8 +1,14 @@
-"""ROLL's LoRA settings (``<worker>.model_args.lora_*``) onto the actor's adapters.
+"""ROLL's partial training of the actor: LoRA adapters (``model_args.lora_*``) and frozen modules
+(``model_args.freeze_module_prefix``).
 
 In ROLL a worker trains LoRA adapters when ``lora_target`` names their modules (``all-linear`` or a comma list);
 ``lora_rank`` then defaults to 8 and ``lora_alpha`` to twice the rank, scaled as PEFT scales (alpha / rank).
 The sampler reads the actor's own adapters here, so ``actor_infer``'s copy of the settings describes nothing new.
+
+``freeze_module_prefix`` freezes every parameter whose Hugging Face name starts with one of its comma-separated
+prefixes. Here freezing is by parameter group (``actor.freeze.freeze_*``), so a prefix maps only where it names
+whole groups: ``model.embed_tokens`` the embedding, ``lm_head`` an untied output layer, ``model`` everything but the
+output layer; any other prefix (one layer, the final norm alone) is refused by name.
 """
 
 from __future__ import annotations
@@ -12,6 +18,8 @@ from typing import Any
 from rlhf_jax.config.dialects.rules import Rule, get
 
 _M = "actor_rollout_ref.model."
+_F = "actor_rollout_ref.actor.freeze."
+_FROZEN = {"model.embed_tokens": ("emb",), "lm_head": ("other",), "model": ("emb", "ln", "attn", "ff")}
 _PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -39,6 +47,18 @@ def _lora(prefix: str):
     return convert
 
 
+def _freeze(value: Any, _: dict) -> dict:
+    if value is None:
+        return {}
+    groups: set[str] = set()
+    for prefix in (p.strip().rstrip(".") for p in str(value).split(",") if p.strip()):
+        if prefix not in _FROZEN:
+            raise ValueError(f"prefix {prefix!r} does not name whole parameter groups; freezable here: "
+                             f"{', '.join(_FROZEN)} (or actor_rollout_ref.actor.freeze.* by group)")
+        groups.update(_FROZEN[prefix])
+    return {_F + f"freeze_{g}": True for g in sorted(groups)}
+
+
 def lora_rules(role: str) -> tuple[Rule, ...]:
     p = f"{role}.model_args."
     if role != "actor_train":
@@ -48,4 +68,5 @@ def lora_rules(role: str) -> tuple[Rule, ...]:
         Rule(p + "lora_rank", used_by=p + "lora_target"),
         Rule(p + "lora_alpha", used_by=p + "lora_target"),
         Rule(p + "lora_dropout", reason="LoRA without dropout", accept=lambda v: not v),
+        Rule(p + "freeze_module_prefix", convert=_freeze),
     )
