@@ -14,21 +14,33 @@ DEFAULT_RECIPE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__
 _ABANDON_WRITERS = []  # set when a checkpoint save failed: see the end of this file
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, restart: bool = False) -> int:
+    """``restart``: this process is the command itself, which may restart once to apply ``trainer.env_vars``."""
     argv = list(sys.argv if argv is None else argv)
     from rlhf_jax import console
 
     console.configure()
     from rlhf_jax.config import load_config_from_argv
-    from rlhf_jax.parallel.distributed import maybe_initialize
-
-    maybe_initialize()  # a no-op unless a launcher set up several processes (launch/)
+    from rlhf_jax.runtime import process_env
 
     try:
         cfg = load_config_from_argv(argv, default=DEFAULT_RECIPE if os.path.exists(DEFAULT_RECIPE) else None)
+        # the config's environment variables, before JAX's backend, the distributed runtime or any data library
+        # reads them (a restart where something has read them already)
+        env_vars = cfg.trainer.env_vars
+        from rlhf_jax.config.schema import get_key
+
+        problem = get_key("trainer.env_vars").failure(env_vars)
+        if problem:
+            raise ValueError(problem)
+        command = [sys.executable, "-m", "rlhf_jax.main", *argv[1:]] if restart else None
+        process_env.apply(None if env_vars is None else dict(env_vars), command=command)
     except (KeyError, ValueError, FileNotFoundError, AttributeError) as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
+    from rlhf_jax.parallel.distributed import maybe_initialize
+
+    maybe_initialize()  # a no-op unless a launcher set up several processes (launch/)
     from rlhf_jax.rewards import RewardFunctionError, RewardLoadError
     from rlhf_jax.runtime.checkpoint import CheckpointError, CheckpointWriteError
     from rlhf_jax.runtime.preemption import STOP
@@ -72,7 +84,7 @@ if __name__ == "__main__":
     from rlhf_jax.hostmem import reexec_with_hugepages
 
     reexec_with_hugepages()  # once, before JAX is imported: huge pages for XLA:CPU's buffers (hostmem.py)
-    code = main()
+    code = main(restart=True)
     if _ABANDON_WRITERS:  # the storage library's threads still hold the failed write; the interpreter's teardown
         # would finalize them and print their tracebacks. Everything of ours is closed and flushed by now.
         sys.stdout.flush()

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import importlib
+import re
 
 from rlhf_jax import algos
 from rlhf_jax.algos.dpo import LOSS_TYPES
@@ -55,6 +56,22 @@ AXIS_RULES = Check(lambda v: _axis_rules_problem(v) is None, ": (logical name, m
                    "axes, each name once", _axis_rules_problem)
 
 # algorithm.type: the message names the trainers (as a stage override's check does, names.check_type)
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _env_vars_problem(value) -> str | None:
+    if not isinstance(value, dict) and not hasattr(value, "items"):
+        return f"trainer.env_vars={value!r} must be a mapping of variable names to strings"
+    for name, v in value.items():
+        if not isinstance(name, str) or not _ENV_NAME.match(name):
+            return f"trainer.env_vars: {name!r} is not an environment variable name"
+        if not isinstance(v, str):
+            return f"trainer.env_vars.{name}={v!r} must be a string (quote it: {name}: '{v}')"
+    return None
+
+
+ENV_VARS = Check(lambda v: v is None or _env_vars_problem(v) is None, ": a mapping of variable names to strings",
+                 explain=_env_vars_problem)
 TRAINER_TYPE = Check(lambda v: v in TRAINER_TYPES, f" is not valid: choose one of {', '.join(sorted(TRAINER_TYPES))}")
 
 DATA = (
@@ -115,7 +132,8 @@ DATA = (
         "(only the final assistant message; the turns before it are context, as Trinity-RFT trains a conversation).",
         choices=("all", "last")),
     Key("data.max_length", None, "SFT: tokens per example (prompt + response); longer ones follow data.truncation "
-        "(error, left or right). None = data.max_prompt_length + data.max_response_length.", type=int),
+        "(error, left or right). None = data.max_prompt_length + data.max_response_length. DPO: the most tokens "
+        "of a prompt + either response; a longer pair is dropped with filter_overlong_prompts, else refused.", type=int),
     Key("data.micro_batch_size_per_gpu", -1, "SFT: per shard and forward/backward, sequences (padded rows) or packed "
         "rows of max_length tokens (model.use_remove_padding); -1 = the whole per-shard batch."),
 )
@@ -310,6 +328,9 @@ TRAINER = (
     Key(_T + "val_accuracy", None, "SFT: also validate by greedy generation scored like RL validation "
         "(val-core/<source>/reward); None = when every validation data source has a built-in scorer.", type=bool),
     Key(_T + "seed", 42, "Seed of new parameters (value head), sampling and every other random choice."),
+    Key(_T + "env_vars", None, "Environment variables of the run, {NAME: 'value'} (ROLL's system_envs): set before "
+        "anything reads them (the command restarts itself once with them when one would change) and listed in the "
+        "log; None = none.", type=object, check=ENV_VARS),
 )
 
 MESH = (

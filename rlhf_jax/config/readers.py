@@ -53,7 +53,7 @@ READERS: dict[str, tuple[str, ...]] = {
     "rlhf_jax.train.tasks": ("algorithm.type",),
     "rlhf_jax.train.trainer_experience": ("experience.buffer_size", "experience.overlap"),
     "rlhf_jax.train.dpo": ("algorithm.dpo.*",),
-    "rlhf_jax.data.preferences": ("data.chosen_key", "data.rejected_key"),
+    "rlhf_jax.data.preferences": ("data.chosen_key", "data.rejected_key", "data.max_length"),
     "rlhf_jax.train.trainer_checkpoints": (_A + "actor.checkpoint.*", "critic.checkpoint.*"),
     "rlhf_jax.train.trainer": (
         _A + "actor.shuffle", _A + "actor.grad_clip", _A + "actor.clip_ratio_low", _A + "actor.clip_ratio_high",
@@ -85,6 +85,7 @@ READERS: dict[str, tuple[str, ...]] = {
     "rlhf_jax.data.sft": ("data.response_key", "data.multiturn.*", "data.max_length"),
     "rlhf_jax.train.sft": ("data.micro_batch_size_per_gpu", "trainer.val_accuracy"),
     "rlhf_jax.train.stages": ("stages",),
+    "rlhf_jax.main": ("trainer.env_vars",),  # applied before the distributed runtime starts
     "rlhf_jax.runtime.trackers": ("trainer.project_name", "trainer.experiment_name"),
     "rlhf_jax.rollout.params": tuple(_A + "rollout." + k for k in (  # SamplingParams.from_config
         "n", "temperature", "top_k", "top_p", "do_sample", "response_length", "ignore_eos", "min_new_tokens", "seed",

@@ -91,6 +91,8 @@ def sft_only_keys(cfg: ConfigDict, ctx: Context) -> None:
     if cfg.algorithm.type == "sft":
         return
     for path in SFT_ONLY:
+        if path == "data.max_length" and cfg.algorithm.type == "dpo":
+            continue  # DPO's pairs are bounded by it too (data/preferences.py)
         if _differs(cfg, path) is not None:
             raise ValueError(f"{path}={schema.get_path(cfg, path)!r} is read by SFT only (algorithm.type=sft), not by "
                              f"algorithm.type={cfg.algorithm.type}; unset it (in a run with stages, set it in the SFT "

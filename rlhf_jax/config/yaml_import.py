@@ -26,7 +26,7 @@ from typing import Any
 import yaml
 from ml_collections import ConfigDict
 
-from rlhf_jax.config import schema
+from rlhf_jax.config import hydra_compose, schema
 from rlhf_jax.config.interpolation import InterpolationError, has_reference, resolve
 from rlhf_jax.config.key import Key
 from rlhf_jax.config.verl_compat import Alias, find_alias, find_ignored
@@ -253,6 +253,10 @@ def load_yaml(path_or_text: str | os.PathLike, base: ConfigDict | None = None, *
 
     mapping, source = read_yaml(path_or_text)
     fmt = fmt or dialects.detect(mapping)
+    if fmt in dialects.COMPOSED and hydra_compose.has_defaults(mapping):  # ROLL's files are Hydra primary configs
+        if source == "<yaml>":
+            raise ValueError("<yaml>: a defaults list names files relative to its own file: load it from a file")
+        mapping = hydra_compose.compose(mapping, os.path.expanduser(source))
     if fmt != "verl":
         mapping = dialects.nested(dialects.to_schema(mapping, fmt, source, warn=warn))
     return apply_mapping(mapping, base, source=source, overrides=overrides, warn=warn)

@@ -126,8 +126,12 @@ def build_preference_dataset(
     sample_seed: int | None = None,
     chat_template_kwargs: dict[str, Any] | None = None,
     media_keys: Sequence[str] = ("images", "videos"),
+    max_length: int | None = None,
 ) -> PreferenceDataset:
-    """Read, check and tokenize every pair of ``files`` (a missing or malformed column names its file and row)."""
+    """Read, check and tokenize every pair of ``files`` (a missing or malformed column names its file and row).
+
+    ``max_length``: the most tokens of prompt + response; a longer pair is dropped with ``filter_overlong_prompts``
+    (as ROLL's DPO pipeline drops it), else refused naming its row."""
     rows = read_files(files, split)
     cells = [_response_cells(row, chosen_key, rejected_key) for row in rows]  # every row checked before any work
     if 0 < max_samples < len(rows):
@@ -146,15 +150,31 @@ def build_preference_dataset(
         system_prompt=system_prompt, truncation=truncation, filter_overlong_prompts=filter_overlong_prompts,
         chat_template_kwargs=chat_template_kwargs)
     out: dict[str, list[np.ndarray]] = {"chosen": [], "rejected": []}
-    for ex, text in zip(kept, texts):
-        for which, key, response in (("chosen", chosen_key, responses[id(ex)][0]),
-                                     ("rejected", rejected_key, responses[id(ex)][1])):
+    fits: list[int] = []
+    for i, (ex, text) in enumerate(zip(kept, texts)):
+        pair = []
+        for key, response in ((chosen_key, responses[id(ex)][0]), (rejected_key, responses[id(ex)][1])):
             body, add_eos = response_text(ex.prompt, text, response, tokenizer, template=prompt_template,
                                           system_prompt=system_prompt, chat_template_kwargs=chat_template_kwargs,
                                           where=ex.where, key=key)
+            pair.append((body, add_eos, key))
+        if max_length is not None:
+            full = max(len(_response_ids(b, e, tokenizer, max_length=1 << 30, truncation="error", where=ex.where,
+                                         key=k)) for b, e, k in pair)
+            if len(prompt_ids[i]) + full > max_length:
+                if filter_overlong_prompts:
+                    continue
+                raise DataError(f"{ex.where}: prompt + response is {len(prompt_ids[i]) + full} tokens, more than "
+                                f"data.max_length={max_length}; raise it, or set data.filter_overlong_prompts=True "
+                                "to drop such pairs")
+        fits.append(i)
+        for which, (body, add_eos, key) in zip(("chosen", "rejected"), pair):
             out[which].append(_response_ids(body, add_eos, tokenizer, max_length=max_response_length,
                                             truncation=truncation, where=ex.where, key=key))
-    return PreferenceDataset(PromptDataset(kept, prompt_ids, texts), out["chosen"], out["rejected"])
+    if not fits:
+        raise DataError(f"{files}: no preference pair is within data.max_length={max_length} tokens")
+    prompts = PromptDataset([kept[i] for i in fits], [prompt_ids[i] for i in fits], [texts[i] for i in fits])
+    return PreferenceDataset(prompts, out["chosen"], out["rejected"])
 
 
 def preference_dataset_from_config(data_cfg: Any, tokenizer: Any, which: str = "train") -> PreferenceDataset:
@@ -179,4 +199,5 @@ def preference_dataset_from_config(data_cfg: Any, tokenizer: Any, which: str = "
         chat_template_kwargs=dict(d.apply_chat_template_kwargs or {}),
         media_keys=media_keys(d),
         sample_seed=int(d.seed) if which == "train" and d.shuffle else None,
+        max_length=None if d.max_length is None else int(d.max_length),
     )

@@ -77,3 +77,19 @@ def test_generated_parquet_reads_back_as_pairs(tmp_path, tok):
     assert [tok.decode(x) for x in ds.prompts.input_ids] == [r["prompt"][0]["content"] for r in rows]
     assert [tok.decode(x) for x in ds.chosen] == [r["chosen"] + tok.eos_token for r in rows]
     assert [tok.decode(x) for x in ds.rejected] == [r["rejected"] + tok.eos_token for r in rows]
+
+
+def test_max_length_bounds_prompt_plus_either_response(tmp_path, tok):
+    """ROLL's DPO pipeline drops a pair whose prompt + chosen or prompt + rejected exceeds its sequence_length."""
+    data = _jsonl(tmp_path, [{"prompt": "q", "chosen": "ab", "rejected": "abcdef"},  # 1 + 7 tokens (with eos)
+                             {"prompt": "r", "chosen": "a", "rejected": "b"}])  # 1 + 2
+    kept = build_preference_dataset(data, tok, prompt_template="raw", max_prompt_length=8, max_response_length=8,
+                                    max_length=6, filter_overlong_prompts=True)
+    assert len(kept) == 1 and tok.decode(kept.prompts.input_ids[0]) == "r"
+    assert tok.decode(kept.chosen[0]).startswith("a") and len(kept.rejected) == 1
+    with pytest.raises(DataError, match=r"prefs\.jsonl row 0: prompt \+ response is 8 tokens, more than "
+                                        r"data\.max_length=6"):
+        build_preference_dataset(data, tok, prompt_template="raw", max_prompt_length=8, max_response_length=8,
+                                 max_length=6)
+    whole = build_preference_dataset(data, tok, prompt_template="raw", max_prompt_length=8, max_response_length=8)
+    assert len(whole) == 2  # no max_length: only each part's own bound

@@ -11,12 +11,14 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from rlhf_jax.config.dialects import atorch, roll, trainer_config, trinity, verl_sft
+from rlhf_jax.config.dialects import atorch, roll, roll_dpo, trainer_config, trinity, verl_sft
 from rlhf_jax.config.dialects.rules import translate
 
 log = logging.getLogger("rlhf_jax.config")
 
 FORMATS = ("verl", "roll", "trinity", "trainer_config", "atorch", "verl_sft")
+# Formats whose files are Hydra primary configs: their defaults lists are composed before translation.
+COMPOSED = ("roll",)
 _MODULES = {"roll": roll, "trinity": trinity, "trainer_config": trainer_config, "atorch": atorch,
             "verl_sft": verl_sft}
 MODULES = _MODULES  # every format but verl's own, by name: its module holds RULES, DEFAULTS and finish
@@ -44,6 +46,8 @@ def to_schema(mapping: dict, fmt: str, source: str, *, warn: bool = True) -> dic
     if fmt not in _MODULES:
         raise ValueError(f"--config_format={fmt!r} is not one of {', '.join(FORMATS)}")
     module = _MODULES[fmt]
+    if fmt == "roll" and roll_dpo.is_dpo(mapping):  # ROLL's DPO pipeline: a table of its own
+        module = roll_dpo
     values, ignored = translate(mapping, module.RULES, module.DEFAULTS, fmt, source, module.finish)
     if warn and ignored:
         by_reason: dict[str, list[str]] = {}

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rlhf_jax.config.dialects.roll_partial import lora_rules
 from rlhf_jax.config.dialects.rules import Rule, get
 from rlhf_jax.config.dialects.rules import needs_critic as _needs_critic
 
@@ -150,22 +151,28 @@ def _worker_common(role: str) -> tuple[Rule, ...]:
         Rule(f"{role}.worker_cls", reason="ROLL's worker classes", accept=lambda v: v is None or "roll." in str(v)),
         Rule(f"{role}.model_args.attn_implementation", reason="attention: actor_rollout_ref.model.attn_implementation"),
         Rule(f"{role}.model_args.model_name_or_path", reason="the models come from pretrain / reward_pretrain"),
-        Rule(f"{role}.system_envs", reason="environment variables: set them in the shell", accept=lambda v: not v),
+        Rule(f"{role}.model_args.model_type", reason="the model's architecture comes from its config.json",
+             accept=lambda v: v is None),
+        Rule(f"{role}.model_args.ulysses_size", reason="sequence parallelism: the mesh section shards the model"),
+        Rule(f"{role}.system_envs", used_by="finish (trainer.env_vars)"),
     )
 
 
-def _lora_off(value: Any) -> bool:
-    return not value
+_WORKERS = ("actor_train", "actor_infer", "reference", "critic", "validation")
 
 
-RULES: tuple[Rule, ...] = (
-    # the file itself
-    Rule("defaults", reason="Hydra defaults list: the file is read on its own"),
+def _output_dir(value: Any, full: dict) -> dict:
+    # ROLL stages checkpoints in output_dir and keeps them in checkpoint_config.output_dir when that is given
+    return {} if get(full, "checkpoint_config.output_dir") else {"trainer.default_local_dir": value}
+
+
+# Keys every ROLL pipeline's config has (BaseConfig's): the file, the run, its output and logging.
+RUN_RULES: tuple[Rule, ...] = (
+    Rule("defaults", reason="Hydra defaults list: composed before the file is read (config/hydra_compose.py)"),
     Rule("hydra", reason="Hydra runtime settings"),
-    # run, output, logging
     Rule("exp_name", "trainer.experiment_name"),
     Rule("seed", "trainer.seed", lambda v, _: int(v)),
-    Rule("output_dir", "trainer.default_local_dir"),
+    Rule("output_dir", convert=_output_dir),
     Rule("logging_dir", "trainer.log_dir"),
     Rule("track_with", "trainer.logger", _logger),
     Rule("tracker_kwargs.project", "trainer.project_name"),
@@ -179,13 +186,19 @@ RULES: tuple[Rule, ...] = (
     Rule("num_gpus_per_node", "trainer.n_gpus_per_node", lambda v, _: int(v)),
     Rule("num_nodes", "trainer.nnodes", lambda v, _: int(v)),
     Rule("rpc_timeout", reason="no Ray"),
-    Rule("system_envs", reason="environment variables: set them in the shell", accept=lambda v: not v),
-    Rule("checkpoint_config", reason="checkpoints are written to output_dir", accept=lambda v: not v),
+    Rule("system_envs", used_by="finish (trainer.env_vars)"),
+    Rule("checkpoint_config.type", reason="checkpoints are files under trainer.default_local_dir",
+         accept=lambda v: v in (None, "file_system")),
+    Rule("checkpoint_config.output_dir", "trainer.default_local_dir"),
     Rule("profiler_timeline", reason="profile with trainer.profile_steps (jax.profiler)", accept=lambda v: not v),
     Rule("profiler_memory", reason="profile with trainer.profile_steps (jax.profiler)", accept=lambda v: not v),
     Rule("async_generation_ratio", reason="sampling and training alternate in one program", accept=lambda v: not v),
     Rule("generate_opt_level", reason="the sampler is the built-in JAX decode loop"),
     Rule("max_running_requests", reason="the sampler decodes the whole batch"),
+)
+
+RULES: tuple[Rule, ...] = (
+    *RUN_RULES,
     Rule("is_num_return_sequences_expand", reason="the sampler shares each prompt's KV cache among its samples"),
     # batch sizes and lengths
     Rule("rollout_batch_size", "data.train_batch_size", lambda v, _: int(v)),
@@ -245,7 +258,8 @@ RULES: tuple[Rule, ...] = (
     Rule("actor_train.model_args.dtype", _A + "model.compute_dtype", _dtype),
     Rule("actor_train.model_args.disable_gradient_checkpointing", _A + "model.enable_gradient_checkpointing",
          lambda v, _: not v),
-    Rule("actor_train.model_args.lora_*", reason="LoRA settings of ROLL's", accept=_lora_off),
+    *lora_rules("actor_train"),
+    *lora_rules("actor_infer"),
     *_optim("actor_train", _A + "actor."),
     Rule("actor_train.data_args.file_name", "data.train_files", _train_files),
     Rule("actor_train.data_args.template", "data.prompt_template", _template),
@@ -287,6 +301,8 @@ RULES: tuple[Rule, ...] = (
     Rule("critic.data_args", reason="prompts come from actor_train.data_args"),
     *_worker_common("critic"),
     # rule-based rewards by domain tag: here each row's data_source picks the built-in scorer
+    Rule("rewards.*.system_envs", used_by="finish (trainer.env_vars)"),
+    Rule("rewards.*.system_envs.*", used_by="finish (trainer.env_vars)"),
     Rule("rewards.*.worker_cls", reason="rule-based scoring follows each row's data_source",
          accept=lambda v: "llm_judge" not in str(v) and "reward_model" not in str(v)),
     Rule("rewards.*.tag_included", reason="rule-based scoring follows each row's data_source"),
@@ -327,9 +343,43 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
+def _env_vars(full: dict) -> dict[str, str]:
+    """ROLL's system_envs: the top level's for the driver and every worker, a worker's own winning for that worker.
+    Here every worker is this one process, so each variable must have one value wherever the file names it."""
+    sections = [("system_envs", get(full, "system_envs"))]
+    sections += [(f"{role}.system_envs", get(full, f"{role}.system_envs")) for role in _WORKERS]
+    rewards = get(full, "rewards")
+    if isinstance(rewards, dict):
+        sections += [(f"rewards.{name}.system_envs", get(full, f"rewards.{name}.system_envs")) for name in rewards]
+    out: dict[str, str] = {}
+    where: dict[str, str] = {}
+    for path, envs in sections:
+        if envs is None:
+            continue
+        if not isinstance(envs, dict):
+            raise ValueError(f"{path}={envs!r}: a mapping of environment variables is expected")
+        for name, value in envs.items():
+            text = "" if value is None else str(value)
+            if name in out and out[name] != text:
+                raise ValueError(f"{path}.{name}={text!r} but {where[name]}.{name}={out[name]!r}: every worker runs "
+                                 f"in one process here, so {name} can have only one value")
+            out.setdefault(name, text)
+            where.setdefault(name, path)
+    return out
+
+
 def finish(full: dict, values: dict[str, Any]) -> None:
     """Checks between keys once every rule has run."""
+    env_vars = _env_vars(full)
+    if env_vars:
+        values["trainer.env_vars"] = env_vars
     if not get(full, "response_length") and not get(full, "sequence_length"):
         raise ValueError("ROLL needs response_length or sequence_length")
     if "critic.model.path" in values and not _needs_critic(values["algorithm.adv_estimator"]):
         values.pop("critic.model.path")  # ROLL loads the critic only for GAE
+
+
+# The pieces ROLL's other pipelines' tables (roll_dpo.py) are built from.
+devices, dtype, template, train_files, env_vars = _devices, _dtype, _template, _train_files, _env_vars
+optim_rules, worker_rules = _optim, _worker_common
+

@@ -1,0 +1,123 @@
+"""ROLL's own example files (tests/config/dialects/roll/, unedited; SOURCE.md) read, converted and trained."""
+
+import json
+import math
+import os
+
+import pytest
+
+from rlhf_jax.config.__main__ import convert
+from rlhf_jax.config.yaml_import import load_yaml
+from tests.train.helpers import read_metrics, run_main
+
+EXAMPLES = os.path.join(os.path.dirname(__file__), "dialects", "roll", "examples")
+DPO = os.path.join(EXAMPLES, "dpo_examples", "qwen2.5-3B_dpo_megatron.yaml")
+RLVR = os.path.join(EXAMPLES, "qwen2.5-7B-rlvr_megatron", "rlvr_config.yaml")
+
+
+def test_roll_dpo_file_maps_onto_the_dpo_trainer():
+    cfg = load_yaml(DPO)
+    arr, d = cfg.actor_rollout_ref, cfg.data
+    assert cfg.algorithm.type == "dpo" and arr.model.path == "Qwen/Qwen2.5-3B-Instruct"
+    assert (cfg.algorithm.dpo.beta, cfg.algorithm.dpo.label_smoothing, cfg.algorithm.dpo.loss_type) == (0.1, 0.0,
+                                                                                                         "sigmoid")
+    assert (d.prompt_key, d.chosen_key, d.rejected_key, d.prompt_template) == ("instruction", "chosen", "rejected",
+                                                                              "native")
+    # per_device_train_batch_size 16 x gradient_accumulation_steps 1 x 8 devices = 128 pairs, one optimizer step
+    assert d.train_batch_size == arr.actor.ppo_mini_batch_size == 128
+    assert (d.max_length, d.filter_overlong_prompts) == (512, True)  # sequence_length: longer pairs are dropped
+    assert d.train_files == ("data/comparison_gpt4_data_zh.json",) and d.val_files == d.train_files
+    t = cfg.trainer
+    assert (t.total_training_steps, t.total_epochs, t.save_freq, t.test_freq) == (500, 10, 500, 100)
+    assert t.default_local_dir == "/data/cpfs_0/rl_examples/models/qwen2.5-3B-dpo-config"  # checkpoint_config
+    assert dict(t.env_vars) == {"USE_MODELSCOPE": "1"} and arr.model.compute_dtype == "bfloat16"
+    assert load_yaml("pretrain: /m\nsequence_length: 64\nipo: true\n").algorithm.dpo.loss_type == "ipo"
+    with pytest.raises(ValueError, match="DPO pipeline needs sequence_length"):
+        load_yaml("pretrain: /m\nbeta: 0.2\n", fmt="roll")
+
+
+def test_roll_rlvr_file_maps_its_system_envs_and_checkpoint_dir():
+    """ROLL's RLVR example stops at the first key whose feature (ROLL's REINFORCE estimator) is not implemented
+    here; its system_envs and checkpoint_config no longer do."""
+    with pytest.raises(ValueError, match=r"rlvr_config\.yaml: adv_estimator='reinforce'"):
+        load_yaml(RLVR)
+
+
+def _pairs(path, n, shift):
+    with open(path, "w") as fh:
+        for i in range(n):
+            fh.write(json.dumps({"instruction": f"{i}+{shift}=", "chosen": str(i + shift),
+                                 "rejected": str(i + shift + 1)}) + "\n")
+
+
+def _overrides(tmp_path, out):
+    return {
+        "actor_rollout_ref.model.path": "builtin:tiny",
+        "data.train_files": str(tmp_path / "train.jsonl"), "data.val_files": str(tmp_path / "val.jsonl"),
+        "data.max_length": 48, "data.max_prompt_length": 32, "data.max_response_length": 16,
+        "data.train_batch_size": 4, "data.val_batch_size": 4, "actor_rollout_ref.actor.ppo_mini_batch_size": 4,
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 2,
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": 2, "trainer.total_training_steps": 2,
+        "trainer.default_local_dir": out, "trainer.log_dir": out, "trainer.n_gpus_per_node": 1,
+        # metrics.jsonl as well as the file's tensorboard, to compare the two runs' numbers
+        "trainer.logger": "('console','tensorboard','jsonl')",
+    }
+
+
+def test_roll_dpo_file_trains_two_steps_and_its_conversion_trains_the_same(tmp_path):
+    _pairs(tmp_path / "train.jsonl", 16, 1)
+    _pairs(tmp_path / "val.jsonl", 4, 2)
+    converted = tmp_path / "converted.yaml"
+    converted.write_text(convert(DPO))
+    assert "actor_train" not in converted.read_text() and "env_vars" in converted.read_text()
+    firsts = []
+    for name, path in (("original", DPO), ("converted", str(converted))):
+        out = str(tmp_path / name)
+        args = [f"--config={path}"] + [f"--config.{k}={v}" for k, v in _overrides(tmp_path, out).items()]
+        proc = run_main(args, devices=1)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert "environment of the run (trainer.env_vars): USE_MODELSCOPE=1" in proc.stderr
+        assert os.path.isdir(os.path.join(out, "checkpoints", "2")) and "step 2" in proc.stdout
+        # the first training step's row (a validation row before it has only val/ keys)
+        firsts.append(next(r for r in read_metrics(out) if any(k.startswith(("dpo/", "actor/")) for k in r)))
+    a, b = firsts
+    def measured(row):  # what the run computed, not how long it took
+        return {k for k, v in row.items() if isinstance(v, (int, float)) and not k.startswith(("timing", "perf"))
+                and "time" not in k and "throughput" not in k}
+
+    numeric = measured(a)
+    assert numeric and numeric == measured(b) and any(k.startswith(("dpo/", "actor/")) for k in numeric)
+    for key in numeric:
+        assert math.isclose(a[key], b[key], rel_tol=1e-6, abs_tol=1e-6), (key, a[key], b[key])
+
+
+def test_roll_lora_settings_are_the_actors_adapters():
+    base = "rollout_batch_size: 4\nresponse_length: 8\nadv_estimator: grpo\nnorm_mean_type: group\n"
+    lora = ("actor_train:\n  model_args:\n    lora_target: all-linear\n    lora_rank: 64\n    lora_alpha: 32\n"
+            "actor_infer:\n  model_args:\n    lora_target: q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj\n"
+            "    lora_rank: 64\n")
+    m = load_yaml(base + lora).actor_rollout_ref.model
+    assert (m.lora_rank, m.lora_alpha, tuple(m.target_modules)) == (64, 32.0, ("all-linear",))
+    m = load_yaml(base + "actor_train:\n  model_args:\n    lora_target: q_proj, v_proj\n").actor_rollout_ref.model
+    assert (m.lora_rank, m.lora_alpha, tuple(m.target_modules)) == (8, 16.0, ("q_proj", "v_proj"))  # ROLL's defaults
+    assert load_yaml(base + "actor_train:\n  model_args:\n    lora_rank: 8\n").actor_rollout_ref.model.lora_rank == 0
+    with pytest.raises(ValueError, match=r"lora_target='mlp': .*q_proj"):
+        load_yaml(base + "actor_train:\n  model_args:\n    lora_target: mlp\n")
+    with pytest.raises(ValueError, match=r"lora_dropout=0\.1 is not supported"):
+        load_yaml(base + "actor_train:\n  model_args:\n    lora_target: all-linear\n    lora_dropout: 0.1\n")
+
+
+def test_roll_freeze_module_prefix_freezes_whole_parameter_groups():
+    base = "rollout_batch_size: 4\nresponse_length: 8\nadv_estimator: grpo\nnorm_mean_type: group\n"
+
+    def frozen(prefixes):
+        f = load_yaml(base + f"actor_train:\n  model_args:\n    freeze_module_prefix: {prefixes}\n"
+                      ).actor_rollout_ref.actor.freeze
+        return {g for g in ("emb", "ln", "attn", "ff", "other") if f[f"freeze_{g}"]}
+
+    assert frozen("model.embed_tokens") == {"emb"}
+    assert frozen("model.embed_tokens,lm_head") == {"emb", "other"}
+    assert frozen("model.") == {"emb", "ln", "attn", "ff"}  # every parameter under model., not the output layer
+    with pytest.raises(ValueError, match=r"freeze_module_prefix='model\.layers\.0': prefix 'model\.layers\.0' does "
+                                         r"not name whole parameter groups"):
+        frozen("model.layers.0")
