@@ -131,9 +131,9 @@ DATA = (
     Key("data.multiturn.train_on", "all", "SFT conversations: all (the loss covers every assistant message) or last "
         "(only the final assistant message; the turns before it are context, as Trinity-RFT trains a conversation).",
         choices=("all", "last")),
-    Key("data.max_length", None, "SFT: tokens per example (prompt + response); longer ones follow data.truncation "
-        "(error, left or right). None = data.max_prompt_length + data.max_response_length. DPO: the most tokens "
-        "of a prompt + either response; a longer pair is dropped with filter_overlong_prompts, else refused.", type=int),
+    Key("data.max_length", None, "SFT: tokens per example (longer: data.truncation); None = max_prompt_length + "
+        "max_response_length. DPO: most tokens of prompt + either response (longer: filter_overlong_prompts).",
+        type=int),
     Key("data.micro_batch_size_per_gpu", -1, "SFT: per shard and forward/backward, sequences (padded rows) or packed "
         "rows of max_length tokens (model.use_remove_padding); -1 = the whole per-shard batch."),
 )

@@ -129,6 +129,33 @@ LIMITS: dict[str, Limit] = {
                             ("*score_scaling*", "*score_norm*", "*score_clip*", "*reward_clip*", "*reward_norm*",
                              "*reward_scaling*")),
     "reward_whitening": Limit("whitening the rewards before the advantages", ("*whiten_rewards*",)),
+    "checkpoint_backends": Limit("checkpoint storage other than files in a directory", ("*checkpoint*.type",
+                                                                                       "*checkpoint_backend*")),
+    "profiler_kinds": Limit("ROLL's timeline and memory profilers (trainer.profile_steps records jax.profiler traces)",
+                            ("*profiler_timeline*", "*profiler_memory*")),
+    "partial_staleness": Limit("mixing fresh and one-step-stale samples in one batch, or fractional staleness ratios "
+                               "(experience.overlap trains each batch exactly one update behind)",
+                               ("*async_generation_ratio*", "experience.staleness_ratio*")),
+    "validation_lengths": Limit("validation prompt and response lengths other than the training ones",
+                                ("*val_prompt_length*", "*val_sequence_length*", "*val_response_length*")),
+    "l2_loss": Limit("an L2 penalty on the parameters in the loss (weight decay is the optimizer's)",
+                     ("*.l2", "*l2_coef*")),
+    "reward_shaping": Limit("ROLL's reward and advantage shaping (clipping, masks by difficulty or length, length "
+                            "rewards, TOPR and loss weights)",
+                            ("*reward_clip*", "*advantage_clip*", "*add_len_reward*", "*difficulty_*", "*length_loss*",
+                             "*postive_loss*", "*topr*", "*balance_length*", "*max_len_mask*", "*error_max_len*")),
+    "policy_loss_types": Limit("ROLL's other policy loss types and loss weights", ("*use_policy_loss_type*",
+                                                                                   "*rl_loss_coef*")),
+    "sequence_ratios": Limit("sequence-level importance ratios inside token-level losses (loss_mode=gspo is one)",
+                             ("*importance_sampling*",)),
+    "lora_dropout": Limit("dropout on LoRA adapters", ("*lora_dropout*",)),
+    "training_arguments": Limit("Hugging Face TrainingArguments beyond the optimizer and batch sizes",
+                                ("*training_args*",)),
+    "domain_mixing": Limit("sampling training data by domain with given probabilities (files are read in order)",
+                           ("*interleave*", "data.*domain*", "data.*weights*")),
+    "worker_classes": Limit("ROLL's worker classes other than its own (roll.*)", ("*worker_cls*",)),
+    "model_types": Limit("a model architecture other than the checkpoint's config.json names", ("*model_type*",)),
+    "beam_search": Limit("beam search (sampling draws one sequence per sample)", ("*num_beams*",)),
     "their_values": Limit("a value the other trainer does not define either", ()),
 }
 
@@ -204,6 +231,47 @@ REFUSED_BECAUSE: dict[str, dict[str, str]] = {
         "ulysses_sequence_parallel_size": "sequence_parallel",
         "trainer.default_hdfs_dir": "hdfs",
     },
+    "roll": {
+        "checkpoint_config.type": "checkpoint_backends",
+        "profiler_timeline": "profiler_kinds",
+        "profiler_memory": "profiler_kinds",
+        "async_generation_ratio": "partial_staleness",
+        "val_prompt_length": "validation_lengths",
+        "val_sequence_length": "validation_lengths",
+        "l2": "l2_loss",
+        **{k: "reward_shaping" for k in ("reward_clip", "advantage_clip", "add_len_reward", "difficulty_loss_weight",
+                                        "length_loss_weight", "postive_loss_coef", "use_topr_neg_loss_coef",
+                                        "use_topr_loss", "difficulty_mask", "balance_length", "max_len_mask",
+                                        "error_max_len_clip")},
+        "use_reward_scaling": "reward_scaling",
+        "use_reward_norm": "reward_scaling",
+        "whiten_rewards": "reward_whitening",
+        "use_policy_loss_type": "policy_loss_types",
+        "importance_sampling": "sequence_ratios",
+        "rl_loss_coef": "policy_loss_types",
+        "actor_train.model_args.lora_dropout": "lora_dropout",
+        "actor_train.training_args.*": "training_arguments",
+        "critic.training_args.*": "training_arguments",
+        "actor_train.data_args.domain_interleave_probs": "domain_mixing",
+        **{f"{role}.worker_cls": "worker_classes" for role in ("actor_train", "actor_infer", "reference", "critic",
+                                                              "validation")},
+        "rewards.*.worker_cls": "worker_classes",
+        **{f"{role}.model_args.model_type": "model_types" for role in ("actor_train", "actor_infer", "reference",
+                                                                      "critic", "validation")},
+        "actor_infer.generating_args.num_beams": "beam_search",
+        "actor_infer.generating_args.repetition_penalty": "repetition_penalty",
+    },
+    "roll_dpo": {
+        "checkpoint_config.type": "checkpoint_backends",
+        "profiler_timeline": "profiler_kinds",
+        "profiler_memory": "profiler_kinds",
+        "async_generation_ratio": "partial_staleness",
+        "actor_train.training_args.*": "training_arguments",
+        "actor_train.worker_cls": "worker_classes",
+        "reference.worker_cls": "worker_classes",
+        "actor_train.model_args.model_type": "model_types",
+        "reference.model_args.model_type": "model_types",
+    },
     "trinity": {
         "algorithm.sample_strategy": "experience_sampling",
         "model.repetition_penalty": "repetition_penalty",
@@ -269,7 +337,7 @@ def refusals() -> Iterator[Refusal]:
     for entry in IGNORED:
         if entry.accept is not None:
             yield Refusal("verl", entry.pattern, entry.reason, REFUSED_BECAUSE.get("verl", {}).get(entry.pattern))
-    for fmt, module in dialects.MODULES.items():
+    for fmt, module in dialects.TABLES.items():
         table = REFUSED_BECAUSE.get(fmt, {})
         for rule in module.RULES:
             doc = (rule.convert.__doc__ or "").strip() if rule.convert is not None else ""

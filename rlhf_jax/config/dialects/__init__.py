@@ -22,6 +22,7 @@ COMPOSED = ("roll",)
 _MODULES = {"roll": roll, "trinity": trinity, "trainer_config": trainer_config, "atorch": atorch,
             "verl_sft": verl_sft}
 MODULES = _MODULES  # every format but verl's own, by name: its module holds RULES, DEFAULTS and finish
+TABLES = {**_MODULES, "roll_dpo": roll_dpo}  # every rule table (ROLL's DPO files have their own)
 
 
 def detect(mapping: dict) -> str:

@@ -242,8 +242,8 @@ RULES: tuple[Rule, ...] = (
     Rule("whiten_advantages", used_by="adv_estimator"),
     Rule("enable_reference", reason="the reference is loaded when a KL term needs it"),
     Rule("enable_old_logprobs_recompute", reason="old log-probs are always recomputed by the actor"),
-    Rule("force_disable_old_logprobs_recompute", reason="old log-probs are always recomputed by the actor",
-         accept=lambda v: not v),
+    # the sampler's log-probs as the old policy's: verl's bypass mode with PPO's clipped loss
+    Rule("force_disable_old_logprobs_recompute", "algorithm.rollout_correction.bypass_mode", lambda v, _: bool(v)),
     *(Rule(name, reason="reward shaping of ROLL's is not implemented", accept=lambda v: not v)
       for name in ("reward_clip", "advantage_clip", "use_reward_scaling", "use_reward_norm", "whiten_rewards",
                    "add_len_reward", "difficulty_loss_weight", "length_loss_weight", "postive_loss_coef",

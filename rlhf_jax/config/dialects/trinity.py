@@ -348,7 +348,7 @@ RULES: tuple[Rule, ...] = (
     Rule("explorer.over_rollout", reason="over-sampling with early stop is not implemented", accept=_off),
     Rule("explorer.dynamic_timeout", reason="no runners to time out", accept=_off),
     Rule("explorer.auxiliary_models", reason="auxiliary models are not implemented", accept=lambda v: not v),
-    Rule("explorer.env_vars", reason="environment variables: set them in the shell", accept=lambda v: not v),
+    Rule("explorer.env_vars", "trainer.env_vars", lambda v, _: {str(k): str(x) for k, x in v.items()} if v else None),
     Rule("explorer.*", reason=_ENGINE),
     Rule("explorer.rollout_model", reason=_ENGINE),
     # synchronizer: how stale the explorer's weights may be = the experience schedule
