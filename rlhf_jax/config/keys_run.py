@@ -328,9 +328,9 @@ TRAINER = (
     Key(_T + "val_accuracy", None, "SFT: also validate by greedy generation scored like RL validation "
         "(val-core/<source>/reward); None = when every validation data source has a built-in scorer.", type=bool),
     Key(_T + "seed", 42, "Seed of new parameters (value head), sampling and every other random choice."),
-    Key(_T + "env_vars", None, "Environment variables of the run, {NAME: 'value'} (ROLL's system_envs): set before "
-        "anything reads them (the command restarts itself once with them when one would change) and listed in the "
-        "log; None = none.", type=object, check=ENV_VARS),
+    Key(_T + "env_vars", None, "Environment variables of the run, {NAME: 'value'}: set before anything reads them "
+        "(the command restarts once with them) and logged; None = none (docs/formats.md).", type=object,
+        check=ENV_VARS),
 )
 
 MESH = (
