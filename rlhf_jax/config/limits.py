@@ -110,8 +110,6 @@ LIMITS: dict[str, Limit] = {
     "trainer_backends": Limit("another trainer back end", ("*trainer_type*",)),
     "data_pipelines": Limit("task or experience processing pipelines (Data-Juicer operators)",
                             ("*pipeline*", "*operators*")),
-    "trinity_stages": Limit("Trinity's stage list; rlhf_jax runs stages (the stages key), but this layout is not "
-                            "translated yet: write the stages in rlhf_jax's keys", ()),
     "frozen_roles": Limit("training the reference or the reward model (they stay fixed)",
                           ("actor_rollout_ref.ref.optim*", "reward_model.optim*")),
     "loading_args": Limit("model loading arguments other than the dtype (checkpoints load as saved)",
@@ -292,7 +290,6 @@ REFUSED_BECAUSE: dict[str, dict[str, str]] = {
         "trainer.trainer_type": "trainer_backends",
         "service": "data_services",
         "data_processor": "data_pipelines",
-        "stages": "trinity_stages",
     },
     "atorch": {
         "model.*.optimizer.*": "frozen_roles",

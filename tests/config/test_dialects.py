@@ -170,7 +170,7 @@ def test_trinity_convert_round_trips_and_refuses_what_it_cannot_honour(tmp_path,
     for text, key in [
         ("synchronizer:\n  sync_interval: 4\n  sync_offset: 2\n", r"sync_interval.*sync_offset=2: supported are"),
         ("synchronizer:\n  sync_style: trainer_driven\n", r"synchronizer\.sync_style='trainer_driven'"),
-        ("stages:\n- stage_name: sft\n", r"stages=.*stage layout is not mapped.*configs/sft_grpo_stages\.py"),
+        ("stages:\n- stage_name: sft\n  algorithm:\n    algorithm_type: opmd\n", r"^stages\[0\] \(sft\): algorithm\.algorithm_type='opmd'"),
         ("explorer:\n  over_rollout:\n    ratio: 0.2\n", r"explorer\.over_rollout"),
         ("model:\n  max_prompt_tokens: 8\n  lora_configs: [{lora_rank: 8}, {lora_rank: 4}]\n",
          r"model\.lora_configs=.*one LoRA adapter per run"),

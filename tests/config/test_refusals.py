@@ -32,8 +32,7 @@ def test_the_schema_still_lacks_what_each_limit_says(name):
 
 
 def test_a_limit_with_no_schema_pattern_is_only_for_values_the_other_trainer_rejects_too():
-    # trinity_stages is the one known gap: stages run here, Trinity's stage list is not translated yet
-    assert sorted(name for name, lim in limits.LIMITS.items() if not lim.absent) == ["their_values", "trinity_stages"]
+    assert [name for name, lim in limits.LIMITS.items() if not lim.absent] == ["their_values"]
 
 
 def test_the_check_fails_when_the_schema_offers_the_capability():

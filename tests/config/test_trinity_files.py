@@ -122,3 +122,36 @@ def test_example_runs_two_steps_and_its_conversion_runs_the_same(tmp_path, monke
     proc = R.run_file(str(converted), {**overrides, "trainer.default_local_dir": again})
     assert proc.returncode == 0, proc.stderr[-3000:]
     R.assert_same_first_step(out, again)
+
+
+def _with_stages(tmp_path) -> str:
+    """The GRPO example with its commented-out stages switched on (an SFT warm-up, then the file's own RFT)."""
+    import re
+
+    with open(GRPO) as f:
+        text = f.read()
+    assert "# stages:" in text
+    text = re.sub(r"^# (stages:).*$", r"\1", text, flags=re.M)
+    text = re.sub(r"^# (  .*)$", r"\1", text, flags=re.M)
+    path = tmp_path / "staged.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_the_examples_stages_become_ours_and_each_stage_checks(tmp_path, monkeypatch):
+    from rlhf_jax.train.stages import stage_configs
+
+    monkeypatch.setenv("TRINITY_SFT_DATASET_PATH", R.conversations(str(tmp_path / "sft.jsonl")))
+    cfg = load_yaml(_with_stages(tmp_path))
+    sft, rft = cfg.stages
+    # the SFT warm-up: Trinity's train mode on its own buffer (its steps and batch), the taskset not read
+    assert sft["stage_name"] == "sft_warmup" and sft["algorithm.type"] == "sft"
+    assert sft["data.train_files"] == (str(tmp_path / "sft.jsonl"),) and sft["data.train_batch_size"] == 128
+    assert sft["trainer.total_training_steps"] == 10 and sft["data.multiturn.enable"]
+    assert rft == {"stage_name": "rft"}  # "leave empty to use the original configs"
+    cfg.actor_rollout_ref.model.path = "builtin:tiny"
+    cfg.data.train_files = cfg.data.val_files = ("builtin:arithmetic?max_value=4&train_size=16&test_size=4",)
+    cfg.data.max_prompt_length, cfg.data.max_response_length = 48, 8
+    stages = stage_configs(cfg)  # every stage finalized, as before a staged run starts
+    assert [name for name, _, _ in stages] == ["sft_warmup", "rft"]
+    assert stages[0][2].algorithm.type == "sft" and stages[1][2].algorithm.adv_estimator == "grpo"

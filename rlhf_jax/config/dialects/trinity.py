@@ -16,7 +16,8 @@ from typing import Any
 
 from rlhf_jax.config.dialects import trinity_maps as M
 from rlhf_jax.config.dialects import trinity_train as T
-from rlhf_jax.config.dialects.rules import Rule, get
+from rlhf_jax.config import schema
+from rlhf_jax.config.dialects.rules import Rule, get, translate
 from rlhf_jax.config.dialects.rules import needs_critic as _needs_critic
 
 MARKERS = ("buffer", "explorer", "synchronizer", "mode", "checkpoint_root_dir")
@@ -374,8 +375,7 @@ RULES: tuple[Rule, ...] = (
     # the rest of Trinity's processes
     Rule("service", reason="Data-Juicer service", accept=lambda v: not v),
     Rule("data_processor", reason="data processing pipelines are not implemented", accept=lambda v: not v),
-    Rule("stages", reason="Trinity's stage layout is not mapped: write the stages in rlhf_jax keys (the stages key, "
-         "see configs/sft_grpo_stages.py)", accept=lambda v: not v),
+    Rule("stages", used_by="finish (stages)"),
 )
 
 # Trinity's choices where a file is silent (its defaults for these keys differ from the schema's).
@@ -391,6 +391,9 @@ DEFAULTS: dict[str, Any] = {
 
 
 def finish(full: dict, values: dict[str, Any]) -> None:
-    """Checks between keys once every rule has run."""
+    """Checks between keys once every rule has run; Trinity's stages as ours."""
+    if full.get("stages"):
+        values["stages"] = M.stages(full, values, lambda f, where: translate(f, RULES, DEFAULTS, "trinity", where, finish)[0],
+                                    lambda key: schema.get_key(key).default)
     if not _needs_critic(values.get("algorithm.adv_estimator")):
         values.pop("critic.model.path", None)  # the critic exists only for an estimator that reads values

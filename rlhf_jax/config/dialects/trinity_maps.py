@@ -55,3 +55,41 @@ def advantage_args(value: Any, _: dict) -> dict:
             raise ValueError(f"algorithm.advantage_fn_args.{name} has no rlhf_jax equivalent (gamma and lam map "
                              "onto algorithm.gamma / lam)")
     return out
+
+
+def _merged(base: dict, stage: dict) -> dict:
+    """``stage`` over ``base``, key by key (a stage inherits what it does not set). A stage's experience buffer
+    replaces the global one: the global one is the RL queue between explorer and trainer, which a stage that
+    trains from a dataset does not read."""
+    out = dict(base)
+    for key, value in stage.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict) and key != "experience_buffer":
+            out[key] = _merged(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def stages(full: dict, values: dict[str, Any], translate: Any, default_of: Any) -> tuple[dict, ...]:
+    """Trinity's ``stages`` as rlhf_jax stages: each stage is the whole file with the stage's sections merged in,
+    translated like a file (``translate(mapping, where) -> {schema key: value}``, errors named by ``where``), and kept as the keys where it differs
+    from the file's own translation (``values``); a key only the file sets returns to its default
+    (``default_of(key)``)."""
+    base = {k: v for k, v in full.items() if k != "stages"}
+    out = []
+    for i, stage in enumerate(full.get("stages") or ()):
+        if not isinstance(stage, dict):
+            raise ValueError(f"stages[{i}] must be a mapping with a stage_name, got {type(stage).__name__}")
+        stage = dict(stage)
+        name = str(stage.pop("stage_name", f"stage{i}"))
+        merged = _merged(base, stage)
+        if merged.get("mode") == "train":  # no explorer runs: the global taskset and workflows are not read
+            merged["buffer"] = {k: v for k, v in merged.get("buffer", {}).items() if k != "explorer_input"}
+        mine = translate(merged, f"stages[{i}] ({name})")
+        overrides = {k: v for k, v in mine.items() if k != "stages" and values.get(k, _UNSET) != v}
+        overrides.update({k: default_of(k) for k in values if k not in mine and k != "stages"})
+        out.append({"stage_name": name, **overrides})
+    return tuple(out)
+
+
+_UNSET = object()
