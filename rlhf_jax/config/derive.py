@@ -26,7 +26,8 @@ DERIVED_DOCS: dict[str, str] = {
     "derived.rollout_batch_size_per_shard": "Sequences per step on one data-parallel shard.",
     "derived.prompts_per_process": "Prompts each process loads per step = train_batch_size / num_processes.",
     "derived.max_seq_len": "data.max_prompt_length + rollout.response_length.",
-    "derived.need_ref": "A reference model is needed (actor.use_kl_loss or algorithm.use_kl_in_reward).",
+    "derived.need_ref": "A reference model is needed (actor.use_kl_loss, algorithm.use_kl_in_reward, or the "
+                        "distillation teacher in its place).",
     "derived.recompute_old_log_prob": "Old log-probs need a forward pass (false only for 1 mini-batch x 1 epoch).",
     "derived.sum_pi_squared": "The old-log-prob pass also returns sum_v pi_v^2 per token (actor.calculate_sum_pi_squared, "
                               "or an estimator that reads it: optimal_token_baseline, tir_optimal_token_baseline).",
@@ -110,7 +111,7 @@ def derive_batches(
         f"data.train_batch_size x rollout.n = {train} x {n} sequences vs {dp} data-parallel shards (mesh data x fsdp)",
         train * n, dp, "make data.train_batch_size x actor_rollout_ref.rollout.n a multiple of mesh.data x mesh.fsdp x mesh.expert")
     d.max_seq_len = cfg.data.max_prompt_length + rollout.response_length
-    d.need_ref = bool(actor.use_kl_loss or cfg.algorithm.use_kl_in_reward)
+    d.need_ref = bool(actor.use_kl_loss or cfg.algorithm.use_kl_in_reward or cfg.distillation.enabled)
     d.sum_pi_squared = bool(rl and (actor.calculate_sum_pi_squared or algos.estimator_info(
         cfg.algorithm.adv_estimator).needs_sum_pi_squared))
 

@@ -22,6 +22,7 @@ READERS: dict[str, tuple[str, ...]] = {
         "data.filter_overlong_prompts", "data.train_batch_size", "data.val_batch_size", "data.shuffle", "data.seed",
     ),
     "rlhf_jax.train.setup": (
+        "distillation.teacher_models.teacher_model.model_path",
         "data.tokenizer", "data.chat_template", _A + "model.path", _A + "model.revision", _A + "model.dtype", _A + "model.compute_dtype",
         _A + "model.enable_gradient_checkpointing", _A + "model.remat_policy", _A + "model.attn_implementation",
         "critic.model.enable_gradient_checkpointing", "critic.model.remat_policy", "mesh.logical_axis_rules",
@@ -65,7 +66,10 @@ READERS: dict[str, tuple[str, ...]] = {
         "critic.cliprange_value", "critic.loss_agg_mode", "reward_model.enable", "algorithm.adv_estimator",
         "algorithm.gamma", "algorithm.lam", "algorithm.norm_adv_by_std_in_grpo", "algorithm.kl_penalty",
         "algorithm.gdpo_reward_keys", "algorithm.gdpo_reward_weights", "algorithm.rollout_correction.bypass_mode",
-        "algorithm.rollout_correction.loss_type", "algorithm.filter_groups.enable", "algorithm.kl_ctrl.*", "trainer.validation_data_dir",
+        "algorithm.rollout_correction.loss_type", "algorithm.filter_groups.enable", "distillation.enabled",
+        *(f"distillation.distillation_loss.{k}" for k in (
+            "loss_mode", "use_task_rewards", "distillation_loss_coef", "loss_max_clamp", "use_policy_gradient",
+            "clip_ratio_low", "clip_ratio_high")), "algorithm.kl_ctrl.*", "trainer.validation_data_dir",
         "trainer.log_val_generations", "trainer.critic_warmup", "trainer.resume_mode",
         "trainer.max_actor_ckpt_to_keep", "trainer.seed",
     ),
@@ -117,5 +121,13 @@ EVIDENCE: dict[str, str] = {
     **{_A + f"actor.freeze.freeze_{g}": 'f"freeze_{g}"' for g in ("emb", "ln", "attn", "ff", "other")},
 }
 
-# Keys accepted on purpose with no effect of their own (none today: each schema key is read).
-NO_OPS: dict[str, str] = {}
+# Keys accepted on purpose with no effect of their own.
+NO_OPS: dict[str, str] = {
+    "distillation.distillation_loss.topk": "forward_kl_topk's (a loss mode refused by name); verl's estimators "
+                                           "ignore it too",
+    "distillation.distillation_loss.log_prob_min_clamp": "forward_kl_topk's (a loss mode refused by name); verl's "
+                                                         "estimators ignore it too",
+    "distillation.distillation_loss.policy_loss_mode": "vanilla, its one value (verl's too), is the loss of "
+                                                       "use_policy_gradient",
+    "distillation.distillation_loss.clip_ratio": "the default of clip_ratio_low / clip_ratio_high (same_as)",
+}

@@ -17,6 +17,7 @@ from rlhf_jax import algos
 from rlhf_jax.algos.rollout_correction import correction_from_config
 from rlhf_jax.config import schema
 from rlhf_jax.config.optimizers import optimizer_settings
+from rlhf_jax.config.keys_distill import DISTILLATION_ESTIMATORS
 from rlhf_jax.config.rule import Context, rule
 
 A = "actor_rollout_ref."
@@ -185,6 +186,36 @@ def dro_beta_set(cfg: ConfigDict, ctx: Context) -> None:
                          f"dro_beta > 0, got {pl.dro_beta}")
 
 
+@rule("distillation.enabled", "distillation.teacher_models.teacher_model.model_path",
+      "distillation.distillation_loss.loss_mode", "distillation.distillation_loss.use_policy_gradient",
+      A + "actor.use_kl_loss", "algorithm.use_kl_in_reward", "algorithm.type")
+def distillation_settings(cfg: ConfigDict, ctx: Context) -> None:
+    """On-policy distillation needs its teacher, one of verl's estimators (k1 only as a reward: its gradient does
+    not depend on the teacher), and the reference's place (no KL term to a reference beside it)."""
+    dist = cfg.distillation
+    if not dist.enabled:
+        return
+    loss = dist.distillation_loss
+    if not dist.teacher_models.teacher_model.model_path:
+        raise ValueError("distillation.enabled needs distillation.teacher_models.teacher_model.model_path")
+    if cfg.algorithm.type != "rl":
+        raise ValueError(f"distillation.enabled: algorithm.type={cfg.algorithm.type} has no samples to distil on")
+    if loss.loss_mode == "forward_kl_topk":
+        raise ValueError("distillation.distillation_loss.loss_mode=forward_kl_topk is not available here (it needs "
+                         "the teacher's top-k distribution at every position): use k3, or k1 with "
+                         "use_policy_gradient=true")
+    if loss.loss_mode not in DISTILLATION_ESTIMATORS:
+        raise ValueError(f"distillation.distillation_loss.loss_mode={loss.loss_mode!r} is not valid; choose from "
+                         f"{', '.join(DISTILLATION_ESTIMATORS)}")
+    if loss.loss_mode in ("kl", "k1") and not loss.use_policy_gradient:
+        raise ValueError("distillation.distillation_loss.loss_mode=k1 as a loss has a gradient that does not depend "
+                         "on the teacher: set use_policy_gradient=true, or loss_mode=k3")
+    for key in (A + "actor.use_kl_loss", "algorithm.use_kl_in_reward"):
+        if schema.get_path(cfg, key):
+            raise ValueError(f"{key}=True with distillation.enabled: the teacher takes the reference's place, so "
+                             "there is no reference to a KL term; turn one off")
+
+
 @rule(A + "actor.policy_loss.loss_mode", "algorithm.rollout_correction.bypass_mode")
 def bypass_loss(cfg: ConfigDict, ctx: Context) -> None:
     """Bypass mode's loss is algorithm.rollout_correction.loss_type's (verl replaces the policy loss with it), so a
@@ -244,7 +275,8 @@ def kl_full_unsupported(cfg: ConfigDict, ctx: Context) -> None:
 def group_estimator_needs_samples(cfg: ConfigDict, ctx: Context) -> None:
     """A grouped estimator compares the samples of one prompt: rollout.n >= 2."""
     alg, n = cfg.algorithm, cfg.actor_rollout_ref.rollout.n
-    if algos.estimator_info(alg.adv_estimator).grouped and n < 2:
+    distilled_only = cfg.distillation.enabled and not cfg.distillation.distillation_loss.use_task_rewards
+    if algos.estimator_info(alg.adv_estimator).grouped and n < 2 and not distilled_only:
         raise ValueError(f"algorithm.adv_estimator={alg.adv_estimator} compares the samples of one prompt: set "
                          f"actor_rollout_ref.rollout.n >= 2 (got {n})")
 

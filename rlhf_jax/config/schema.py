@@ -19,10 +19,10 @@ from typing import Any
 
 from ml_collections import ConfigDict, config_dict
 
-from rlhf_jax.config import keys_policy, keys_run
+from rlhf_jax.config import keys_distill, keys_policy, keys_run
 from rlhf_jax.config.key import Key
 
-KEYS: tuple[Key, ...] = keys_run.DATA + keys_policy.KEYS + keys_run.KEYS
+KEYS: tuple[Key, ...] = keys_run.DATA + keys_policy.KEYS + keys_run.KEYS + keys_distill.KEYS
 
 
 def _index() -> dict[str, Key]:

@@ -124,6 +124,18 @@ _RM_POOL = ("no separate reward-model pool: the reward model runs on the trainin
 _ENGINE = "the sampler is the built-in JAX decode loop that reads the actor's parameters directly"
 
 IGNORED: tuple[Ignored, ...] = (
+    # on-policy distillation: the teacher runs in this program on the training mesh, in the reference's place
+    Ignored("distillation.n_gpus_per_node", "the teacher shares the training devices (no separate pool)"),
+    Ignored("distillation.nnodes", "the teacher shares the training devices (no separate pool)"),
+    Ignored("distillation.teacher_models.teacher_model.inference", "the teacher's log-probs come from a forward "
+            "pass of this program (no inference engine)"),
+    Ignored("distillation.teacher_models.teacher_model.num_replicas", "the teacher shares the training devices"),
+    Ignored("distillation.teacher_models.teacher_model.key", "one teacher for every row"),
+    Ignored("distillation.teacher_key", "one teacher for every row"),
+    Ignored("distillation.distillation_loss.use_chunked_topk", "forward_kl_topk's memory option (its loss mode is "
+            "not available)"),
+    Ignored("distillation.distillation_loss.chunked_topk_chunk_size", "forward_kl_topk's memory option (its loss "
+            "mode is not available)"),
     Ignored("defaults", "Hydra defaults list: the file is read on its own"),
     Ignored("hydra", "Hydra runtime settings"),
     Ignored("_target_", "verl dataclass target"),

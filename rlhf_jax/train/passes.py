@@ -195,7 +195,8 @@ def step_passes(cfg, correction, *, use_kl_loss: bool) -> StepPasses:
     where the sampler's are the old policy's."""
     critic = cfg.critic
     values = ("actor" if critic.shared_trunk else "critic") if critic.enable else None
-    fields = ("old_log_probs", "advantages") + (("ref_log_probs",) if use_kl_loss else ()) + (
+    reads_ref = use_kl_loss or cfg.distillation.enabled  # the teacher's log-probs sit in ref_log_probs
+    fields = ("old_log_probs", "advantages") + (("ref_log_probs",) if reads_ref else ()) + (
         ("rollout_is_weights",) if correction.rollout_is is not None else ()) + (
         ("values", "returns") if values == "actor" else ())
     old = cfg.derived.recompute_old_log_prob or cfg.algorithm.use_kl_in_reward or correction.enabled

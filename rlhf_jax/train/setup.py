@@ -262,7 +262,25 @@ def reference_role(cfg: ConfigDict, c: Any, actor):
 
     from rlhf_jax.train.engine import Role
 
+    offload = bool(cfg.actor_rollout_ref.ref.fsdp_config.param_offload)
+    if cfg.distillation.enabled:  # the teacher takes the reference's place
+        return Role(teacher_model(cfg, c, actor), c.mesh, offload=offload)
     if actor.config.lora:
         return Role(nnx.merge(models.lora.plain_graphdef(actor.config, actor.task), actor.frozen), c.mesh)
-    return Role(load_policy(cfg, c.model_path, c.mesh, c.rules, role="ref"), c.mesh,
-                offload=bool(cfg.actor_rollout_ref.ref.fsdp_config.param_offload))
+    return Role(load_policy(cfg, c.model_path, c.mesh, c.rules, role="ref"), c.mesh, offload=offload)
+
+
+def teacher_model(cfg: ConfigDict, c: Any, actor):
+    """The distillation teacher (``distillation.teacher_models.teacher_model.model_path``), in the reference's
+    dtypes; its vocabulary must cover the student's token ids (it scores the student's samples)."""
+    from rlhf_jax.models.hub import resolve_model_path
+
+    from rlhf_jax.config import model_hf_config
+
+    key = "distillation.teacher_models.teacher_model.model_path"
+    path = resolve_model_path(cfg.distillation.teacher_models.teacher_model.model_path)
+    vocab = (model_hf_config(path) or {}).get("vocab_size")
+    if vocab is not None and vocab < actor.config.vocab_size:
+        raise ValueError(f"{key}: the teacher's vocabulary ({vocab} tokens) is smaller than the student's "
+                         f"({actor.config.vocab_size}): distillation needs the student's tokenizer")
+    return load_policy(cfg, c.model_path, c.mesh, c.rules, role="ref", path=path)

@@ -27,6 +27,7 @@ import optax
 from flax import nnx
 
 from rlhf_jax import algos
+from rlhf_jax.algos.distillation import DistillSpec
 from rlhf_jax.algos.entropy import auto_chunk_size
 from rlhf_jax.models.moe import load_balancing_loss
 from rlhf_jax.types import TrainBatch
@@ -165,6 +166,9 @@ class ActorLossSpec:
     # actor loss, computed from the same forward pass. None: a separate critic (or none).
     value: CriticLossSpec | None = None
     vf_coef: float = 0.0
+    # On-policy distillation (ref_log_probs are the teacher's): its loss joins the actor loss, or replaces it
+    # without task rewards. None: no distillation.
+    distill: DistillSpec | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,7 +183,7 @@ class CriticLossSpec:
 # Metrics that are losses already divided by the mini-batch denominator (or weighted by the micro-batch's
 # share): summed over micro-batches.
 SUMMED_METRICS = ("actor/pg_loss", "actor/entropy", "actor/kl_loss", "critic/vf_loss", "actor/router_aux_loss",
-                  "train/loss")
+                  "train/loss", "distillation/loss")
 EXPERT_LOAD = "actor/expert_load/"  # + expert index: its fraction of the router's top-k assignments (summed too)
 
 
@@ -238,13 +242,20 @@ def actor_loss(spec: ActorLossSpec, logp, ent, m: TrainBatch, m_mask, den, den_p
     entropy = algos.agg_loss(ent, m_mask, spec.loss_agg_mode, denominator=den_plain, norm_constant=spec.norm_constant)
     loss = pg_loss - spec.entropy_coeff * entropy
     aux = {"actor/pg_loss": pg_loss, "actor/entropy": entropy}
-    if spec.use_kl_loss:
+    if spec.use_kl_loss:  # (never with distillation: ref_log_probs are then the teacher's)
         kl = algos.kl_loss(logp, m.ref_log_probs, m_mask, spec.kl_loss_type, spec.loss_agg_mode,
                            denominator=den_plain, norm_constant=spec.norm_constant)
         loss = loss + spec.kl_loss_coef * kl
         aux["actor/kl_loss"] = kl
     for name, value in pg_metrics.items():  # a named group of its own (bypass mode's rollout_corr/) keeps its name
         aux[name if "/" in name else f"actor/{name}"] = value
+    if spec.distill is not None:
+        d = spec.distill
+        d_loss, d_metrics = algos.distillation_loss(d, logp, old, m.ref_log_probs, m_mask, spec.loss_agg_mode,
+                                                    denominator=den_plain, norm_constant=spec.norm_constant)
+        loss = loss + d.coef * d_loss if d.use_task_rewards else d_loss  # verl: the task's loss is dropped
+        aux.update({f"distillation/{k}": v for k, v in d_metrics.items()})
+        aux["distillation/loss"] = d_loss
     return loss, aux
 
 

@@ -97,6 +97,13 @@ def actor_loss_spec(cfg: ConfigDict, recompute_old: bool, temperature: float, mo
         else (("tau_neg", a.tau_neg), ("tau_pos", a.tau_pos)) if pl.loss_mode == "sapo"
         else (("dro_beta", pl.dro_beta),) if pl.loss_mode == "dro" else (),
     )
+    dist = cfg.distillation
+    if dist.enabled:  # ref_log_probs are the teacher's
+        dl = dist.distillation_loss
+        spec = dataclasses.replace(spec, distill=algos.DistillSpec(
+            loss_mode=dl.loss_mode, use_task_rewards=bool(dl.use_task_rewards), coef=float(dl.distillation_loss_coef),
+            loss_max_clamp=dl.loss_max_clamp, use_policy_gradient=bool(dl.use_policy_gradient),
+            clip_ratio_low=float(dl.clip_ratio_low), clip_ratio_high=float(dl.clip_ratio_high)))
     corr = cfg.algorithm.rollout_correction
     if corr.bypass_mode:  # old = the sampler's log-probs; the loss applies the correction (algos.bypass)
         spec = dataclasses.replace(spec, loss_mode="bypass_mode", use_old_log_probs=True, options=(
