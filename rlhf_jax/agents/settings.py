@@ -76,10 +76,10 @@ def turn_settings(mt: Any, response_length: int) -> TurnSettings:
         tools += tools_from_file(str(get("tool_config_path")))
     if get("environment"):
         load_environment(str(get("environment")), f"{KEY}.environment")
-    for name, entry in dict(get("environments") or {}).items():
-        load_environment(str(entry["environment"]), f"{KEY}.environments.{name}.environment")
     elif get("workflow"):
         load_workflow(str(get("workflow")), f"{KEY}.workflow")
+    for name, entry in dict(get("environments") or {}).items():
+        load_environment(str(entry["environment"]), f"{KEY}.environments.{name}.environment")
     names = [t.name for t in tools]
     if len(set(names)) != len(names):
         raise ValueError(f"{KEY}: tool {next(n for n in names if names.count(n) > 1)!r} is listed twice")
