@@ -114,5 +114,6 @@ class TextGame(Environment):
 
 
 def lookup(table: dict | None, default: dict) -> dict:
-    """A grid lookup from a config (YAML may give its keys as strings) over ``default``."""
-    return {int(k): str(v) for k, v in (table or default).items()}
+    """A grid lookup from a config (a mapping or [key, value] pairs; YAML may give the keys as strings) over
+    ``default``."""
+    return {int(k): str(v) for k, v in dict(table or default).items()}

@@ -158,8 +158,12 @@ def _entry(tag: str, full: dict) -> dict:
                          "TrajEnvManager plays them (one conversation per episode)")
     if entry.get("agent_runner_cls"):
         raise ValueError(f"custom_envs.{tag}.agent_runner_cls: ROLL's agent runners are not supported")
-    return {"environment": game, **{k: entry[k] for k in ("max_steps", "max_tokens_per_step", "agent_template",
-                                                          "env_config") if entry.get(k) is not None}}
+    out = {"environment": game, **{k: entry[k] for k in ("max_steps", "max_tokens_per_step", "agent_template")
+                                   if entry.get(k) is not None}}
+    # the symbol tables as [symbol, meaning] pairs: config keys cannot be symbols such as "." (the games take both)
+    out["env_config"] = {k: [[a, b] for a, b in v.items()] if k in ("grid_lookup", "grid_vocab", "action_lookup")
+                         and isinstance(v, dict) else v for k, v in dict(entry.get("env_config") or {}).items()}
+    return out
 
 
 def _tags(full: dict, manager: str) -> list[tuple[str, int]]:
