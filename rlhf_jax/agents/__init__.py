@@ -1,4 +1,4 @@
-"""Agentic rollouts: tools, tool-call parsing, the multi-turn loop, environments, workflows and a chat client.
+"""Agentic rollouts: tools, tool-call parsing, the multi-turn loop, environments (ROLL's FrozenLake and Sokoban among them), workflows and a chat client.
 
 Host-side pieces around the sampler: the model's text is parsed into tool calls (``parse_tool_calls``), the calls
 run concurrently with timeouts (``run_tool_calls``; every fault comes back to the model as an error message), and
@@ -15,6 +15,7 @@ from rlhf_jax.agents.tools import Tool, get_tool, register_tool, tool_names
 from rlhf_jax.agents.turns import Reply, Trajectory, TurnSettings, run_turns, tool_reply
 from rlhf_jax.agents.environment import (Environment, StepResult, environment_reply, load_environment,  # noqa: I001
                                          register_environment)
+from rlhf_jax.agents import frozen_lake, sokoban  # noqa: F401,I001 - registers the games (ROLL's tags too)
 from rlhf_jax.agents.client import ChatClient
 from rlhf_jax.agents.workflows import load_workflow, register_workflow
 

@@ -104,10 +104,26 @@ class GuessNumber(Environment):
         return StepResult(hint, 0.0, out_of_moves, {"moves": self.moves})
 
 
-def make_environments(cls: type, tasks: list[dict]) -> tuple[list[Environment], list[str]]:
-    """One environment per task, reset; their first observations."""
-    envs = [cls() for _ in tasks]
-    return envs, [env.reset(task) for env, task in zip(envs, tasks)]
+def make_environments(cls: type | None, tasks: list[dict], named: dict | None = None,
+                      key: str = "environments") -> tuple[list[Environment], list[str]]:
+    """One environment per task, reset; their first observations. A task whose ``env`` is a name in ``named``
+    (``{name: {"environment": spec, ...}}``) plays that environment, with its entry as ``task["env_config"]``;
+    any other task plays ``cls``."""
+    named = named or {}
+    envs, tasks_out = [], []
+    for task in tasks:
+        name = task.get("env")
+        if name is not None and name in named:
+            entry = dict(named[name])
+            envs.append(load_environment(str(entry["environment"]), f"{key}.{name}.environment")())
+            tasks_out.append({**task, "env_config": entry})
+        elif cls is not None:
+            envs.append(cls())
+            tasks_out.append(task)
+        else:
+            raise ValueError(f"a task names environment {name!r}, which {key} does not define (defined: "
+                             f"{', '.join(sorted(named)) or 'none'})")
+    return envs, [env.reset(task) for env, task in zip(envs, tasks_out)]
 
 
 __all__ = ["Environment", "GuessNumber", "StepResult", "environment_names", "environment_reply", "load_environment",

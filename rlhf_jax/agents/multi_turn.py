@@ -57,6 +57,7 @@ class MultiTurnRollout:
         self.stops = stop_sequences(tokenizer, self.settings.format)
         self._samplers: dict[SamplingParams, ConversationSampler] = {}
         self.env_cls = load_environment(mt.environment, f"{KEY}.environment") if mt.environment else None
+        self.named_envs = _plain(mt.environments) or {}  # tasks naming one of these play it (ROLL's env tags)
         self.workflow = load_workflow(mt.workflow, f"{KEY}.workflow") if mt.workflow else None
         self.workflow_args = dict(mt.workflow_args or {})  # every task gets them as task["workflow_args"]
         self.data_cfg = cfg.data
@@ -82,10 +83,11 @@ class MultiTurnRollout:
         mask = pb.attention_mask.astype(bool)
         prompts = [pb.input_ids[b][mask[b]].tolist() for b in range(len(pb)) for _ in range(n)]
         replies = None
-        if self.env_cls is not None:  # the environments' first observations are the prompts
+        envs_on = self.env_cls is not None or bool(self.named_envs)
+        if envs_on:  # the environments' first observations are the prompts
             tasks = [{"ground_truth": gt, **dict(extra or {})} for gt, extra in zip(pb.ground_truth, pb.extra_info)
                      for _ in range(n)]
-            envs, observations = make_environments(self.env_cls, tasks)
+            envs, observations = make_environments(self.env_cls, tasks, self.named_envs, f"{KEY}.environments")
             prompts = [self._render(o) for o in observations]
             replies = [environment_reply(e) for e in envs]
         start = time.perf_counter()
@@ -95,7 +97,7 @@ class MultiTurnRollout:
         else:
             trajs, timings = run_turns(self.sampler(sampling), params, self.tok, prompts, self.settings, key,
                                        sampling.eos_token_ids, replies=replies)
-            rewards = [sum(t.turn_rewards) for t in trajs] if self.env_cls is not None else None
+            rewards = [sum(t.turn_rewards) for t in trajs] if envs_on else None
         seconds = time.perf_counter() - start
         arrays = self._arrays(prompts, trajs, sampling)
         batch = RolloutBatch(**{k: to_global(self.mesh, v) for k, v in arrays.items()})
@@ -183,6 +185,15 @@ class MultiTurnRollout:
             out["response_valid"][i, :r] = 1
             out["finished"][i] = t.finished
         return out
+
+
+def _plain(value: Any) -> Any:
+    """A ConfigDict / mapping as plain dicts (the environments read their settings as dicts)."""
+    if hasattr(value, "to_dict"):
+        value = value.to_dict()
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
 
 
 def per_turn_rewards(trajs: list[Trajectory], width: int) -> np.ndarray:

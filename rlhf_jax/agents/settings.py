@@ -78,6 +78,8 @@ def turn_settings(mt: Any, response_length: int) -> TurnSettings:
         load_environment(str(get("environment")), f"{KEY}.environment")
     elif get("workflow"):
         load_workflow(str(get("workflow")), f"{KEY}.workflow")
+    for name, entry in dict(get("environments") or {}).items():
+        load_environment(str(entry["environment"]), f"{KEY}.environments.{name}.environment")
     names = [t.name for t in tools]
     if len(set(names)) != len(names):
         raise ValueError(f"{KEY}: tool {next(n for n in names if names.count(n) > 1)!r} is listed twice")

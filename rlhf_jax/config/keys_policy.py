@@ -240,6 +240,9 @@ MULTI_TURN = (
         check=above(0), check_if=_MT + "enable"),
     Key(_MT + "environment", None, "An environment (registered name, e.g. guess_number, or path.py:Class) that "
         "answers each turn; reset(task) gives the prompt, its summed rewards are the score.", type=str),
+    Key(_MT + "environments", None, "Named environments {name: {environment: registered name or path.py:Class, ...}}; "
+        "a task whose extra_info.env is a name plays it, the entry as task['env_config'] (ROLL's custom_envs).",
+        type=object),
     Key(_MT + "workflow", None, "A workflow fn(client, task) -> reward (registered name or path.py:function) that "
         "drives the policy through an OpenAI-style client; its episode is trained with that reward.", type=str),
     Key(_MT + "per_turn_rewards", False, "Each environment reward on the last token of the turn it answers (token-"

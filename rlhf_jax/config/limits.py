@@ -313,6 +313,11 @@ REFUSED_BECAUSE: dict[str, dict[str, str]] = {
         "ppo_config.whiten_rewards": "reward_whitening",
     },
 }
+# ROLL's agentic files are read by ROLL's table plus their environment sections (dialects/roll_agentic.py)
+REFUSED_BECAUSE["roll_agentic"] = {**REFUSED_BECAUSE["roll"],
+                                   **{f"{m}.{k}": lim for m in ("train_env_manager", "val_env_manager")
+                                      for k, lim in (("group_size_redundancy", "their_values"),
+                                                     ("generating_args.num_beams", "beam_search"))}}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -32,7 +32,7 @@ RESUME_MODES = ("auto", "disable", "resume_path")
 # builtin:<name> models and synthetic data sets (built or generated on first use, never downloaded)
 BUILTIN_MODELS = ("tiny", "smollm2")
 BUILTIN_DATASETS = ("arithmetic", "countdown", "word_problems", "arithmetic_preferences", "guess_number",
-                    "calculator_demos")
+                    "calculator_demos", "env_tasks")
 
 
 def check_type(name: str, key: str = "algorithm.type") -> None:

@@ -10,6 +10,7 @@ data or model is read.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 
 from ml_collections import ConfigDict
 
@@ -19,6 +20,7 @@ from rlhf_jax.config.names import BUILTIN_DATASETS, BUILTIN_MODELS
 from rlhf_jax.config.rule import Context, rule
 
 _MT = "actor_rollout_ref.rollout.multi_turn."
+_MAPS = (Mapping, ConfigDict)
 
 
 @rule("experience.buffer_size", "experience.overlap", "experience.max_staleness", "mesh.rollout_devices",
@@ -145,19 +147,23 @@ def multi_turn_combinations(cfg: ConfigDict, ctx: Context) -> None:
 
 
 @rule(_MT + "enable", _MT + "tools", _MT + "tool_config_path", _MT + "environment", _MT + "workflow",
-      _MT + "per_turn_rewards", _MT + "workflow_args")
+      _MT + "per_turn_rewards", _MT + "workflow_args", _MT + "environments")
 def multi_turn_driver(cfg: ConfigDict, ctx: Context) -> None:
     """A trajectory is driven by tools, one environment or one workflow, and their options need their driver."""
     mt = cfg.actor_rollout_ref.rollout.multi_turn
     if not mt.enable:
         return
     k = _MT.rstrip(".")
-    if mt.environment and mt.workflow:
-        raise ValueError(f"{k}.environment and {k}.workflow are both set: a trajectory is driven by one of them")
-    if not (mt.environment or mt.workflow or mt.tools or mt.tool_config_path):
+    if (mt.environment or mt.environments) and mt.workflow:
+        raise ValueError(f"{k}.environment(s) and {k}.workflow are both set: a trajectory is driven by one of them")
+    if mt.environments is not None and not (isinstance(mt.environments, _MAPS) and mt.environments and all(
+            isinstance(v, _MAPS) and v.get("environment") for v in mt.environments.values())):
+        raise ValueError(f"{k}.environments must map names to entries with an 'environment' (a registered name or "
+                         "path.py:Class)")
+    if not (mt.environment or mt.environments or mt.workflow or mt.tools or mt.tool_config_path):
         raise ValueError(f"{k}.enable=True needs tools: set {k}.tools (e.g. ['calculator']) or {k}.tool_config_path, "
                          f"or an environment ({k}.environment) or a workflow ({k}.workflow)")
-    if mt.per_turn_rewards and not mt.environment:
+    if mt.per_turn_rewards and not (mt.environment or mt.environments):
         raise ValueError(f"{k}.per_turn_rewards=True needs an environment ({k}.environment): tool calls and "
                          "workflows give one reward per trajectory")
     if mt.workflow_args and not mt.workflow:

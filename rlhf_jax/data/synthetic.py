@@ -244,9 +244,20 @@ def make_guess_number(n: int, seed: int = 0, *, max_value: int = 100, max_steps:
             for i in range(n)]
 
 
+def make_env_tasks(n: int, seed: int = 0, *, env: str = "", split: str = "train") -> list[dict[str, Any]]:
+    """`n` episodes of the environment named ``env`` (``multi_turn.environments``' name, e.g. ROLL's tag
+    ``SimpleSokoban``), each with its own seed in ``extra_info`` (the board comes from the environment and the seed;
+    the row's prompt only names the game)."""
+    if not env:
+        raise ValueError("env_tasks: name the environment, e.g. builtin:env_tasks?env=FrozenLake")
+    rng = random.Random(f"{env}:{seed}")  # each environment its own seeds
+    return [_row("env_tasks", "game", env, "", {"split": split, "index": i, "env": env,
+                                                 "seed": rng.randrange(2**31)}) for i in range(n)]
+
+
 GENERATORS = {"arithmetic": make_arithmetic, "countdown": make_countdown, "word_problems": make_word_problems,
               "arithmetic_preferences": make_arithmetic_preferences, "guess_number": make_guess_number,
-              "calculator_demos": make_calculator_demos}
+              "calculator_demos": make_calculator_demos, "env_tasks": make_env_tasks}
 if tuple(GENERATORS) != BUILTIN_DATASETS:  # the names the config accepts as builtin:<name>
     raise RuntimeError(f"rlhf_jax.config.names.BUILTIN_DATASETS {BUILTIN_DATASETS} != the generators {tuple(GENERATORS)}")
 

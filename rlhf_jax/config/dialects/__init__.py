@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from rlhf_jax.config.dialects import atorch, roll, roll_dpo, trainer_config, trinity, verl_sft
+from rlhf_jax.config.dialects import atorch, roll, roll_agentic, roll_dpo, trainer_config, trinity, verl_sft
 from rlhf_jax.config.dialects.rules import translate
 
 log = logging.getLogger("rlhf_jax.config")
@@ -22,7 +22,7 @@ COMPOSED = ("roll",)
 _MODULES = {"roll": roll, "trinity": trinity, "trainer_config": trainer_config, "atorch": atorch,
             "verl_sft": verl_sft}
 MODULES = _MODULES  # every format but verl's own, by name: its module holds RULES, DEFAULTS and finish
-TABLES = {**_MODULES, "roll_dpo": roll_dpo}  # every rule table (ROLL's DPO files have their own)
+TABLES = {**_MODULES, "roll_dpo": roll_dpo, "roll_agentic": roll_agentic}  # every rule table (ROLL's DPO and agentic files have their own)
 
 
 def detect(mapping: dict) -> str:
@@ -49,6 +49,8 @@ def to_schema(mapping: dict, fmt: str, source: str, *, warn: bool = True) -> dic
     module = _MODULES[fmt]
     if fmt == "roll" and roll_dpo.is_dpo(mapping):  # ROLL's DPO pipeline: a table of its own
         module = roll_dpo
+    elif fmt == "roll" and roll_agentic.is_agentic(mapping):  # ROLL's agentic pipeline: environments
+        module = roll_agentic
     values, ignored = translate(mapping, module.RULES, module.DEFAULTS, fmt, source, module.finish)
     if warn and ignored:
         by_reason: dict[str, list[str]] = {}
