@@ -19,8 +19,8 @@ SHAPING = (
         "(mean 0, std 1); gae whitens already."),
     Key(_G + "advantage_clip", None, "Clip advantages to [-c, c] after the estimator (and the whitening); None = off.",
         type=float, check=above(0)),
-    Key(_G + "sample_mask.truncated", False, "Responses that reach rollout.response_length tokens (cut at the limit) leave the loss "
-        "and the advantages' statistics."),
+    Key(_G + "sample_mask.truncated", False, "Responses that reach rollout.response_length tokens (cut at the "
+        "limit) leave the loss and the advantages' statistics."),
     Key(_G + "sample_mask.difficulty", False, "Responses of groups whose mean score is not strictly between "
         "difficulty_low and difficulty_high leave the loss."),
     Key(_G + "sample_mask.difficulty_low", 0.0, "Lower bound (exclusive) of a kept group's mean score.",

@@ -1,8 +1,8 @@
 """The configuration schema: every key, its default, its type, its one-line doc.
 
 The schema is a flat table of :class:`Key` entries (dotted verl-style paths),
-declared section by section in :mod:`rlhf_jax.config.keys_policy`,
-:mod:`rlhf_jax.config.keys_run` and :mod:`rlhf_jax.config.keys_shaping`. From that one table come the locked
+declared section by section in :mod:`rlhf_jax.config.keys_policy` and
+:mod:`rlhf_jax.config.keys_run`. From that one table come the locked
 ``ml_collections.ConfigDict`` the recipes start from (:func:`base_config`),
 the docs a ``--help``-like printer and ``docs/CONFIG.md`` are generated from,
 and the allowed values (``choices``) that validation checks.
@@ -19,10 +19,10 @@ from typing import Any
 
 from ml_collections import ConfigDict, config_dict
 
-from rlhf_jax.config import keys_policy, keys_run, keys_shaping
+from rlhf_jax.config import keys_policy, keys_run
 from rlhf_jax.config.key import Key
 
-KEYS: tuple[Key, ...] = keys_run.DATA + keys_policy.KEYS + keys_run.KEYS + keys_shaping.SHAPING
+KEYS: tuple[Key, ...] = keys_run.DATA + keys_policy.KEYS + keys_run.KEYS
 
 
 def _index() -> dict[str, Key]:
