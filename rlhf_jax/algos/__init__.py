@@ -43,6 +43,7 @@ from .registry import (
     register_kl_estimator,
     register_policy_loss,
 )
+from .shaping import NORM_TYPES, clip_symmetric, normalize_scores, sample_mask, whiten_by_segment
 from .value_loss import value_loss
 
 __all__ = [
@@ -50,11 +51,13 @@ __all__ = [
     "EstimatorInfo",
     "KL_ESTIMATORS",
     "LOSS_AGG_MODES",
+    "NORM_TYPES",
     "POLICY_LOSSES",
     "Registry",
     "agg_loss",
     "apply_kl_in_reward",
     "check_adv_estimator",
+    "clip_symmetric",
     "check_kl_kind",
     "check_loss_agg_mode",
     "check_policy_loss",
@@ -76,12 +79,15 @@ __all__ = [
     "masked_sum",
     "masked_var",
     "masked_whiten",
+    "normalize_scores",
     "policy_loss",
     "register_adv_estimator",
     "register_kl_estimator",
     "register_policy_loss",
+    "sample_mask",
     "token_log_probs",
     "token_log_probs_and_entropy",
     "update_kl_controller",
     "value_loss",
+    "whiten_by_segment",
 ]

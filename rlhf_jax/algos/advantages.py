@@ -163,6 +163,22 @@ def reinforce_plus_plus(*, token_level_rewards: Array, response_mask: Array, gam
     return adv, returns
 
 
+@register_adv_estimator("reinforce")
+def reinforce(*, token_level_rewards: Array, response_mask: Array, gamma: float = 1.0,
+              **_: Any) -> tuple[Array, Array]:
+    """ROLL's reinforce: the discounted return G_t = r_t + gamma G_{t+1} of the masked token rewards, no baseline
+    (normalise the scores for one: algorithm.reward_norm.*), masked."""
+    r = (token_level_rewards * response_mask).T
+
+    def step(running, r_t):
+        g = r_t + gamma * running
+        return g, g
+
+    _, ret = jax.lax.scan(step, jnp.zeros_like(r[0]), r, reverse=True)
+    returns = ret.T * response_mask
+    return returns, returns
+
+
 @register_adv_estimator("reinforce_plus_plus_baseline", grouped=True)
 def reinforce_plus_plus_baseline(*, token_level_rewards: Array, response_mask: Array,
                                  group_ids: Array | None = None, **_: Any) -> tuple[Array, Array]:

@@ -13,6 +13,7 @@ from rlhf_jax.algos.bypass import BYPASS_LOSS_TYPES
 from rlhf_jax.algos.rollout_correction import IS_LEVELS, RS_LEVELS
 from rlhf_jax.config.key import Check, Key, above, at_least, micro_size, registered, step_numbers, within
 from rlhf_jax.config.keys_policy import TOKEN_BUDGET_DOC, checkpoint_keys, optim_keys
+from rlhf_jax.config.keys_shaping import SHAPING
 from rlhf_jax.config.names import (ANSWER_MATCH_MODES, FILTER_GROUP_METRICS, LOGGERS, PROMPT_TRUNCATION, REMAT_POLICIES,
                                    RESUME_MODES, REWARD_MANAGERS, TRAINER_TYPES)
 
@@ -231,8 +232,8 @@ ALGORITHM = (
     Key(_G + "dpo.kl_loss_type", "low_var_kl", "DPO: estimator of that KL loss (kl/k1, abs, mse/k2, low_var_kl/k3).",
         check=registered(_G + "dpo.kl_loss_type", algos.check_kl_kind)),
     Key(_G + "adv_estimator", "gae",
-        "Advantage estimator: gae, grpo, rloo, reinforce_plus_plus, reinforce_plus_plus_baseline, remax, opo, gpg, "
-        "grpo_passk, grpo_vectorized, rloo_vectorized, gdpo, or a registered name.",
+        "Advantage estimator: gae, grpo, rloo, reinforce, reinforce_plus_plus, reinforce_plus_plus_baseline, remax, "
+        "opo, gpg, grpo_passk, grpo_vectorized, rloo_vectorized, gdpo, or a registered name.",
         check=registered(_G + "adv_estimator", algos.check_adv_estimator)),
     Key(_G + "gdpo_reward_keys", None,
         "gdpo: reward components, keys of the dict the reward function returns; each is normalised within its "
@@ -368,4 +369,4 @@ STAGES = (
         type=tuple),
 )
 
-KEYS: tuple[Key, ...] = CRITIC + REWARD + CUSTOM_REWARD + ALGORITHM + TRAINER + MESH + EXPERIENCE + STAGES
+KEYS: tuple[Key, ...] = CRITIC + REWARD + CUSTOM_REWARD + ALGORITHM + SHAPING + TRAINER + MESH + EXPERIENCE + STAGES

@@ -72,6 +72,9 @@ READERS: dict[str, tuple[str, ...]] = {
             "clip_ratio_low", "clip_ratio_high")), "algorithm.kl_ctrl.*", "trainer.validation_data_dir",
         "trainer.log_val_generations", "trainer.critic_warmup", "trainer.resume_mode",
         "trainer.max_actor_ckpt_to_keep", "trainer.seed",
+        # ScoreShaping and the advantage stage's settings (ROLL's RLVR options)
+        "algorithm.reward_norm.*", "algorithm.reward_clip", "algorithm.whiten_advantages", "algorithm.advantage_clip",
+        "algorithm.sample_mask.*",
     ),
     "rlhf_jax.train.trainer_rollout": ("algorithm.filter_groups.*", "trainer.rollout_data_dir", _A + "rollout.weight_dtype"),
     "rlhf_jax.train.fit_loop": (

@@ -364,3 +364,29 @@ def token_budgets(cfg: ConfigDict, ctx: Context) -> None:
                 raise ValueError(f"{path}={value} cannot hold one sequence of data.max_prompt_length + "
                                  f"rollout.response_length = {longest} tokens: raise it to >= {longest}, or -1 "
                                  "for the largest budget that fits in memory")
+
+
+@rule("algorithm.sample_mask.difficulty", "algorithm.sample_mask.difficulty_low",
+      "algorithm.sample_mask.difficulty_high", "algorithm.reward_norm.mean", "algorithm.reward_norm.std",
+      A + "rollout.n", A + "rollout.multi_turn.per_turn_rewards", "algorithm.whiten_advantages",
+      "algorithm.adv_estimator")
+def score_shaping(cfg: ConfigDict, ctx: Context) -> None:
+    """Group statistics need groups; normalised scores are one per response; GAE's advantages are whitened."""
+    alg, n = cfg.algorithm, cfg.actor_rollout_ref.rollout.n
+    mask = alg.sample_mask
+    if mask.difficulty and not mask.difficulty_low < mask.difficulty_high:
+        raise ValueError(f"algorithm.sample_mask.difficulty_low={mask.difficulty_low} must be below difficulty_high="
+                         f"{mask.difficulty_high}: no group's mean score lies between them")
+    for path, on in (("algorithm.sample_mask.difficulty", mask.difficulty),
+                     ("algorithm.reward_norm.mean=group", alg.reward_norm.mean == "group"),
+                     ("algorithm.reward_norm.std=group", alg.reward_norm.std == "group")):
+        if on and n < 2:
+            raise ValueError(f"{path} compares the samples of one prompt: set actor_rollout_ref.rollout.n >= 2 "
+                             f"(got {n})")
+    normalised = alg.reward_norm.mean is not None or alg.reward_norm.std is not None
+    if normalised and cfg.actor_rollout_ref.rollout.multi_turn.per_turn_rewards:
+        raise ValueError("algorithm.reward_norm normalises one score per response, but "
+                         "actor_rollout_ref.rollout.multi_turn.per_turn_rewards gives one per turn: unset one")
+    if alg.whiten_advantages and algos.estimator_info(alg.adv_estimator).needs_critic:
+        raise ValueError(f"algorithm.whiten_advantages: adv_estimator={alg.adv_estimator} whitens its advantages "
+                         "already; leave whiten_advantages False")

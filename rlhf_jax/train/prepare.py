@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rlhf_jax import algos
 from rlhf_jax.batch import trim_columns
 from rlhf_jax.rewards import place_on_last_token
 from rlhf_jax.parallel.hosts import gather_all, to_global
@@ -40,6 +41,30 @@ class Prepared:
     packer: Packer  # counts the tokens the packed passes lay out (its metrics grow until the step ends)
 
 
+@dataclasses.dataclass(frozen=True)
+class ScoreShaping:
+    """What happens to the scores before they become token rewards (algorithm.reward_norm.*,
+    algorithm.sample_mask.*): ROLL's reward normalisation and its masks of whole responses."""
+
+    norm_mean: str | None = None
+    norm_std: str | None = None
+    truncated: bool = False  # responses of max_length tokens leave the loss
+    difficulty: tuple[float, float] | None = None  # groups whose mean score is outside (low, high) leave it
+    max_length: int = 0
+
+    @property
+    def masks(self) -> bool:
+        return self.truncated or self.difficulty is not None
+
+    def keep(self, lengths, scores, group_ids):
+        """(keep (N,), metrics) of the responses that stay in the loss."""
+        return algos.sample_mask(lengths, scores, group_ids, max_length=self.max_length, truncated=self.truncated,
+                                 difficulty=self.difficulty)
+
+    def normalize(self, scores, group_ids, segment_ids):
+        return algos.normalize_scores(scores, group_ids, segment_ids, self.norm_mean, self.norm_std)
+
+
 @dataclasses.dataclass
 class Preparer:
     """Turns one ScoredBatch into a TrainBatch with the roles' current weights (nothing of the trainer changes)."""
@@ -59,13 +84,25 @@ class Preparer:
     dp: int
     pad_token_id: int
     stop: StopRequest
+    shaping: ScoreShaping = ScoreShaping()
 
     def __call__(self, scored: ScoredBatch, kl_coef: jax.Array, timer: Timer) -> Prepared:
         """Raises StepAbandoned on a stop request after the forward passes (before anything changes)."""
         out, metrics = scored.rollout, {}
         host = {k: gather_all(getattr(out, k)) for k in ("prompts", "prompt_mask", "responses", "response_mask")}
+        rows = len(scored.prompts)
+        group_ids = to_global(self.mesh, np.repeat(np.arange(rows) + jax.process_index() * rows,
+                                                   self.n).astype(np.int32))
+        segment_ids = jnp.zeros_like(group_ids)  # batch statistics over the whole batch
+        keep = None
         with timer("reward"):  # the reward stage's last part: each score placed on its response's last token
             token_scores = scored.scores  # (N, R) already with multi_turn.per_turn_rewards
+            if self.shaping.masks:  # judged on the raw scores, before any normalisation
+                row_scores = token_scores if token_scores.ndim == 1 else jnp.sum(token_scores, -1)
+                keep, mask_metrics = self._keep(jnp.sum(out.valid_mask(), -1), row_scores, group_ids)
+                metrics.update({k: float(v) for k, v in mask_metrics.items()})
+            if self.shaping.norm_mean is not None or self.shaping.norm_std is not None:
+                token_scores = self._normalize(token_scores, group_ids, segment_ids)  # (N,): a rule sees to it
             if token_scores.ndim == 1:
                 token_scores = jax.block_until_ready(place_on_last_token(token_scores, out.response_mask))
         host["response_valid"] = gather_all(out.valid_mask())  # the sequence's tokens (tool responses too)
@@ -89,6 +126,8 @@ class Preparer:
             weights, mask, corr_metrics = self.correction_fn(old, rollout_logprobs, sampled_mask)
             batch = batch.replace(response_mask=mask, rollout_is_weights=weights)
             metrics.update({k: float(v) for k, v in corr_metrics.items()})
+        if keep is not None:  # whole responses leave the loss, the advantages' statistics and every later stage
+            batch = batch.replace(response_mask=batch.response_mask * keep[:, None].astype(batch.response_mask.dtype))
         if self.passes.ref:
             with timer("ref"):
                 batch = batch.replace(ref_log_probs=jax.block_until_ready(
@@ -99,16 +138,18 @@ class Preparer:
         if self.stop.agreed():  # the last point before the step changes state (KL controller, weights)
             raise StepAbandoned
         with timer("adv"):
-            rows = len(scored.prompts)
-            group_ids = to_global(self.mesh, np.repeat(np.arange(rows) + jax.process_index() * rows,
-                                                       self.n).astype(np.int32))
             token_scores = token_scores[:, :batch.response_mask.shape[1]]
             rewards, adv, returns, current_kl = self.advantage_fn(
                 token_scores, batch.response_mask, group_ids, batch.old_log_probs, batch.ref_log_probs, batch.values,
-                kl_coef, scored.baselines, scored.components, batch.sum_pi_squared, batch.rollout_is_weights)
+                kl_coef, scored.baselines, scored.components, batch.sum_pi_squared, batch.rollout_is_weights,
+                segment_ids)
             adv, returns = jax.block_until_ready((adv, returns))
             batch = batch.replace(advantages=adv, returns=returns)
         return Prepared(batch, layouts, host, token_scores, rewards, sampled_mask, current_kl, metrics, packer)
+
+    def __post_init__(self):
+        self._keep = jax.jit(self.shaping.keep)
+        self._normalize = jax.jit(self.shaping.normalize)
 
     def _sequences(self, out: RolloutBatch, host: dict, metrics: dict) -> tuple[TrainBatch, jax.Array]:
         """The sequences and the sampler's log-probs on the same (N, R') response grid.

@@ -119,27 +119,36 @@ def forward_values(graphdef, params, batch: TrainBatch, *, n_micro: int):
 
 
 def advantage_stage(token_scores, response_mask, group_ids, old_log_probs, ref_log_probs, values, kl_coef,
-                    reward_baselines=None, reward_components=None, sum_pi_squared=None, rollout_is_weights=None, *,
-                    estimator: str, gamma: float, lam: float,
+                    reward_baselines=None, reward_components=None, sum_pi_squared=None, rollout_is_weights=None,
+                    segment_ids=None, *, estimator: str, gamma: float, lam: float,
                     norm_adv_by_std_in_grpo: bool, use_kl_in_reward: bool, kl_penalty: str,
-                    reward_weights: tuple[float, ...] | None = None):
+                    reward_weights: tuple[float, ...] | None = None, reward_clip: float | None = None,
+                    whiten_advantages: bool = False, advantage_clip: float | None = None):
     """Token rewards (with the optional in-reward KL), advantages and returns; jitted once per run.
 
     ``reward_baselines`` (N,): ReMax's greedy-rollout score of each sample's prompt (None for other estimators).
     ``reward_components`` (N, K) and ``reward_weights``: GDPO's named reward components and their weights.
     ``sum_pi_squared`` (N, R) and ``rollout_is_weights`` (N, R): the optimal token baseline's path variance.
+    ``reward_clip`` bounds the scores and again the token rewards after the KL; ``whiten_advantages`` (within each
+    ``segment_ids`` (N,) segment, default one) and ``advantage_clip`` follow the estimator, in ROLL's order.
     Returns (token_level_rewards, advantages, returns, current_kl).
     """
     mask = response_mask.astype(jnp.float32)
+    token_scores, _ = algos.clip_symmetric(token_scores, reward_clip)
     rewards, current_kl = token_scores, jnp.zeros((), jnp.float32)
     if use_kl_in_reward:
         rewards, current_kl = algos.apply_kl_in_reward(token_scores, old_log_probs, ref_log_probs, mask, kl_coef, kl_penalty)
+        rewards, _ = algos.clip_symmetric(rewards, reward_clip)
     adv, returns = algos.compute_advantages(
         estimator, token_level_rewards=rewards, response_mask=mask, group_ids=group_ids, values=values,
         gamma=gamma, lam=lam, norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo, reward_baselines=reward_baselines,
         reward_components=reward_components, reward_weights=reward_weights, old_log_probs=old_log_probs,
         sum_pi_squared=sum_pi_squared, rollout_is_weights=rollout_is_weights,
     )
+    if whiten_advantages:
+        seg = jnp.zeros(mask.shape[0], jnp.int32) if segment_ids is None else segment_ids
+        adv = algos.whiten_by_segment(adv, mask, seg) * mask
+    adv, _ = algos.clip_symmetric(adv, advantage_clip)
     return rewards, adv, returns, current_kl
 
 

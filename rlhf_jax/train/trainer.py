@@ -39,7 +39,7 @@ from rlhf_jax.train.optim import make_optimizer
 from rlhf_jax.train.passes import (PassPlan, compile_pass, describe, fit_pass, free_device_memory, gib, held_bytes,
                                    pass_batch, pass_bytes, plan_passes, step_correction, step_passes)
 from rlhf_jax.runtime.oom import memory_hint
-from rlhf_jax.train.prepare import Prepared, Preparer
+from rlhf_jax.train.prepare import Prepared, Preparer, ScoreShaping
 from rlhf_jax.runtime.preemption import STOP, StopRequest
 from rlhf_jax.train.setup import Components, actor_role, load_policy, prepare, reference_role, sampler_graphdef
 from rlhf_jax.train.steps import ActorLossSpec, CriticLossSpec, advantage_stage
@@ -210,12 +210,18 @@ class Trainer:
             advantage_stage, estimator=alg.adv_estimator, gamma=alg.gamma, lam=alg.lam,
             norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo, use_kl_in_reward=alg.use_kl_in_reward,
             kl_penalty=alg.kl_penalty,
-            reward_weights=tuple(map(float, alg.gdpo_reward_weights)) if alg.gdpo_reward_weights else None))
+            reward_weights=tuple(map(float, alg.gdpo_reward_weights)) if alg.gdpo_reward_weights else None,
+            reward_clip=alg.reward_clip, whiten_advantages=alg.whiten_advantages, advantage_clip=alg.advantage_clip))
+        mask = alg.sample_mask
+        shaping = ScoreShaping(
+            norm_mean=alg.reward_norm.mean, norm_std=alg.reward_norm.std, truncated=mask.truncated,
+            difficulty=(mask.difficulty_low, mask.difficulty_high) if mask.difficulty else None,
+            max_length=int(cfg.actor_rollout_ref.rollout.response_length))
         return Preparer(self.passes, self.plans, self.actor, self.ref, self._role_of("values"), correction,
                         jax.jit(functools.partial(rollout_correction, cfg=correction)), jax.jit(mismatch_metrics),
                         advantage_fn,
                         self.actor_loss.spec.temperature, c.sampling.n, c.mesh, cfg.derived.dp_size,
-                        int(c.sampling.pad_token_id), self.stop)
+                        int(c.sampling.pad_token_id), self.stop, shaping)
 
     def _role_of(self, name: str) -> Role | None:
         values = self.actor if self.passes.values == "actor" else self.critic

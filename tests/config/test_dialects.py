@@ -26,8 +26,12 @@ def test_roll_file_maps_its_keys():
     assert arr.model.path == "Qwen/Qwen2.5-7B" and arr.model.compute_dtype == "bfloat16"
     # per_device_train_batch_size 1 x gradient_accumulation_steps 32 x 16 training devices = 512 sequences
     assert arr.actor.ppo_mini_batch_size == 512 // 8 and arr.actor.ppo_micro_batch_size_per_gpu == 1
-    assert (arr.actor.clip_ratio_low, arr.actor.clip_ratio_high, arr.actor.clip_ratio_c) == (0.2, 0.28, 3.0)
-    assert cfg.algorithm.adv_estimator == "grpo" and cfg.algorithm.norm_adv_by_std_in_grpo
+    # dual_clip_loss: ROLL bounds negative advantages' loss at 1 + 2 pg_clip
+    assert (arr.actor.clip_ratio_low, arr.actor.clip_ratio_high) == (0.2, 0.28)
+    assert arr.actor.clip_ratio_c == pytest.approx(1.4)
+    # ROLL's grpo: the discounted return of group-normalised scores
+    alg = cfg.algorithm
+    assert (alg.adv_estimator, alg.reward_norm.mean, alg.reward_norm.std) == ("reinforce", "group", "group")
     assert (cfg.algorithm.lam, arr.actor.use_kl_loss, arr.actor.kl_loss_coef) == (0.95, True, 0.001)
     assert (arr.rollout.temperature, arr.rollout.top_p, arr.rollout.top_k) == (0.99, 0.99, 100)
     assert (arr.rollout.val_kwargs.temperature, arr.rollout.val_kwargs.top_k) == (0.6, 50)
@@ -43,7 +47,8 @@ def test_roll_defaults_apply_where_the_file_is_silent():
     cfg = load_yaml("rollout_batch_size: 4\nresponse_length: 8\nadv_estimator: grpo\nnorm_mean_type: group\n")
     assert cfg.actor_rollout_ref.actor.loss_agg_mode == "seq-mean-token-mean"  # ROLL's default, not verl's
     assert cfg.algorithm.lam == 0.95 and cfg.actor_rollout_ref.actor.clip_ratio_c == 1e30  # no dual clip
-    assert cfg.algorithm.norm_adv_by_std_in_grpo is False  # norm_std_type null: mean-centred only
+    # ROLL's grpo normalises by the group's mean and std whatever norm_std_type says
+    assert (cfg.algorithm.reward_norm.mean, cfg.algorithm.reward_norm.std) == ("group", "group")
 
 
 def test_convert_output_gives_the_same_finalized_config(tmp_path):
@@ -65,9 +70,10 @@ def test_roll_keys_without_meaning_are_warned_once_and_changing_ones_refused(cap
     base = "rollout_batch_size: 4\nresponse_length: 8\nnorm_mean_type: group\n"
     for text, key in [
         ("profiler_timeline: true\n", r"profiler_timeline=True is not supported.*trainer\.profile_steps"),
-        ("adv_estimator: reinforce\n", r"adv_estimator='reinforce'"),
+        ("adv_estimator: gigpo\n", r"adv_estimator='gigpo'"),
+        ("adv_estimator: reinforce\nnorm_mean_type: running\n", r"norm_mean_type='running'.*running statistics"),
         ("adv_estimator: gae\n", r"adv_estimator=gae.*whiten_advantages: true"),
-        ("reward_clip: 5\n", r"reward_clip=5 is not supported"),
+        ("use_topr_loss: true\n", r"use_topr_loss=True is not supported"),
         ("actor_train:\n  model_args:\n    lora_target: .*proj\n", r"actor_train\.model_args\.lora_target=.*regular "
          r"expression"),
         ("rewards:\n  judge:\n    worker_cls: roll.pipeline.rlvr.rewards.llm_judge_reward_worker.W\n",

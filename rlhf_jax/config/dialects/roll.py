@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from rlhf_jax.config.dialects.roll_partial import lora_rules
+from rlhf_jax.config.dialects.roll_shaping import RULES as shaping_rules
 from rlhf_jax.config.dialects.rules import Rule, get
 from rlhf_jax.config.dialects.rules import needs_critic as _needs_critic
 
@@ -66,24 +67,6 @@ def _adaptive(value: Any, _: dict) -> dict:
     if value is None:
         return {}
     return {"algorithm.kl_ctrl.type": "adaptive", "algorithm.kl_ctrl.target_kl": float(value)}
-
-
-def _estimator(value: Any, full: dict) -> dict:
-    """ROLL's gae whitens only with whiten_advantages; its grpo is a group-normalised reward (norm_*_type)."""
-    mean, std, whiten = get(full, "norm_mean_type"), get(full, "norm_std_type"), bool(get(full, "whiten_advantages"))
-    if value == "gae":
-        if not whiten or mean is not None or std is not None:
-            raise ValueError("adv_estimator=gae: rlhf_jax's GAE whitens the advantages of unnormalised rewards; "
-                             "set whiten_advantages: true and norm_mean_type / norm_std_type: null")
-        return {"algorithm.adv_estimator": "gae"}
-    if value == "grpo":
-        if mean != "group" or std not in ("group", None) or whiten:
-            raise ValueError("adv_estimator=grpo: rlhf_jax's GRPO subtracts the group mean (norm_mean_type: group) "
-                             "and divides by the group std (norm_std_type: group) or not (null), without "
-                             "whiten_advantages")
-        return {"algorithm.adv_estimator": "grpo", "algorithm.norm_adv_by_std_in_grpo": std == "group"}
-    raise ValueError(f"adv_estimator={value!r}: ROLL's estimator has no exact rlhf_jax equivalent; set "
-                     "adv_estimator to gae or grpo, or write the run in rlhf_jax keys (algorithm.adv_estimator)")
 
 
 def _template(value: Any, _: dict) -> str:
@@ -223,8 +206,6 @@ RULES: tuple[Rule, ...] = (
     Rule("use_pg_clip_range", convert=_clip_range),
     Rule("pg_clip_low", used_by="use_pg_clip_range"),
     Rule("pg_clip_high", used_by="use_pg_clip_range"),
-    # ROLL's dual clip is a switch; off, the bound never applies (an infinite c)
-    Rule("dual_clip_loss", _A + "actor.clip_ratio_c", lambda v, _: 3.0 if v else 1e30),
     Rule("value_clip", convert=lambda v, _: {} if v is None else {"critic.cliprange_value": float(v)}),
     Rule("kl_penalty", "algorithm.kl_penalty"),
     Rule("target_kl", convert=_adaptive),
@@ -236,19 +217,11 @@ RULES: tuple[Rule, ...] = (
     Rule("entropy_loss_coef", _A + "actor.entropy_coeff", lambda v, _: float(v)),
     Rule("loss_agg_mode", _A + "actor.loss_agg_mode"),
     Rule("critic_warmup", "trainer.critic_warmup", lambda v, _: int(v)),
-    Rule("adv_estimator", convert=_estimator),
-    Rule("norm_mean_type", used_by="adv_estimator"),
-    Rule("norm_std_type", used_by="adv_estimator"),
-    Rule("whiten_advantages", used_by="adv_estimator"),
+    *shaping_rules,  # estimator, normalisation, clips, masks, dual clip (roll_shaping.py)
     Rule("enable_reference", reason="the reference is loaded when a KL term needs it"),
     Rule("enable_old_logprobs_recompute", reason="old log-probs are always recomputed by the actor"),
     # the sampler's log-probs as the old policy's: verl's bypass mode with PPO's clipped loss
     Rule("force_disable_old_logprobs_recompute", "algorithm.rollout_correction.bypass_mode", lambda v, _: bool(v)),
-    *(Rule(name, reason="reward shaping of ROLL's is not implemented", accept=lambda v: not v)
-      for name in ("reward_clip", "advantage_clip", "use_reward_scaling", "use_reward_norm", "whiten_rewards",
-                   "add_len_reward", "difficulty_loss_weight", "length_loss_weight", "postive_loss_coef",
-                   "use_topr_neg_loss_coef", "use_topr_loss", "difficulty_mask", "balance_length", "max_len_mask",
-                   "error_max_len_clip")),
     Rule("use_policy_loss_type", reason="the policy loss is PPO's (actor_rollout_ref.actor.policy_loss)",
          accept=lambda v: v == "PPO"),
     Rule("importance_sampling", reason="token-level ratios (sequence-level: policy_loss.loss_mode=gspo)",
@@ -267,6 +240,7 @@ RULES: tuple[Rule, ...] = (
     Rule("actor_train.data_args.messages", "data.prompt_key"),
     Rule("actor_train.data_args.dataset_dir", reason="data files are read at the paths given"),
     Rule("actor_train.data_args.preprocessing_num_workers", reason="prompts are tokenized in-process"),
+    Rule("actor_train.data_args.interleave_probs", reason="ROLL's DataArguments has no such field"),
     Rule("actor_train.data_args.domain_interleave_probs", reason="mixing domains by probability is not implemented: "
          "list the files in data.train_files", accept=lambda v: not v or len(v) == 1),
     Rule("actor_train.infer_batch_size", _A + "rollout.log_prob_micro_batch_size_per_gpu", lambda v, _: int(v)),
