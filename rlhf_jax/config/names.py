@@ -39,3 +39,6 @@ def check_type(name: str, key: str = "algorithm.type") -> None:
     """Raise ValueError naming ``key`` when ``name`` is no trainer."""
     if name not in TRAINER_TYPES:
         raise ValueError(f"{key}={name!r} is not valid: choose one of {', '.join(sorted(TRAINER_TYPES))}")
+
+# Set on a command restarted with its trainer.env_vars (runtime/process_env.py); its config is read a second time.
+ENV_RESTART_MARK = "RLHF_JAX_ENV_VARS_RESTARTED"

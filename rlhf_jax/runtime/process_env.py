@@ -15,8 +15,11 @@ import os
 import sys
 from collections.abc import Mapping
 
-# Set on the restarted process, so that a variable something resets in between cannot restart it twice.
-RESTARTED = "RLHF_JAX_ENV_VARS_RESTARTED"
+from rlhf_jax.config.names import ENV_RESTART_MARK
+
+# Set on the restarted process, so that a variable something resets in between cannot restart it twice (and the
+# file's ignored-keys warning is not repeated).
+RESTARTED = ENV_RESTART_MARK
 
 # Variables read once, at process start, by the C runtime, the loader, OpenMP or Python itself.
 _AT_START = ("GLIBC_", "LD_", "MALLOC_", "OMP_", "MKL_", "OPENBLAS_", "PYTHON")

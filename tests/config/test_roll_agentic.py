@@ -1,5 +1,5 @@
 """ROLL's agentic example files (tests/config/dialects/roll/examples/qwen2.5-0.5B-agentic/, unedited) read onto the
-multi-turn environment keys."""
+multi-turn environment keys, train two steps with shrinking overrides only, and convert to the same first step."""
 
 import os
 import shutil
@@ -11,28 +11,19 @@ from rlhf_jax.config.yaml_import import load_yaml
 EXAMPLES = os.path.join(os.path.dirname(__file__), "dialects", "roll", "examples")
 FILES = {"frozen_lake": os.path.join(EXAMPLES, "qwen2.5-0.5B-agentic", "agent_val_frozen_lake.yaml"),
          "sokoban": os.path.join(EXAMPLES, "qwen2.5-0.5B-agentic", "agentic_val_sokoban.yaml")}
-# what ROLL's RLVR estimator keys must map before these files run unedited (config/dialects/roll.py)
-ESTIMATOR_KEYS = ("advantage_clip", "whiten_advantages")
 
 
-def _without_estimator_keys(tmp_path, name):
-    """The example without advantage_clip / whiten_advantages, beside a copy of the traj_envs.yaml it composes."""
+def _copy(tmp_path, name):
+    """A copy of the example beside a copy of the traj_envs.yaml it composes (for tests that edit it)."""
     shutil.copytree(os.path.join(EXAMPLES, "config"), tmp_path / "config", dirs_exist_ok=True)
     (tmp_path / "agentic").mkdir(exist_ok=True)
     out = tmp_path / "agentic" / os.path.basename(FILES[name])
-    with open(FILES[name]) as f:
-        out.write_text("".join(line for line in f if not line.startswith(ESTIMATOR_KEYS)))
+    shutil.copy(FILES[name], out)
     return str(out)
 
 
-@pytest.mark.parametrize("name", sorted(FILES))
-def test_unedited_agentic_files_stop_only_at_the_estimator_keys(name):
-    with pytest.raises(ValueError, match=r"advantage_clip=0\.2 is not supported"):
-        load_yaml(FILES[name])
-
-
-def test_frozen_lake_file_maps_onto_environment_rollouts(tmp_path):
-    cfg = load_yaml(_without_estimator_keys(tmp_path, "frozen_lake"))
+def test_frozen_lake_file_maps_onto_environment_rollouts():
+    cfg = load_yaml(FILES["frozen_lake"])
     arr, d = cfg.actor_rollout_ref, cfg.data
     mt = arr.rollout.multi_turn
     assert mt.enable and sorted(mt.environments) == ["FrozenLake", "LargerSokoban", "SimpleSokoban",
@@ -52,12 +43,16 @@ def test_frozen_lake_file_maps_onto_environment_rollouts(tmp_path):
     assert (arr.rollout.temperature, arr.rollout.top_p, arr.rollout.top_k) == (0.99, 0.99, 100)
     assert arr.rollout.val_kwargs.do_sample and arr.rollout.val_kwargs.temperature == 0.2
     assert d.system_prompt.startswith("You're a helpful assistant. You are a good game player.")
-    assert cfg.algorithm.adv_estimator == "grpo" and cfg.algorithm.norm_adv_by_std_in_grpo  # traj_group_id mean_std
+    # grpo with traj_group_id mean_std: ROLL's grpo, the return of the group-normalised scores; then its
+    # whitening and advantage clip
+    alg = cfg.algorithm
+    assert (alg.adv_estimator, alg.reward_norm.mean, alg.reward_norm.std) == ("reinforce", "group", "group")
+    assert alg.whiten_advantages and alg.advantage_clip == 0.2
     assert arr.actor.ppo_mini_batch_size == 128  # 2 x 64 x 8 devices = 1024 episodes = 128 groups
 
 
-def test_sokoban_file_validates_with_actor_infers_sampling(tmp_path):
-    cfg = load_yaml(_without_estimator_keys(tmp_path, "sokoban"))
+def test_sokoban_file_validates_with_actor_infers_sampling():
+    cfg = load_yaml(FILES["sokoban"])
     arr = cfg.actor_rollout_ref
     assert cfg.data.train_files == ("builtin:env_tasks?env=SimpleSokoban&train_size=131072",)
     sokoban = arr.rollout.multi_turn.environments["SimpleSokoban"]
@@ -68,10 +63,47 @@ def test_sokoban_file_validates_with_actor_infers_sampling(tmp_path):
 
 
 def test_a_tag_no_custom_env_defines_is_named(tmp_path):
-    path = _without_estimator_keys(tmp_path, "sokoban")
+    path = _copy(tmp_path, "sokoban")
     with open(path) as f:
         text = f.read().replace("tags: [SimpleSokoban]", "tags: [Maze]")
     with open(path, "w") as f:
         f.write(text)
     with pytest.raises(ValueError, match="plays tag 'Maze', which custom_envs does not define"):
         load_yaml(path)
+
+
+# Shrinking overrides (our keys): a tiny model with room for ROLL's ~900-token first prompt, a few short episodes,
+# two steps, one device, no validation before training (the file validates 1024 episodes).
+def _shrunk(out: str, teacher_dir: str) -> dict:
+    return {"actor_rollout_ref.model.path": teacher_dir, "data.train_batch_size": 2, "data.val_batch_size": 4,
+            "actor_rollout_ref.rollout.n": 2, "actor_rollout_ref.actor.ppo_mini_batch_size": 2,
+            "actor_rollout_ref.rollout.multi_turn.max_assistant_turns": 2,
+            "actor_rollout_ref.rollout.multi_turn.max_tokens_per_turn": 4, "data.max_prompt_length": 1536,
+            "data.max_response_length": 64, "trainer.total_training_steps": 2, "trainer.val_before_train": False,
+            "trainer.n_gpus_per_node": 1, "trainer.default_local_dir": out, "trainer.log_dir": out,
+            "trainer.logger": "['console','jsonl']"}
+
+
+@pytest.fixture(scope="module")
+def long_tiny(tmp_path_factory):
+    from tests.train.helpers import tiny_hf_checkpoint
+
+    return tiny_hf_checkpoint("LlamaConfig", "LlamaForCausalLM", str(tmp_path_factory.mktemp("tiny2k")),
+                              max_position_embeddings=2048)
+
+
+@pytest.mark.parametrize("name", sorted(FILES))
+def test_agentic_file_trains_two_steps_and_its_conversion_trains_the_same(name, long_tiny, tmp_path):
+    from rlhf_jax.config.__main__ import convert
+    from tests.config import trinity_runs as R
+
+    runs = {}
+    for kind, config in (("file", FILES[name]), ("converted", None)):
+        out = str(tmp_path / kind)
+        if config is None:
+            config = str(tmp_path / "converted.yaml")
+            (tmp_path / "converted.yaml").write_text(convert(FILES[name]))
+        proc = R.run_file(config, _shrunk(out, long_tiny))
+        R.ran_two_steps(proc, out, "roll")
+        runs[kind] = out
+    R.assert_same_first_step(runs["file"], runs["converted"])

@@ -9,10 +9,12 @@ the ones whose value would change what a run does. verl files need no translatio
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 from rlhf_jax.config.dialects import atorch, roll, roll_agentic, roll_dpo, trainer_config, trinity, verl_sft
 from rlhf_jax.config.dialects.rules import translate
+from rlhf_jax.config.names import ENV_RESTART_MARK
 
 log = logging.getLogger("rlhf_jax.config")
 
@@ -52,7 +54,8 @@ def to_schema(mapping: dict, fmt: str, source: str, *, warn: bool = True) -> dic
     elif fmt == "roll" and roll_agentic.is_agentic(mapping):  # ROLL's agentic pipeline: environments
         module = roll_agentic
     values, ignored = translate(mapping, module.RULES, module.DEFAULTS, fmt, source, module.finish)
-    if warn and ignored:
+    # a command restarted to apply trainer.env_vars reads its file again: the first process warned already
+    if warn and ignored and os.environ.get(ENV_RESTART_MARK) != "1":
         by_reason: dict[str, list[str]] = {}
         for path, reason in ignored:
             by_reason.setdefault(reason, []).append(path)

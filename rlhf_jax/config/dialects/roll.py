@@ -355,6 +355,5 @@ def finish(full: dict, values: dict[str, Any]) -> None:
 
 # The pieces ROLL's other pipelines' tables (roll_dpo.py) are built from.
 devices, dtype, template, train_files, env_vars = _devices, _dtype, _template, _train_files, _env_vars
-estimator = _estimator  # ROLL's agentic files normalise their scores the same way (roll_agentic.py)
 optim_rules, worker_rules = _optim, _worker_common
 

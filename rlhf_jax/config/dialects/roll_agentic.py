@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlhf_jax.config.dialects import roll
+from rlhf_jax.config.dialects import roll, roll_shaping
 from rlhf_jax.config.dialects.rules import Rule, get
 
 _A = "actor_rollout_ref."
@@ -81,7 +81,7 @@ def _estimator(value: Any, full: dict) -> dict:
     mean, std = (_GROUPING[grouping] if on else None for on in _METHODS[method])
     mean = get(full, "reward_normalization.norm_mean_type", mean)
     std = get(full, "reward_normalization.norm_std_type", std)
-    return roll.estimator(value, {**full, "norm_mean_type": mean, "norm_std_type": std})
+    return roll_shaping.estimator(value, {**full, "norm_mean_type": mean, "norm_std_type": std})
 
 
 def _sampling(manager: str, prefix: str):
