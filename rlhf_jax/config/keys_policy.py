@@ -156,6 +156,10 @@ ACTOR = (
     Key(A + "actor.freeze.freeze_other", False, "Freeze the remaining parameters (an untied lm_head)."),
     Key(A + "actor.freeze.layers_not_to_freeze", (), "Decoder layer indices trained whatever the freeze flags say.",
         type=tuple),
+    Key(A + "actor.fsdp_config.param_offload", False, "Keep the actor's parameters in host memory between programs; "
+        "each pass copies them to the devices. Under LoRA: the frozen base only."),
+    Key(A + "actor.fsdp_config.optimizer_offload", False, "Keep the actor's optimizer state in host memory between "
+        "updates; each update copies it to the devices and writes it back."),
 ) + optim_keys(A + "actor.", 1e-6) + checkpoint_keys(A + "actor.")
 
 REF = (
