@@ -174,7 +174,8 @@ REF = (
         same_as="actor_rollout_ref.actor.ppo_max_token_len_per_gpu"),
     Key(A + "ref.fsdp_config.param_offload", False,
         "Keep the reference model's parameters in host memory (pinned_host); each reference pass copies them to "
-        "the devices. Under LoRA there is no separate reference to offload.", type=bool),
+        "the devices. Under LoRA the reference is the actor's base: actor.fsdp_config.param_offload moves it.",
+        type=bool),
 )
 
 ROLLOUT = (
