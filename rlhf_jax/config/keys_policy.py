@@ -173,8 +173,8 @@ REF = (
         TOKEN_BUDGET_DOC.format(flag="ref.log_prob_use_dynamic_bsz"), type=int,
         same_as="actor_rollout_ref.actor.ppo_max_token_len_per_gpu"),
     Key(A + "ref.fsdp_config.param_offload", False,
-        "Keep the reference model's parameters in host memory (pinned_host); each reference pass copies them to "
-        "the devices. Under LoRA the reference is the actor's base: actor.fsdp_config.param_offload moves it.",
+        "Keep the reference's parameters in host memory (pinned_host); each reference pass copies them to the "
+        "devices. Under LoRA the reference is the actor's base (actor.fsdp_config.param_offload).",
         type=bool),
 )
 
