@@ -156,6 +156,10 @@ ACTOR = (
     Key(A + "actor.freeze.freeze_other", False, "Freeze the remaining parameters (an untied lm_head)."),
     Key(A + "actor.freeze.layers_not_to_freeze", (), "Decoder layer indices trained whatever the freeze flags say.",
         type=tuple),
+    Key(A + "actor.fsdp_config.param_offload", False, "Keep the actor's parameters in host memory between programs; "
+        "each pass copies them to the devices. Under LoRA: the frozen base only."),
+    Key(A + "actor.fsdp_config.optimizer_offload", False, "Keep the actor's optimizer state in host memory between "
+        "updates; each update copies it to the devices and writes it back."),
 ) + optim_keys(A + "actor.", 1e-6) + checkpoint_keys(A + "actor.")
 
 REF = (
@@ -169,8 +173,9 @@ REF = (
         TOKEN_BUDGET_DOC.format(flag="ref.log_prob_use_dynamic_bsz"), type=int,
         same_as="actor_rollout_ref.actor.ppo_max_token_len_per_gpu"),
     Key(A + "ref.fsdp_config.param_offload", False,
-        "Keep the reference model's parameters in host memory (pinned_host); each reference pass copies them to "
-        "the devices. Under LoRA there is no separate reference to offload.", type=bool),
+        "Keep the reference's parameters in host memory (pinned_host); each reference pass copies them to the "
+        "devices. Under LoRA the reference is the actor's base (actor.fsdp_config.param_offload).",
+        type=bool),
 )
 
 ROLLOUT = (

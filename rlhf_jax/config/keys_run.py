@@ -150,6 +150,10 @@ CRITIC = (
         "actor_rollout_ref.model.path.", type=str, same_as="actor_rollout_ref.model.path"),
     Key(_C + "model.revision", None, "Hub revision of a Hub id critic.model.path; None = main.", type=str),
     Key(_C + "model.enable_gradient_checkpointing", False, "Rematerialize each critic decoder layer."),
+    Key(_C + "model.fsdp_config.param_offload", False, "Keep the critic's parameters in host memory between "
+        "programs; each pass copies them to the devices (verl's newer critic.fsdp.param_offload)."),
+    Key(_C + "model.fsdp_config.optimizer_offload", False, "Keep the critic's optimizer state in host memory between "
+        "updates (verl's newer critic.fsdp.optimizer_offload)."),
     Key(_C + "model.remat_policy", None, "Critic remat policy (full, dots_saveable); None = the actor's.", type=str,
         choices=REMAT_POLICIES, same_as="actor_rollout_ref.model.remat_policy"),
     Key(_C + "model.use_remove_padding", None, "Pack sequences in the critic passes; None = the actor's.", type=bool,

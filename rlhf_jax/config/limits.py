@@ -24,10 +24,12 @@ class Limit:
 
 
 LIMITS: dict[str, Limit] = {
-    "host_offload": Limit("keeping the trained actor's, the critic's or the reward model's parameters or optimizer "
-                          "state in host memory (the reference's parameters can be: ref.fsdp_config.param_offload)",
-                          ("actor_rollout_ref.actor.*offload*", "critic.*offload*", "reward_model.*offload*",
-                           "*.optimizer_offload")),
+    "host_offload": Limit("keeping the reward model's parameters in host memory (the actor's, critic's and "
+                          "reference's can be: *.fsdp_config.param_offload / optimizer_offload)",
+                          ("reward_model.*offload*",)),
+    "host_optimizer_step": Limit("running the optimizer step on the host with parameters and gradients there (FSDP's "
+                                 "CPU offload: verl's offload_policy, its SFT trainer's cpu_offload); offloaded "
+                                 "optimizer state is updated on the devices", ("*offload_policy*", "*cpu_offload*")),
     "activation_offload": Limit("moving activations to host memory (remat saves activation memory instead)",
                                 ("*activation_offload*",)),
     "sequence_parallel": Limit("splitting one sequence over several devices (sequence or context parallelism)",
@@ -166,11 +168,8 @@ REFUSED_BECAUSE: dict[str, dict[str, str]] = {
         "*.fsdp_config.model_dtype": "role_dtypes",
         "*.fsdp_config.dtype": "role_dtypes",
         "*.fsdp_config.mixed_precision": "role_dtypes",
-        "actor_rollout_ref.actor.fsdp_config.param_offload": "host_offload",
-        "critic.*fsdp_config.param_offload": "host_offload",
         "reward_model.*fsdp_config.param_offload": "host_offload",
-        "*.fsdp_config.optimizer_offload": "host_offload",
-        "*.fsdp_config.offload_policy": "host_offload",
+        "*.fsdp_config.offload_policy": "host_optimizer_step",
         "*.fsdp_config.full_determinism": "determinism_flag",
         "*.ulysses_sequence_parallel_size": "sequence_parallel",
         "*.enable_activation_offload": "activation_offload",
@@ -222,8 +221,8 @@ REFUSED_BECAUSE: dict[str, dict[str, str]] = {
         "data.micro_batch_size": "global_micro_batch",
         "data.balance_dp_token": "balance_tokens",
         "data.custom_cls.*": "data_code",
-        "model.fsdp_config.cpu_offload": "host_offload",
-        "model.fsdp_config.offload_params": "host_offload",
+        "model.fsdp_config.cpu_offload": "host_optimizer_step",
+        "model.fsdp_config.offload_params": "host_optimizer_step",
         "model.external_lib": "external_model_code",
         "optim.optimizer_impl": "optimizer_classes",
         "optim.total_training_steps": "schedule_length",

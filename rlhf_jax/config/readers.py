@@ -28,6 +28,8 @@ READERS: dict[str, tuple[str, ...]] = {
         "critic.model.enable_gradient_checkpointing", "critic.model.remat_policy", "mesh.logical_axis_rules",
         _A + "model.lora_rank", _A + "model.lora_alpha", _A + "model.target_modules", _A + "model.lora_adapter_path",
         "mesh.rollout_devices", "trainer.n_gpus_per_node", _A + "rollout.dtype", _A + "ref.fsdp_config.param_offload",
+        _A + "actor.fsdp_config.param_offload", _A + "actor.fsdp_config.optimizer_offload",
+        "critic.model.fsdp_config.param_offload", "critic.model.fsdp_config.optimizer_offload",
     ),
     "rlhf_jax.config.validate": ("mesh.data", "mesh.fsdp", "mesh.tensor", "mesh.expert"),
     # read as the default of other keys (same_as): the sampler's length, the clip bounds

@@ -42,7 +42,8 @@ def experience_schedule(cfg: ConfigDict, ctx: Context) -> None:
 
 # Critic settings a shared trunk does not use: the actor's model, optimizer and mini-batches train the value head.
 SEPARATE_CRITIC_ONLY = ("critic.optim.lr", "critic.optim.weight_decay", "critic.optim.optimizer", "critic.grad_clip",
-                        "critic.model.enable_gradient_checkpointing", "trainer.critic_warmup")
+                        "critic.model.enable_gradient_checkpointing", "trainer.critic_warmup",
+                        "critic.model.fsdp_config.param_offload", "critic.model.fsdp_config.optimizer_offload")
 
 
 @rule("critic.shared_trunk", "critic.enable", "critic.model.path", "actor_rollout_ref.model.path",
@@ -65,7 +66,7 @@ def shared_trunk(cfg: ConfigDict, ctx: Context) -> None:
         value = schema.get_path(cfg, path)
         if value != schema.get_key(path).default:
             raise ValueError(f"{path}={value!r} applies to a separate critic; with critic.shared_trunk the actor's "
-                             "optimizer, mini-batches and remat train the value head (set the actor's keys)")
+                             "optimizer, mini-batches, remat and offload train the value head (set the actor's keys)")
 
 
 @rule("data.train_files", "data.val_files", "algorithm.type", "actor_rollout_ref.model.path", "critic.model.path",

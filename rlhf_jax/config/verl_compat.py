@@ -104,6 +104,9 @@ ALIASES: tuple[Alias, ...] = (
     Alias("actor_rollout_ref.actor.fsdp_config.dtype", "actor_rollout_ref.model.compute_dtype"),
     Alias("actor_rollout_ref.ref.fsdp_config.dtype", "actor_rollout_ref.model.compute_dtype", assign=False),
     Alias("critic.model.fsdp_config.dtype", "actor_rollout_ref.model.compute_dtype", assign=False),
+    # verl's newer critic engine section holds the critic's FSDP settings (critic.model.fsdp_config before).
+    Alias("critic.fsdp.param_offload", "critic.model.fsdp_config.param_offload"),
+    Alias("critic.fsdp.optimizer_offload", "critic.model.fsdp_config.optimizer_offload"),
     # verl's newer profiler section names the steps and the directory.
     Alias("global_profiler.steps", "trainer.profile_steps"),
     Alias("global_profiler.save_path", "trainer.profile_dir"),
@@ -117,8 +120,11 @@ def find_alias(path: str) -> Alias | None:
 
 
 _MESH = "sharding comes from the mesh section"
-_OFFLOAD = ("host offload is not implemented: parameters and optimizer state stay in device memory, sharded over "
-            "mesh.fsdp (use more fsdp devices, bfloat16 or remat)")
+_OFFLOAD = ("host offload of the reward model is not implemented: its parameters stay in device memory, sharded "
+            "over mesh.fsdp (use more fsdp devices or bfloat16)")
+_OFFLOAD_POLICY = ("FSDP2's CPU offload policy (the optimizer step on the host) is not implemented: set "
+                   "fsdp_config.param_offload / optimizer_offload, which keep the arrays in host memory between "
+                   "programs")
 _RM_POOL = ("no separate reward-model pool: the reward model runs on the training mesh (set "
             "reward_model.enable_resource_pool=false; its devices are those of trainer.n_gpus_per_node)")
 _ENGINE = "the sampler is the built-in JAX decode loop that reads the actor's parameters directly"
@@ -167,12 +173,13 @@ IGNORED: tuple[Ignored, ...] = (
             _is("float32", "fp32", None)),
     Ignored("*.fsdp_config.mixed_precision", "set actor_rollout_ref.model.compute_dtype (matmuls) and "
             "actor_rollout_ref.model.dtype (parameters, optimizer state)", _empty),
-    # the reference's parameter offload is a schema key (honoured); the actor's, critic's and reward model's are not
-    Ignored("actor_rollout_ref.actor.fsdp_config.param_offload", _OFFLOAD, _off),
-    Ignored("critic.*fsdp_config.param_offload", _OFFLOAD, _off),
+    # the actor's, the critic's and the reference's parameter (and optimizer-state) offload are schema keys
+    # (honoured); the reward model's is not
     Ignored("reward_model.*fsdp_config.param_offload", _OFFLOAD, _off),
-    Ignored("*.fsdp_config.optimizer_offload", _OFFLOAD, _off),
-    Ignored("*.fsdp_config.offload_policy", _OFFLOAD, _off),
+    Ignored("actor_rollout_ref.ref.fsdp_config.optimizer_offload", "the reference has no optimizer (verl ignores "
+            "it too)"),
+    Ignored("reward_model.*fsdp_config.optimizer_offload", "the reward model has no optimizer (verl ignores it too)"),
+    Ignored("*.fsdp_config.offload_policy", _OFFLOAD_POLICY, _off),
     Ignored("*.fsdp_config.full_determinism", "deterministic kernels: set XLA_FLAGS=--xla_gpu_deterministic_ops=true",
             _off),
     Ignored("*.megatron", f"Megatron parallelism: {_MESH}"),

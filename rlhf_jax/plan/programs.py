@@ -23,9 +23,10 @@ from rlhf_jax.plan.abstract import abstract_model, hf_config, model_config, relo
 from rlhf_jax.rollout import Sampler, SamplingParams
 from rlhf_jax.train.engine import Role
 from rlhf_jax.train.optim import make_optimizer
-from rlhf_jax.train.setup import lora_spec, sampler_graphdef
+from rlhf_jax.train.setup import lora_spec, offload_flags, sampler_graphdef
 from rlhf_jax.train import losses
 from rlhf_jax.train.losses import Loss
+from rlhf_jax.train.offload import place, to_device
 from rlhf_jax.train.passes import PassPlan, StepPasses, compile_pass, pass_batch, step_correction, step_passes
 from rlhf_jax.train.steps import CriticLossSpec
 
@@ -94,7 +95,7 @@ def build_run(cfg: ConfigDict, devices: list) -> RunParts:
     actor_cfg = model_config(cfg, hf, "actor")
     actor_model = abstract_model(actor_cfg, TASK_CAUSAL_LM_VALUE if shared else TASK_CAUSAL_LM, mesh, rules)
     tx, lr_fn = make_optimizer(arr.actor.optim, arr.actor.grad_clip, steps, d.actor_updates_per_step)
-    actor = Role(actor_model, mesh, tx, lr_fn, _trainable(cfg, actor_model))
+    actor = Role(actor_model, mesh, tx, lr_fn, _trainable(cfg, actor_model), **offload_flags(cfg, "actor"))
     ref = None
     if d.need_ref:  # under LoRA the base model over the actor's frozen arrays (train/setup.reference_role)
         ref_model = (nnx.merge(lora.plain_graphdef(actor.config, actor.task), actor.frozen) if actor.config.lora
@@ -105,7 +106,7 @@ def build_run(cfg: ConfigDict, devices: list) -> RunParts:
         critic_hf = hf_config(cfg.critic.model.path) if cfg.critic.model.path else hf
         ctx, clr = make_optimizer(cfg.critic.optim, cfg.critic.grad_clip, steps, d.critic_updates_per_step)
         critic = Role(abstract_model(model_config(cfg, critic_hf, "critic"), TASK_TOKEN_VALUE, mesh, rules), mesh,
-                      ctx, clr)
+                      ctx, clr, **offload_flags(cfg, "critic"))
     sampling = sampling_params(cfg, hf)
     critic_spec = CriticLossSpec(cfg.critic.cliprange_value, cfg.critic.loss_agg_mode, arr.actor.loss_scale_factor)
     actor_spec = actor_loss_spec(cfg, d.recompute_old_log_prob, sampling.logprob_temperature, actor.config)
@@ -138,13 +139,19 @@ def compile_training_pass(run: RunParts, name: str, role: Role, plan: PassPlan):
                         sum_pi_squared=run.passes.sum_pi_squared)
 
 
+def device_state(role: Role) -> Any:
+    """The role's abstract parameters where the sampler reads them: on the devices (an offloaded actor's are copied
+    there before each rollout)."""
+    return place(role.state(), to_device(role.state_shardings()))
+
+
 def merge_program(run: RunParts):
     """Under LoRA: the compiled merge of the adapters into the adapted weights before each rollout (else None)."""
     spec = run.actor.config.lora
     if spec is None:
         return None, None
-    state = run.actor.state()
-    shardings = {lora.path_key(p): v.get_value() for p, v in nnx.to_flat_state(run.actor.frozen_shardings)}
+    state = device_state(run.actor)
+    shardings = {lora.path_key(p): v.get_value() for p, v in nnx.to_flat_state(to_device(run.actor.frozen_shardings))}
     shapes = jax.eval_shape(functools.partial(lora.merged_weights, spec=spec), state)
     fn = jax.jit(functools.partial(lora.merged_weights, spec=spec), out_shardings={k: shardings[k] for k in shapes})
     merged = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=shardings[k]) for k, v in shapes.items()}
@@ -154,7 +161,7 @@ def merge_program(run: RunParts):
 def sampler_weights(run: RunParts, merged_state: Any) -> Any:
     """The weights the sampler reads: the actor's (adapters merged under LoRA), on the rollout devices' copy when
     ``mesh.rollout_devices`` is set."""
-    weights = merged_state if merged_state is not None else run.actor.state()
+    weights = merged_state if merged_state is not None else device_state(run.actor)
     return relocated(weights, run.rollout_mesh) if run.rollout_mesh is not None else weights
 
 

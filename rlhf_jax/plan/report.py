@@ -113,6 +113,9 @@ def format_table(plan) -> str:
             f"{'-' if p.bytes_accessed is None else f'{p.bytes_accessed / 1e9:.3g}':>8}  {p.source:<5}{p.calls:>6}  "
             f"{_t(p.roofline_s):>10}  {p.note}")
     lines.append(f"resident per device: {_g(plan.resident_bytes)} GiB (parameters, optimizer state, reference, critic)")
+    if plan.host_bytes:
+        lines.append(f"in host memory per device: {_g(plan.host_bytes)} GiB (offloaded parameters and optimizer state, "
+                     "copied to the devices inside each program that reads them)")
     lines.append("micro-batches: " + "; ".join(f"{k} {v}" for k, v in plan.micro_batches.items()))
     verdict = "fits" if plan.fits else "does NOT fit"
     lines.append(f"{verdict}: peak {_g(plan.peak_bytes)} of {_g(plan.usable_bytes)} GiB per device; roofline step "

@@ -31,7 +31,8 @@ from rlhf_jax.train.passes import (HEADROOM, PassPlan, describe, fit_pass, gib, 
 ROLLOUT_KEYS = ("data.train_batch_size / actor_rollout_ref.rollout.n, actor_rollout_ref.rollout.max_num_seqs, "
                 "data.max_prompt_length / max_response_length")
 RESIDENT_KEYS = ("shard the parameters over more devices (mesh.fsdp), train LoRA adapters "
-                 "(actor_rollout_ref.model.lora_rank), or keep parameters in bfloat16 (actor_rollout_ref.model.dtype)")
+                 "(actor_rollout_ref.model.lora_rank), keep parameters in bfloat16 (actor_rollout_ref.model.dtype), "
+                 "or keep them in host memory (actor_rollout_ref.actor.fsdp_config.param_offload / optimizer_offload)")
 
 
 @dataclasses.dataclass
@@ -47,6 +48,7 @@ class RunPlan:
     sampling_s: float | None
     training_s: float | None
     problems: list[str]  # one line each: what does not fit and the keys to change
+    host_bytes: int = 0  # per device: the shards of offloaded parameters and optimizer state, in host memory
 
     @property
     def fits(self) -> bool:
@@ -152,6 +154,7 @@ def _plan(cfg: ConfigDict, t: Target, devices: list, progress, stop: bool) -> Ru
         resident_trees += [run.critic.params, run.critic.opt_state]
     st = _State(cfg, run, t, t.chip if t.chip.peak_flops else None, _usable(t), per_device_bytes(resident_trees),
                 progress, stop)
+    in_host = per_device_bytes(resident_trees, host=True)
     try:
         if st.resident > HEADROOM * st.usable:
             st.problem(f"parameters and optimizer state alone need {gib(st.resident)} per device, more than the "
@@ -164,7 +167,7 @@ def _plan(cfg: ConfigDict, t: Target, devices: list, progress, stop: bool) -> Ru
     programs = sorted(st.programs, key=lambda p: order.index(p.name) if p.name in order else len(order))
     return RunPlan(t, len(devices), str(run.hf.get("_name_or_path") or cfg.actor_rollout_ref.model.path),
                    count_params(run.actor.state()), programs, plans, st.resident, st.usable, sampling_s, training_s,
-                   st.problems)
+                   st.problems, in_host)
 
 
 def _rollout(st: _State) -> float | None:
@@ -206,8 +209,9 @@ def _rollout(st: _State) -> float | None:
             program_cost("rollout_copy", None, None), argument_bytes=held, peak_bytes=held,
             note=f"weights copied onto the {n_roll} rollout devices after each update (device to device)"))
         resident, resident_args = held, held
-    else:
-        resident, resident_args = st.resident, per_device_bytes(weights) - merged_bytes
+    else:  # the sampler's resident arguments: its weights less the merged ones and the copies of offloaded ones
+        copied = per_device_bytes(pg.device_state(run.actor)) - per_device_bytes(run.actor.state())
+        resident, resident_args = st.resident, per_device_bytes(weights) - merged_bytes - copied
     cost = _cost_or_refusal(compile_sampler, "sampler", chip, looped=True, resident_bytes=resident,
                             resident_arg_bytes=resident_args,
                         model_flops=(work.prefill_flops + work.decode_steps * work.step_flops) / n_roll,

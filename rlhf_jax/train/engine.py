@@ -9,6 +9,9 @@ A role may train only part of its parameters (frozen groups, or only the LoRA ad
 holds the trained ones, ``frozen`` the rest. Gradients and optimizer state exist only for ``params``;
 ``frozen`` is passed to every step unchanged and never donated, so another role (the reference under
 LoRA) can share its arrays.
+
+Parameters and optimizer state may live in host memory between programs (``train/offload.py``): each program
+copies them to the devices first, and the updates write them back to host memory.
 """
 
 from __future__ import annotations
@@ -25,41 +28,38 @@ from jax.sharding import Mesh
 from rlhf_jax.parallel import batch_sharding, replicated
 from rlhf_jax.train import packed_steps, steps
 from rlhf_jax.train.losses import Loss
+from rlhf_jax.train.offload import HOST_MEMORY, any_in_host, device_copy, place, reading_on_devices, to_device, to_host
 from rlhf_jax.types import TrainBatch, shape_key
 
-
-HOST_MEMORY = "pinned_host"  # where an offloaded role's parameters live (a memory kind of every JAX backend)
+__all__ = ["HOST_MEMORY", "Role"]
 
 
 class Role:
     """One model with optional optimizer; ``params`` / ``opt_state`` are replaced by each update."""
 
     def __init__(self, model: nnx.Module, mesh: Mesh, tx: optax.GradientTransformation | None = None,
-                 lr_fn: Callable | None = None, trainable: Callable | None = None, offload: bool = False):
+                 lr_fn: Callable | None = None, trainable: Callable | None = None, offload: bool = False,
+                 offload_optimizer: bool = False):
         """``trainable``: an ``nnx`` filter ``(path, value) -> bool`` of the trained parameters (None: all).
-        ``offload`` (a role without optimizer): the parameters live in host memory (``pinned_host``) and each
-        forward program copies them to the devices it runs on, so they hold no device memory between passes."""
-        if offload and tx is not None:
-            raise ValueError("only a role without an optimizer (the reference) keeps its parameters in host memory")
+        ``offload``: the parameters live in host memory (``pinned_host``) between programs, and each program copies
+        them to the devices it runs on; under LoRA only the frozen base does (the adapters are a small fraction of
+        the model and change every update). ``offload_optimizer``: the optimizer state too. Arrays that arrive in
+        host memory (the LoRA base another role offloaded) stay there either way."""
         self.graphdef, self.params, self.frozen = nnx.split(model, trainable or nnx.Param, ...)
         self.config = model.config
         self.task = model.task
         self.mesh = mesh
         self.tx, self.lr_fn = tx, lr_fn
-        self.offload = offload
         self.param_shardings = jax.tree.map(lambda x: x.sharding, self.params)
         self.frozen_shardings = jax.tree.map(lambda x: x.sharding, self.frozen)
-        self._device_state_shardings = self.state_shardings()
         if offload:
-            to_host = lambda tree: jax.tree.map(lambda s: s.with_memory_kind(HOST_MEMORY), tree)  # noqa: E731
-            self.param_shardings, self.frozen_shardings = to_host(self.param_shardings), to_host(self.frozen_shardings)
-            if all(isinstance(x, jax.Array) for x in jax.tree.leaves((self.params, self.frozen))):
-                self.params = jax.device_put(self.params, self.param_shardings)
-                self.frozen = jax.device_put(self.frozen, self.frozen_shardings)
-            else:  # abstract parameters (rlhf_jax/plan): the same shapes, placed in host memory
-                place = lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s)  # noqa: E731
-                self.params = jax.tree.map(place, self.params, self.param_shardings)
-                self.frozen = jax.tree.map(place, self.frozen, self.frozen_shardings)
+            if not getattr(self.config, "lora", None):
+                self.param_shardings = to_host(self.param_shardings)
+                self.params = place(self.params, self.param_shardings)
+            self.frozen_shardings = to_host(self.frozen_shardings)
+            self.frozen = place(self.frozen, self.frozen_shardings)
+        # what the gradient accumulator of the packed updates and every device copy use
+        self.grad_shardings = to_device(self.param_shardings)
         self.opt_state = None
         self.opt_shardings = None
         if tx is not None:
@@ -68,19 +68,22 @@ class Role:
             # factored row / column moments) is small and replicated
             self.opt_shardings = optax.tree_map_params(
                 tx, lambda leaf, s, p: s if leaf.shape == p.shape else replicated(mesh), abstract,
-                self.param_shardings, self.params, transform_non_params=lambda _: replicated(mesh)
+                self.grad_shardings, self.params, transform_non_params=lambda _: replicated(mesh)
             )
+            if offload_optimizer:
+                self.opt_shardings = to_host(self.opt_shardings)
             if all(isinstance(x, jax.Array) for x in jax.tree.leaves(self.params)):
-                self.opt_state = jax.jit(tx.init, out_shardings=self.opt_shardings)(self.params)
+                init = reading_on_devices(tx.init, self.param_shardings)
+                self.opt_state = jax.jit(init, in_shardings=(self.param_shardings,),
+                                         out_shardings=self.opt_shardings)(self.params)
             else:  # abstract parameters (compiling for another target, rlhf_jax/plan): shapes and shardings only
-                self.opt_state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                                              abstract, self.opt_shardings)
+                self.opt_state = place(abstract, self.opt_shardings)
         self._compiled: dict[tuple, Callable] = {}
 
     # ----------------------------------------------------------------- helpers
     def model(self) -> nnx.Module:
-        """An NNX view of the current parameters (for sampling and export)."""
-        return nnx.merge(self.graphdef, self.params, self.frozen)
+        """An NNX view of the current parameters (for export), on the devices."""
+        return nnx.merge(self.graphdef, device_copy(self.params), device_copy(self.frozen))
 
     def state(self) -> nnx.State:
         """Every parameter (trained and frozen) as one state; no copy."""
@@ -89,19 +92,31 @@ class Role:
     def state_shardings(self):
         return nnx.merge_state(self.param_shardings, self.frozen_shardings)
 
+    def device_state(self) -> nnx.State:
+        """``state()`` with its host-memory arrays copied to the devices (for a reader outside the role's programs:
+        the sampler); the copy is freed when the reader drops it."""
+        return device_copy(self.state())
+
+    @property
+    def offload(self) -> bool:
+        """Whether any of the role's arrays live in host memory between programs."""
+        return any_in_host((self.param_shardings, self.frozen_shardings, self.opt_shardings))
+
     def load_trained(self, state: nnx.State) -> None:
-        """Take the trained parameters from a whole state (a restored checkpoint). The frozen ones are kept: they
-        equal the checkpoint's, and another role may share their arrays."""
+        """Take the trained parameters from a whole state (a restored checkpoint), placed where the role keeps them.
+        The frozen ones are kept: they equal the checkpoint's, and another role may share their arrays."""
         trained = {path for path, _ in nnx.to_flat_state(self.params)}
-        self.params = nnx.from_flat_state([(p, v) for p, v in nnx.to_flat_state(state) if p in trained])
+        params = nnx.from_flat_state([(p, v) for p, v in nnx.to_flat_state(state) if p in trained])
+        self.params = jax.device_put(params, self.param_shardings)
+
+    def load_opt_state(self, opt_state: Any) -> None:
+        """Take a (restored) optimizer state, placed where the role keeps it."""
+        self.opt_state = jax.device_put(opt_state, self.opt_shardings)
 
     def _on_devices(self, step_fn: Callable) -> Callable:
-        """``step_fn(state, ...)`` as a program input: an offloaded role's state is copied from host memory to the
-        devices inside the program, the first thing it does."""
-        if not self.offload:
-            return step_fn
-        shardings = jax.tree.map(lambda s: s.with_memory_kind("device"), self._device_state_shardings)
-        return lambda state, *rest: step_fn(jax.device_put(state, shardings), *rest)
+        """``step_fn(state, ...)`` as a program input: the state's host-memory arrays are copied to the devices
+        inside the program, the first thing it does."""
+        return reading_on_devices(step_fn, self.state_shardings())
 
     def _batch_shardings(self, batch: Any) -> Any:
         """Row shardings of every array of a batch (a TrainBatch, or a dict of arrays)."""
@@ -160,7 +175,8 @@ class Role:
         return self._jit(
             (name, spec, n_micro, shape_key(mb)),
             lambda: jax.jit(
-                functools.partial(step_fn, self.graphdef, self.tx, spec, n_micro=n_micro),
+                reading_on_devices(functools.partial(step_fn, self.graphdef, self.tx, spec, n_micro=n_micro),
+                                   self.param_shardings, self.frozen_shardings, self.opt_shardings),
                 in_shardings=(self.param_shardings, self.frozen_shardings, self.opt_shardings,
                               self._batch_shardings(mb)) + (rep,) * n_extra,
                 out_shardings=(self.param_shardings, self.opt_shardings, rep),
@@ -284,25 +300,30 @@ class Role:
             rep = replicated(self.mesh)
             micro = self._packed_micro(micro_shape, logit_size)
             extra = (self._key_spec(),) if loss.takes_rng else ()
-            fn = jax.jit(functools.partial(loss.packed_grads, self.graphdef, loss.spec, dp=dp),
-                         in_shardings=(self.param_shardings, self.frozen_shardings, self.param_shardings,
+            fn = jax.jit(reading_on_devices(functools.partial(loss.packed_grads, self.graphdef, loss.spec, dp=dp),
+                                            self.param_shardings, self.frozen_shardings),
+                         in_shardings=(self.param_shardings, self.frozen_shardings, self.grad_shardings,
                                        self._batch_shardings(micro), self._batch_shardings(grid)) + (rep,) * len(extra),
-                         out_shardings=(self.param_shardings, rep, rep), donate_argnums=(2,))
-            return fn, (self.params, self.frozen, self.params, micro, grid, *extra)
+                         out_shardings=(self.grad_shardings, rep, rep), donate_argnums=(2,))
+            return fn, (self.params, self.frozen, place(self.params, self.grad_shardings), micro, grid, *extra)
 
         return self._compile(("packed_grads", loss, tuple(micro_shape), logit_size, shape_key(grid), dp), make)
 
     def _apply_program(self) -> Callable:
         rep = replicated(self.mesh)
         return self._jit(("apply_grads",), lambda: jax.jit(
-            functools.partial(steps.apply_update, self.tx),
-            in_shardings=(self.param_shardings, self.opt_shardings, self.param_shardings),
+            reading_on_devices(functools.partial(steps.apply_update, self.tx), self.param_shardings,
+                               self.opt_shardings),
+            in_shardings=(self.param_shardings, self.opt_shardings, self.grad_shardings),
             out_shardings=(self.param_shardings, self.opt_shardings, rep), donate_argnums=(0, 1)))
 
     def _zero_grads(self):
+        """The gradient accumulator of a packed update, in device memory (made from the shapes alone: an offloaded
+        role's parameters are not read)."""
+        shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), self.params)
         return self._jit(("zero_grads",), lambda: jax.jit(
-            lambda p: jax.tree.map(jnp.zeros_like, p), in_shardings=(self.param_shardings,),
-            out_shardings=self.param_shardings))(self.params)
+            lambda: jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), shapes),
+            out_shardings=self.grad_shardings))()
 
     def update_packed(self, loss: Loss, micros: list[dict], grid: TrainBatch, *, dp: int,
                       rng: jax.Array | None = None) -> dict:

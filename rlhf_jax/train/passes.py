@@ -278,13 +278,14 @@ def compiled_bytes(compiled) -> int | None:
     return int(ma.temp_size_in_bytes + ma.output_size_in_bytes - ma.alias_size_in_bytes)
 
 
-def per_device_bytes(tree) -> int:
+def per_device_bytes(tree, host: bool = False) -> int:
     """Bytes one device holds of the (real or abstract) arrays of ``tree``: each array's shard, summed; arrays in
-    host memory (an offloaded reference) hold none."""
+    host memory (offloaded parameters and optimizer state) hold none. ``host``: the bytes of each device's shards
+    that are kept in host memory instead."""
     total = 0
     for leaf in jax.tree.leaves(tree):
         shape, sharding = getattr(leaf, "shape", None), getattr(leaf, "sharding", None)
-        if shape is None or getattr(sharding, "memory_kind", None) in ("pinned_host", "unpinned_host"):
+        if shape is None or (getattr(sharding, "memory_kind", None) in ("pinned_host", "unpinned_host")) != host:
             continue
         shard = sharding.shard_shape(shape) if sharding is not None else shape
         count = 1

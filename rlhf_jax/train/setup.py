@@ -243,6 +243,13 @@ def load_actor(cfg: ConfigDict, model_path: str, mesh, rules):
     return lora_peft.load_adapter(model, adapter) if adapter else model
 
 
+def offload_flags(cfg: ConfigDict, role: str) -> dict[str, bool]:
+    """``engine.Role``'s offload arguments of the actor's or the critic's ``fsdp_config.param_offload`` /
+    ``optimizer_offload`` (``role``: "actor" or "critic")."""
+    fsdp = cfg.critic.model.fsdp_config if role == "critic" else cfg.actor_rollout_ref.actor.fsdp_config
+    return {"offload": bool(fsdp.param_offload), "offload_optimizer": bool(fsdp.optimizer_offload)}
+
+
 def actor_role(cfg: ConfigDict, c: Any, total_steps: int, updates_per_step: int):
     """The trained policy as an ``engine.Role``: its optimizer and schedule, and the freeze / LoRA filter (checked
     before any weight is read)."""
@@ -252,12 +259,14 @@ def actor_role(cfg: ConfigDict, c: Any, total_steps: int, updates_per_step: int)
     actor = cfg.actor_rollout_ref.actor
     tx, lr_fn = make_optimizer(actor.optim, actor.grad_clip, total_steps, updates_per_step)
     trainable = actor_trainable(cfg, c.model_path)
-    return Role(load_actor(cfg, c.model_path, c.mesh, c.rules), c.mesh, tx, lr_fn, trainable)
+    return Role(load_actor(cfg, c.model_path, c.mesh, c.rules), c.mesh, tx, lr_fn, trainable,
+                **offload_flags(cfg, "actor"))
 
 
 def reference_role(cfg: ConfigDict, c: Any, actor):
     """The frozen reference policy. Without LoRA it is its own copy (the actor's arrays are donated and replaced by
-    every update); with LoRA it is the base model with the adapters off over the actor's frozen arrays: no copy."""
+    every update); with LoRA it is the base model with the adapters off over the actor's frozen arrays: no copy (in
+    host memory when the actor offloads them)."""
     from flax import nnx
 
     from rlhf_jax.train.engine import Role

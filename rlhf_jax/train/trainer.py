@@ -41,7 +41,8 @@ from rlhf_jax.train.passes import (PassPlan, compile_pass, describe, fit_pass, f
 from rlhf_jax.runtime.oom import memory_hint
 from rlhf_jax.train.prepare import Prepared, Preparer, ScoreShaping
 from rlhf_jax.runtime.preemption import STOP, StopRequest
-from rlhf_jax.train.setup import Components, actor_role, load_policy, prepare, reference_role, sampler_graphdef
+from rlhf_jax.train.setup import (Components, actor_role, load_policy, offload_flags, prepare, reference_role,
+                                  sampler_graphdef)
 from rlhf_jax.train.steps import ActorLossSpec, CriticLossSpec, advantage_stage
 from rlhf_jax.train.trainer_checkpoints import (CheckpointItems, export_policy, model_record, restore_roles,
                                                 role_arrays)
@@ -167,7 +168,7 @@ class Trainer:
         path = (resolve_model_path(cfg.critic.model.path, cfg.critic.model.revision) if cfg.critic.model.path
                 else c.model_path)
         model = load_policy(cfg, c.model_path, c.mesh, c.rules, role="critic", task=TASK_TOKEN_VALUE, path=path)
-        return Role(model, c.mesh, tx, lr)
+        return Role(model, c.mesh, tx, lr, **offload_flags(cfg, "critic"))
 
     def _rollouts(self, cfg: ConfigDict, c: Components) -> Rollouts:
         """The sampler on the actor's weights (on the training mesh, or on mesh.rollout_devices; under LoRA the

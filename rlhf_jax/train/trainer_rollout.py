@@ -24,6 +24,7 @@ from rlhf_jax.rewards.reward_model import decode_responses
 from rlhf_jax.rewards.manager import RewardFunctionError
 from rlhf_jax.rollout.sampler import cast_floating
 from rlhf_jax.train import metrics as M
+from rlhf_jax.train.offload import to_device
 from rlhf_jax.parallel.hosts import to_global, to_local
 from rlhf_jax.rollout.dynamic_sampling import ROLLOUT_KEYS, Collected, varied_groups
 from rlhf_jax.rollout.generation import generate_batch, key_function
@@ -56,12 +57,14 @@ class Rollouts:
 
     def _sampler_params(self):
         """The sampler's weights: the actor's, with the adapters merged in under LoRA (a temporary copy of the
-        adapted weights only, for the rollout; the decode step then runs no extra low-rank matmuls)."""
-        spec, state = self.actor.config.lora, self.actor.state()
+        adapted weights only, for the rollout; the decode step then runs no extra low-rank matmuls). Parameters the
+        actor keeps in host memory are copied to the devices here, and the copy is freed with the rollout."""
+        spec, state = self.actor.config.lora, self.actor.device_state()
         if not spec:
             return state
         if self._merge_fn is None:
-            shardings = {lora.path_key(p): v.get_value() for p, v in nnx.to_flat_state(self.actor.frozen_shardings)}
+            shardings = {lora.path_key(p): v.get_value()
+                         for p, v in nnx.to_flat_state(to_device(self.actor.frozen_shardings))}
             shapes = jax.eval_shape(functools.partial(lora.merged_weights, spec=spec), state)
             self._merge_fn = jax.jit(functools.partial(lora.merged_weights, spec=spec),
                                      out_shardings={k: shardings[k] for k in shapes})

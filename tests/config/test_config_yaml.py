@@ -106,7 +106,7 @@ WARNED = {
     "actor_rollout_ref.model.external_lib",
     "actor_rollout_ref.actor.strategy", "actor_rollout_ref.actor.ppo_micro_batch_size",
     "actor_rollout_ref.actor.use_torch_compile", "actor_rollout_ref.actor.optim.total_training_steps",
-    "actor_rollout_ref.actor.fsdp_config.param_offload", "actor_rollout_ref.actor.fsdp_config.wrap_policy",
+    "actor_rollout_ref.actor.fsdp_config.wrap_policy",
     "actor_rollout_ref.ref.ulysses_sequence_parallel_size", "actor_rollout_ref.rollout.name",
     "actor_rollout_ref.rollout.gpu_memory_utilization", "actor_rollout_ref.rollout.enforce_eager",
     "actor_rollout_ref.rollout.engine_kwargs", "trainer.default_hdfs_dir",

@@ -36,7 +36,7 @@ def test_a_limit_with_no_schema_pattern_is_only_for_values_the_other_trainer_rej
 
 
 def test_the_check_fails_when_the_schema_offers_the_capability():
-    # a schema with an actor offload key (as if host offload of the actor were built) breaks the host_offload limit
+    # a schema with a reward-model offload key (as if its host offload were built) breaks the host_offload limit
     offered = limits.schema_keys_offering(limits.LIMITS["host_offload"],
-                                          PATHS + ("actor_rollout_ref.actor.fsdp_config.param_offload",))
-    assert offered == ["actor_rollout_ref.actor.fsdp_config.param_offload"]
+                                          PATHS + ("reward_model.model.fsdp_config.param_offload",))
+    assert offered == ["reward_model.model.fsdp_config.param_offload"]

@@ -39,7 +39,9 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
     return {"score": acc + fmt, "accuracy_reward": acc, "format_reward": fmt}
 """
 RECORDER = """#!/bin/sh
-# stands in for python3: records the command line the script built, one argument per line
+# stands in for python3: records the command line the script built, one argument per line; a probe (python3 -c,
+# the scripts' test for torch_npu) fails, as on a machine without Ascend NPUs
+[ "$1" = "-c" ] && exit 1
 for a in "$@"; do printf '%s\\n' "$a"; done > "$RECORDED_COMMAND"
 """
 

@@ -117,3 +117,33 @@ def test_gpu_usable_memory_is_jaxs_allocation_fraction(monkeypatch):
     monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.9")
     assert h100.usable_bytes("cuda") == int(0.9 * h100.hbm_bytes)
     assert TARGETS["v5p-8"].chip.usable_bytes("tpu") == 95 * 2**30
+
+
+def _offloaded(on: bool):
+    cfg = load_recipe("grpo")
+    for key in ("param_offload", "optimizer_offload"):
+        cfg.actor_rollout_ref.actor.fsdp_config[key] = on
+    cfg.actor_rollout_ref.ref.fsdp_config.param_offload = on
+    return cfg
+
+
+def test_offloaded_parameters_and_optimizer_state_are_planned_as_host_memory():
+    """v5e-8: the actor's parameters and optimizer state and the reference's parameters leave the resident device
+    bytes for host memory; the programs take them from host memory (XLA counts them as host arguments, not device
+    ones) and hold a device copy only while they run."""
+    on_device, offloaded = plan_run(_offloaded(False), "v5e-8"), plan_run(_offloaded(True), "v5e-8")
+    assert on_device.host_bytes == 0 < on_device.resident_bytes
+    assert offloaded.resident_bytes == 0 and offloaded.host_bytes == on_device.resident_bytes
+    before, after = ({p.name: p for p in plan.programs} for plan in (on_device, offloaded))
+    for name in ("ref", "update_actor"):
+        assert after[name].argument_bytes < before[name].argument_bytes, name
+    # the update's device arguments lose the parameters (its gradient accumulator stays on the devices)
+    assert before["update_actor"].argument_bytes - after["update_actor"].argument_bytes >= offloaded.host_bytes // 3
+    assert after["sampler"].peak_bytes > 0 and offloaded.fits
+    assert "in host memory per device" in format_table(offloaded)
+    assert "in host memory" not in format_table(on_device)
+
+
+def test_offload_compiles_for_a_gpu_node():
+    plan = plan_run(_offloaded(True), "h100-8")  # compile-only GPU devices have no host memory kind: planned as device
+    assert [p.name for p in plan.programs] == ["sampler", "ref", "update_actor"] and plan.fits
