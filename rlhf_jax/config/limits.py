@@ -221,8 +221,6 @@ REFUSED_BECAUSE: dict[str, dict[str, str]] = {
         "data.micro_batch_size": "global_micro_batch",
         "data.balance_dp_token": "balance_tokens",
         "data.custom_cls.*": "data_code",
-        "model.fsdp_config.cpu_offload": "host_optimizer_step",
-        "model.fsdp_config.offload_params": "host_optimizer_step",
         "model.external_lib": "external_model_code",
         "optim.optimizer_impl": "optimizer_classes",
         "optim.total_training_steps": "schedule_length",

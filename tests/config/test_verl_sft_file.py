@@ -127,6 +127,16 @@ def test_silent_file_takes_verl_sft_defaults(tmp_path):
     assert cfg.actor_rollout_ref.actor.optim.warmup_style == "cosine" and cfg.trainer.total_epochs == 4
 
 
+@pytest.mark.parametrize("cpu_offload, offload_params, offloaded", [(True, True, True), (True, False, False),
+                                                                  (False, True, False)])
+def test_cpu_offload_of_the_parameters_is_the_actors_host_offload(tmp_path, cpu_offload, offload_params, offloaded):
+    # verl wraps with CPUOffload(offload_params=...) only under cpu_offload; parameters and their optimizer state
+    cfg = load_yaml(_yaml(tmp_path, **{"cpu_offload: False": f"cpu_offload: {cpu_offload}",
+                                       "offload_params: False": f"offload_params: {offload_params}"}))
+    f = cfg.actor_rollout_ref.actor.fsdp_config
+    assert (f.param_offload, f.optimizer_offload) == (offloaded, offloaded)
+
+
 def test_optimizer_arguments_are_honoured_and_the_engine_trainers_scheduler_name_ignored(tmp_path, caplog):
     # verl's build_optimizer passes override_optimizer_config to the optimizer class; fsdp_sft_trainer reads
     # optim.lr_scheduler, so warmup_style (the engine trainer's name) changes nothing there either

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlhf_jax.config.dialects.rules import Rule
+from rlhf_jax.config.dialects.rules import Rule, get
 
 MARKERS = ("optim", "ulysses_sequence_parallel_size")
 _A = "actor_rollout_ref."
@@ -83,8 +83,12 @@ RULES: tuple[Rule, ...] = (
     Rule("model.use_shm", reason="files are read from their path"),
     Rule("model.fsdp_config.model_dtype", _A + "model.dtype", _dtype),
     Rule("model.fsdp_config.wrap_policy.*", reason="parameters are sharded by the mesh section"),
-    Rule("model.fsdp_config.cpu_offload", reason="host offload is not implemented", accept=_OFF),
-    Rule("model.fsdp_config.offload_params", reason="host offload is not implemented", accept=_OFF),
+    # verl's trainer wraps with CPUOffload(offload_params=...) only under cpu_offload: the parameters (and with them
+    # the optimizer state) in host memory
+    Rule("model.fsdp_config.cpu_offload", convert=lambda v, f: {
+        _A + f"actor.fsdp_config.{k}": bool(v and get(f, "model.fsdp_config.offload_params"))
+        for k in ("param_offload", "optimizer_offload")}),
+    Rule("model.fsdp_config.offload_params", used_by="model.fsdp_config.cpu_offload"),
     Rule("model.external_lib", reason="no external model code is imported", accept=_NONE),
     Rule("model.enable_gradient_checkpointing", _A + "model.enable_gradient_checkpointing", lambda v, _: bool(v)),
     Rule("model.trust_remote_code", reason="model families are built in; no remote code runs"),
