@@ -25,7 +25,7 @@ SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "verl_scripts
 ENTRY = "-m verl.trainer.main_ppo"
 # The scripts' own knobs (environment variables every one of them reads) shrink the run; what has no knob is
 # appended as the script's arguments.
-KNOBS = {"MODEL_PATH": "builtin:tiny", "TRAIN_BATCH_SIZE": "4", "PPO_MINI_BATCH_SIZE": "2", "MAX_PROMPT_LENGTH": "64",
+KNOBS = {"MODEL_PATH": "builtin:tiny", "STUDENT_MODEL": "builtin:tiny", "TEACHER_MODEL": "builtin:tiny", "TRAIN_BATCH_SIZE": "4", "PPO_MINI_BATCH_SIZE": "2", "MAX_PROMPT_LENGTH": "64",
          "MAX_RESPONSE_LENGTH": "4", "PPO_MAX_TOKEN_LEN_PER_GPU": "256", "ROLLOUT_N": "2", "NNODES": "1",
          "VERL_USE_UV": "0"}
 SHRINK = ["trainer.n_gpus_per_node=1", "data.val_batch_size=4", "trainer.total_training_steps=2",
@@ -85,7 +85,8 @@ def built_command(script: str, home, out: str) -> list[str]:
 def test_script_trains_two_steps(script, home, tmp_path):
     out = str(tmp_path / "run")
     args = built_command(script, home, out)
-    assert any(a.startswith("actor_rollout_ref.ref.fsdp_config.param_offload=True") for a in args)
+    # every one keeps some parameters in host memory (the reference's, the actor's): honoured, not ignored
+    assert any(".fsdp_config.param_offload=True" in a for a in args)
     proc = run_main(args, devices=1, env={"WANDB_MODE": "offline"})
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert "2/2" in proc.stdout + proc.stderr and "step 2 |" in proc.stdout + proc.stderr
