@@ -80,8 +80,6 @@ class DomainPlan:
             raise DataError(problem or "data.domain_weights is empty")
         self.names = [str(d) for d in weights]
         self.counts = domain_counts(weights, batch_size)
-        log.info("each batch of %d prompts by domain: %s", batch_size,
-                 ", ".join(f"{d} {c}" for d, c in self.counts.items()))
         found = sorted({d for d in domains if d is not None})
         rows = {d: np.array([i for i, dom in enumerate(domains) if dom == d], np.int64) for d in self.names}
         for d in self.names:
@@ -102,6 +100,12 @@ class DomainPlan:
         for j, d in enumerate(self.names):
             self.domain_ids[rows[d]] = j
         self._orders: dict[str, tuple[int, list[int]]] = {}  # domain -> (epoch, that epoch's order)
+
+    def describe(self) -> str:
+        """Each batch's share of every domain, and the rows it draws from."""
+        batch = sum(self.counts.values())
+        return f"each batch of {batch}: " + ", ".join(f"{d} {self.counts[d]} (of {len(self.rows[d])} rows)"
+                                                       for d in self.names)
 
     def _order(self, d: str, epoch: int) -> list[int]:
         """Positions in domain d's rows for one epoch: each epoch re-shuffles the previous one in place (as
