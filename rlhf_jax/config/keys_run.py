@@ -126,7 +126,7 @@ DATA = (
     Key("data.shuffle", True, "Shuffle training prompts (reshuffled every epoch)."),
     Key("data.seed", 1, "Seed of the data shuffle."),
     Key("data.domain_weights", None, "Sample training prompts by domain, {domain: weight}: each batch takes int(w x "
-        "batch) of a domain, the last domain the rest; None = no (docs/data.md).", type=object,
+        "batch) of a domain, the last the rest; None = no (docs/data_and_rewards.md).", type=object,
         check=DOMAIN_WEIGHTS),
     Key("data.domain_key", "domain", "Column naming a training row's domain (with data.domain_weights)."),
     Key("data.domain_tags", None, "{domain: [tags]}: a row without a domain column takes the domain listing its "
