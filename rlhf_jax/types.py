@@ -35,6 +35,8 @@ class PromptBatch:
     prompt_text: list[str] = struct.field(pytree_node=False)  # the rendered prompt text that was tokenized
     epoch: int = struct.field(pytree_node=False)
     step: int = struct.field(pytree_node=False)  # global batch number since the start of training (0-based)
+    # int32 [B]: each row's domain (its position in data.domain_weights) when sampling by domain, else None
+    domain: np.ndarray | None = None
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])

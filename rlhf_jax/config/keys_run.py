@@ -11,6 +11,7 @@ from rlhf_jax.algos.dpo import LOSS_TYPES
 from rlhf_jax.algos.kl import KL_CTRL_TYPES
 from rlhf_jax.algos.bypass import BYPASS_LOSS_TYPES
 from rlhf_jax.algos.rollout_correction import IS_LEVELS, RS_LEVELS
+from rlhf_jax.config.domain_weights import weights_problem
 from rlhf_jax.config.key import Check, Key, above, at_least, micro_size, registered, step_numbers, within
 from rlhf_jax.config.keys_policy import TOKEN_BUDGET_DOC, checkpoint_keys, optim_keys
 from rlhf_jax.config.keys_shaping import SHAPING
@@ -73,6 +74,8 @@ def _env_vars_problem(value) -> str | None:
 
 ENV_VARS = Check(lambda v: v is None or _env_vars_problem(v) is None, ": a mapping of variable names to strings",
                  explain=_env_vars_problem)
+DOMAIN_WEIGHTS = Check(lambda v: weights_problem(v) is None, ": {domain: weight >= 0}, those before the last <= 1 in all",
+                       explain=weights_problem)
 TRAINER_TYPE = Check(lambda v: v in TRAINER_TYPES, f" is not valid: choose one of {', '.join(sorted(TRAINER_TYPES))}")
 
 DATA = (
@@ -122,6 +125,15 @@ DATA = (
         check=at_least(1)),
     Key("data.shuffle", True, "Shuffle training prompts (reshuffled every epoch)."),
     Key("data.seed", 1, "Seed of the data shuffle."),
+    Key("data.domain_weights", None, "Sample training prompts by domain, {domain: weight}: each batch takes int(w x "
+        "batch) of a domain, the last the rest; None = no (docs/data_and_rewards.md).", type=object,
+        check=DOMAIN_WEIGHTS),
+    Key("data.domain_key", "domain", "Column naming a training row's domain (with data.domain_weights)."),
+    Key("data.domain_tags", None, "{domain: [tags]}: a row without a domain column takes the domain listing its "
+        "data.tag_key value; None = none.", type=object),
+    Key("data.tag_key", "tag", "Column of a row's tag (data.domain_tags)."),
+    Key("data.default_domain", None, "Domain of a row that names none (data.domain_key, data.domain_tags); None = "
+        "such a row is an error.", type=str),
     # Supervised fine-tuning (algorithm.type=sft), verl's sft_trainer names
     Key("data.response_key", None, "SFT: response column of single-turn rows; None = first of response, answer, "
         "completion, output (any case).", type=str),

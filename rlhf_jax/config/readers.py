@@ -20,6 +20,7 @@ READERS: dict[str, tuple[str, ...]] = {
         "data.image_key", "data.video_key", "data.prompt_template", "data.system_prompt",
         "data.apply_chat_template_kwargs", "data.max_prompt_length", "data.prompt_length_buckets", "data.truncation",
         "data.filter_overlong_prompts", "data.train_batch_size", "data.val_batch_size", "data.shuffle", "data.seed",
+        "data.domain_weights", "data.domain_key", "data.domain_tags", "data.tag_key", "data.default_domain",
     ),
     "rlhf_jax.train.setup": (
         "distillation.teacher_models.teacher_model.model_path",

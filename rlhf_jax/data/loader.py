@@ -4,7 +4,8 @@ Pipeline (a ``grain.MapDataset``, so every batch is a pure function of its index
 row indices -> per-epoch shuffle (seeded, reshuffled each epoch) -> global batches
 of ``data.train_batch_size`` (the last partial batch dropped for training) ->
 repeat for the epochs -> this process's contiguous slice of each global batch ->
-left-padded numpy batch. Every process walks the same global order and takes a
+left-padded numpy batch. With ``data.domain_weights`` the shuffled global batches are replaced by
+per-domain shares (:mod:`rlhf_jax.data.domains`), still one pure function of the batch number. Every process walks the same global order and takes a
 disjoint share of each batch, so the union over processes is exactly what a
 single process would see. The iterator state is grain's ``{"next_index": k}``,
 saved by Orbax with ``grain.checkpoint.CheckpointSave(loader.grain_iterator)``;
@@ -22,6 +23,7 @@ from typing import Any
 import grain
 import numpy as np
 
+from rlhf_jax.data.domains import DomainPlan, DomainSpec
 from rlhf_jax.data.prompts import bucket_length, pad_left, pad_token_id_of, resolve_buckets, tokenize_examples
 from rlhf_jax.data.records import Example, to_examples
 from rlhf_jax.data.sources import DataError, read_files
@@ -72,14 +74,15 @@ def build_dataset(
     sample_seed: int | None = None,
     chat_template_kwargs: dict[str, Any] | None = None,
     media_keys: Sequence[str] = ("images", "videos"),
+    domains: DomainSpec | None = None,
 ) -> PromptDataset:
     """Read, validate and tokenize every prompt of `files` (all errors surface here, before training).
 
     ``max_samples`` > 0 keeps that many rows: a random subset drawn with ``sample_seed``, or the first rows
-    when it is None (verl's train/val_max_samples).
+    when it is None (verl's train/val_max_samples). ``domains``: read each row's domain (sampling by domain).
     """
     rows = read_rows(files, split, max_samples, sample_seed)
-    examples = to_examples(rows, prompt_key, ground_truth_key, default_data_source, media_keys)
+    examples = to_examples(rows, prompt_key, ground_truth_key, default_data_source, media_keys, domains)
     kept, ids, texts = tokenize_examples(
         examples, tokenizer, max_prompt_length=max_prompt_length, template=prompt_template,
         system_prompt=system_prompt, truncation=truncation, filter_overlong_prompts=filter_overlong_prompts,
@@ -111,7 +114,10 @@ class PromptLoader:
         drop_remainder: bool = True,
         process_index: int | None = None,
         process_count: int | None = None,
+        domain_weights: dict[str, float] | None = None,
     ):
+        """``domain_weights`` {domain: weight}: each batch takes fixed per-domain shares (the dataset's examples
+        carry their domain); training batches only."""
         if process_index is None or process_count is None:
             process_index, process_count = _process_index_and_count()
         if batch_size <= 0:
@@ -120,7 +126,13 @@ class PromptLoader:
             raise DataError(
                 f"data.train_batch_size={batch_size} must be divisible by the number of processes ({process_count})"
             )
-        n = len(dataset)
+        self.domains = None
+        if domain_weights:
+            if not drop_remainder:
+                raise DataError("sampling by domain (data.domain_weights) makes full training batches only")
+            self.domains = DomainPlan([e.domain for e in dataset.examples], domain_weights, batch_size, seed=seed,
+                                      shuffle=shuffle)
+        n = len(dataset) if self.domains is None else self.domains.num_rows  # an epoch: as many rows as there are
         self.batches_per_epoch = n // batch_size if drop_remainder else -(-n // batch_size)
         if self.batches_per_epoch == 0:
             raise DataError(f"dataset has {n} prompts, fewer than one batch of {batch_size}")
@@ -133,11 +145,16 @@ class PromptLoader:
         self.num_epochs = num_epochs
         self.process_index, self.process_count = process_index, process_count
 
-        ds = grain.MapDataset.range(n)
-        if shuffle:
-            ds = ds.shuffle(seed=int(seed))
-        ds = ds.batch(batch_size, drop_remainder=drop_remainder).repeat(num_epochs)
-        self._grain_dataset = ds.map_with_index(self._collate)
+        if self.domains is not None:
+            plan = self.domains
+            ds = grain.MapDataset.range(self.batches_per_epoch).repeat(num_epochs)
+            self._grain_dataset = ds.map_with_index(lambda step, _: self._collate(step, plan.batch(step)))
+        else:
+            ds = grain.MapDataset.range(n)
+            if shuffle:
+                ds = ds.shuffle(seed=int(seed))
+            ds = ds.batch(batch_size, drop_remainder=drop_remainder).repeat(num_epochs)
+            self._grain_dataset = ds.map_with_index(self._collate)
         self._grain_iterator = self._grain_dataset.to_iter_dataset(
             grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)
         ).__iter__()
@@ -157,6 +174,7 @@ class PromptLoader:
             extra_info=[dict(e.extra_info) for e in exs], raw_prompt=[e.prompt for e in exs],
             prompt_text=[self.dataset.prompt_texts[i] for i in idx], index=idx,
             epoch=step // self.batches_per_epoch, step=step,
+            domain=None if self.domains is None else self.domains.domain_ids[idx],
         )
 
     @property
@@ -188,6 +206,14 @@ def media_keys(data_cfg: Any) -> tuple[str, ...]:
     return tuple(k for k in (data_cfg.image_key, data_cfg.video_key) if k)
 
 
+def domain_spec(data_cfg: Any) -> DomainSpec | None:
+    """How rows name their domain, when the training prompts are sampled by domain (data.domain_weights)."""
+    d = data_cfg
+    if not d.domain_weights:
+        return None
+    return DomainSpec(key=d.domain_key, tags=dict(d.domain_tags or {}), tag_key=d.tag_key, default=d.default_domain)
+
+
 def dataset_from_config(data_cfg: Any, tokenizer: Any, which: str = "train",
                         tools: list[dict] | None = None) -> PromptDataset:
     """Build the train or val PromptDataset from the `data` section of a config (the key table's names and
@@ -213,6 +239,7 @@ def dataset_from_config(data_cfg: Any, tokenizer: Any, which: str = "train",
         max_samples=int(d[f"{which}_max_samples"]),
         chat_template_kwargs={**dict(d.apply_chat_template_kwargs or {}), **({"tools": tools} if tools else {})},
         media_keys=media_keys(d),
+        domains=domain_spec(d) if which == "train" else None,
         sample_seed=int(d.seed) if which == "train" and d.shuffle else None,
     )
 
@@ -236,6 +263,6 @@ def loader_from_config(
     )
     if which == "train":
         return PromptLoader(dataset, int(d.train_batch_size), shuffle=bool(d.shuffle), num_epochs=num_epochs,
-                            drop_remainder=True, **common)
+                            drop_remainder=True, domain_weights=dict(d.domain_weights or {}) or None, **common)
     batch_size = int(d.val_batch_size) if d.val_batch_size is not None else len(dataset)  # None = the whole set
     return PromptLoader(dataset, batch_size, shuffle=False, num_epochs=1, drop_remainder=False, **common)

@@ -22,6 +22,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from rlhf_jax.data.domains import DomainSpec
 from rlhf_jax.data.sources import SUPPORTED_SUFFIXES, DataError, Row, get_path
 
 Messages = list[dict[str, str]]
@@ -42,6 +43,7 @@ class Example:
     data_source: str
     extra_info: dict[str, Any]
     where: str  # "file row N", for error messages
+    domain: str | None = None  # the row's domain when sampling by domain (data.domain_weights), else None
 
 
 def _as_messages(value: Any, where: str, key: str) -> Messages | None:
@@ -126,12 +128,13 @@ def to_example(
     ground_truth_key: str | None = None,
     default_data_source: str | None = None,
     media_keys: Sequence[str] = ("images", "videos"),
+    domains: DomainSpec | None = None,
 ) -> Example:
     """Build an Example from a raw row, failing with the file, row and key on anything missing or malformed.
 
     ``prompt_key`` / ``ground_truth_key`` None: recognise the column by name; ``ground_truth_key=""``: no ground truth.
     A row with images or videos in a ``media_keys`` column is refused: the models are text-only, and training on
-    the text without its pictures would be training on another task.
+    the text without its pictures would be training on another task. ``domains``: read the row's domain.
     """
     data = row.data
     for key in media_keys:
@@ -177,7 +180,9 @@ def to_example(
     prompt_root = prompt_key if prompt_key in data else prompt_key.split(".")[0]
     extra = {k: v for k, v in data.items() if k not in (prompt_root, "extra_info", "data_source")}
     extra.update(own_extra or {})
-    return Example(prompt=prompt, ground_truth=ground_truth, data_source=data_source, extra_info=extra, where=row.where)
+    domain = domains.domain_of(data, row.where) if domains is not None else None
+    return Example(prompt=prompt, ground_truth=ground_truth, data_source=data_source, extra_info=extra, where=row.where,
+                   domain=domain)
 
 
 def to_examples(
@@ -186,6 +191,7 @@ def to_examples(
     ground_truth_key: str | None = None,
     default_data_source: str | None = None,
     media_keys: Sequence[str] = ("images", "videos"),
+    domains: DomainSpec | None = None,
 ) -> list[Example]:
     """Convert all rows (eagerly, so that bad data fails before training starts)."""
-    return [to_example(r, prompt_key, ground_truth_key, default_data_source, media_keys) for r in rows]
+    return [to_example(r, prompt_key, ground_truth_key, default_data_source, media_keys, domains) for r in rows]

@@ -37,9 +37,14 @@ class Collected:
     def num_groups(self) -> int:
         return sum(p["scores"].shape[0] for p in self.parts) // self.n
 
-    def add(self, rollout: dict[str, np.ndarray], scores: np.ndarray, keep: np.ndarray) -> None:
+    def add(self, rollout: dict[str, np.ndarray], scores: np.ndarray, keep: np.ndarray,
+            domain: np.ndarray | None = None) -> None:
+        """``domain`` (rows,): each row's data domain, kept with its group (the per-domain statistics' segments)."""
         rows = (keep[:, None] * self.n + np.arange(self.n)[None, :]).reshape(-1)
-        self.parts.append({**{k: rollout[k][rows] for k in ROLLOUT_KEYS}, "scores": scores[rows]})
+        part = {**{k: rollout[k][rows] for k in ROLLOUT_KEYS}, "scores": scores[rows]}
+        if domain is not None:
+            part["domain"] = np.asarray(domain)[rows]
+        self.parts.append(part)
 
     def batch(self, num_groups: int) -> dict[str, np.ndarray]:
         """The first ``num_groups`` groups; prompts left-padded and responses right-padded to common widths."""
@@ -57,4 +62,6 @@ class Collected:
                     x = np.pad(x, ((0, 0), (0, R - x.shape[1])), constant_values=fills.get(key, 0))
                 arrays.append(x)
             out[key] = np.concatenate(arrays)[:num_groups * self.n]
+        if all("domain" in p for p in self.parts):
+            out["domain"] = np.concatenate([p["domain"] for p in self.parts])[:num_groups * self.n]
         return out

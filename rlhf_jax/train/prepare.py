@@ -93,7 +93,10 @@ class Preparer:
         rows = len(scored.prompts)
         group_ids = to_global(self.mesh, np.repeat(np.arange(rows) + jax.process_index() * rows,
                                                    self.n).astype(np.int32))
-        segment_ids = jnp.zeros_like(group_ids)  # batch statistics over the whole batch
+        # batch statistics per data domain (ROLL groups its batch by domain), else over the whole batch
+        domain = scored.prompts.domain
+        segment_ids = jnp.zeros_like(group_ids) if domain is None else to_global(
+            self.mesh, np.repeat(np.asarray(domain, np.int32), self.n))
         keep = None
         with timer("reward"):  # the reward stage's last part: each score placed on its response's last token
             token_scores = scored.scores  # (N, R) already with multi_turn.per_turn_rewards

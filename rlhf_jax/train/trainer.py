@@ -127,10 +127,13 @@ class Trainer:
             tuple(a.checkpoint.save_contents), tuple(a.checkpoint.load_contents),
             tuple(critic_ckpt.save_contents) if critic_ckpt else None,
             tuple(critic_ckpt.load_contents) if critic_ckpt else None))
+        # before the models: the per-domain shares are checked against the data first
+        self.loader = loader_from_config(cfg.data, c.tokenizer, "train", num_epochs=None, dataset=c.train_dataset)
+        if self.loader.domains is not None:
+            self.loop.logger.text(f"training prompts by domain (data.domain_weights): {self.loader.domains.describe()}")
         self.actor = actor_role(cfg, c, self.loop.total_steps, d.actor_updates_per_step)
         self.ref = reference_role(cfg, c, self.actor) if d.need_ref else None
         self.critic = self._critic(cfg, c) if separate_critic else None  # else the actor may carry the value head
-        self.loader = loader_from_config(cfg.data, c.tokenizer, "train", num_epochs=None, dataset=c.train_dataset)
         self.rollouts = self._rollouts(cfg, c)
         self.producer = Producer(self.rollouts, c.sampling, cfg.algorithm.filter_groups,
                                  greedy_baseline=algos.estimator_info(cfg.algorithm.adv_estimator).needs_greedy_baseline,

@@ -224,7 +224,8 @@ class Producer:
                 raise ValueError("algorithm.filter_groups.metric=acc: the reward function returns no 'acc' (return "
                                  "{'score': ..., 'acc': ...}) ; or set the metric to score")
             values = extras["acc"] if fg.metric == "acc" else scores
-            collected.add({k: np.asarray(getattr(out, k)) for k in ROLLOUT_KEYS}, scores, varied_groups(values, n))
+            collected.add({k: np.asarray(getattr(out, k)) for k in ROLLOUT_KEYS}, scores, varied_groups(values, n),
+                          None if pb.domain is None else np.repeat(pb.domain, n))
             if collected.num_groups >= len(pb):
                 break
             if 0 < fg.max_num_gen_batches <= rounds:
@@ -234,6 +235,8 @@ class Producer:
             pb = next(self.loader)
         out_metrics["train/num_gen_batches"] = float(rounds)
         rows = collected.batch(len(pb))
+        if "domain" in rows:  # the kept groups' domains, not the last batch's
+            pb = pb.replace(domain=rows["domain"][::n])
         out = RolloutBatch(**{k: to_global(self.rollouts.mesh, rows[k]) for k in ROLLOUT_KEYS})
         return out, pb, rows["scores"]
 

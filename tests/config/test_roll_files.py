@@ -14,6 +14,7 @@ from tests.train.helpers import read_metrics, run_main
 EXAMPLES = os.path.join(os.path.dirname(__file__), "dialects", "roll", "examples")
 DPO = os.path.join(EXAMPLES, "dpo_examples", "qwen2.5-3B_dpo_megatron.yaml")
 RLVR = os.path.join(EXAMPLES, "qwen2.5-7B-rlvr_megatron", "rlvr_config.yaml")
+PPO = os.path.join(EXAMPLES, "docs_examples", "example_ppo.yaml")
 
 
 def test_roll_dpo_file_maps_onto_the_dpo_trainer():
@@ -37,12 +38,21 @@ def test_roll_dpo_file_maps_onto_the_dpo_trainer():
         load_yaml("pretrain: /m\nbeta: 0.2\n", fmt="roll")
 
 
-def test_roll_rlvr_file_maps_its_reward_and_advantage_options_and_stops_at_domain_mixing():
-    """Every reward and advantage option of ROLL's RLVR example maps; the file as written stops at the first
-    feature rlhf_jax still lacks, sampling the training data by domain (then an LLM judge as a reward worker)."""
-    with pytest.raises(ValueError, match=r"rlvr_config\.yaml: actor_train\.data_args\.domain_interleave_probs=.*"
-                                         r"mixing domains"):
+def test_roll_rlvr_file_maps_its_reward_and_advantage_options_and_stops_at_the_llm_judge():
+    """Every reward and advantage option of ROLL's RLVR example maps, and its domain weights; the file as written
+    stops at the first feature rlhf_jax still lacks, an LLM judge as a reward worker."""
+    with pytest.raises(ValueError, match=r"rlvr_config\.yaml: rewards\.llm_judge\.worker_cls=.*not supported"):
         load_yaml(RLVR)
+    with open(RLVR) as fh:
+        doc = yaml.safe_load(fh)
+    del doc["rewards"]["llm_judge"]
+    d = load_yaml(yaml.safe_dump(doc, sort_keys=False)).data
+    assert dict(d.domain_weights) == {"math_rule": 0.4, "code_sandbox": 0.3, "llm_judge": 0.1, "crossthinkqa": 0.1,
+                                      "ifeval": 0.1}
+    assert (d.domain_key, d.tag_key, d.default_domain) == ("domain", "tag", "math_rule")
+    assert {k: list(v) for k, v in d.domain_tags.items()} == {
+        "crossthinkqa": ["crossthinkqa"], "ifeval": ["ifeval"], "math_rule": ["deepmath_103k", "aime"],
+        "code_sandbox": ["KodCode"]}
     cfg = load_yaml(_without_missing_features(RLVR))
     alg, arr = cfg.algorithm, cfg.actor_rollout_ref
     # adv_estimator reinforce with norm_mean_type / norm_std_type null: the discounted return of the raw scores
@@ -204,3 +214,53 @@ def test_roll_freeze_module_prefix_freezes_whole_parameter_groups():
     with pytest.raises(ValueError, match=r"freeze_module_prefix='model\.layers\.0': prefix 'model\.layers\.0' does "
                                          r"not name whole parameter groups"):
         frozen("model.layers.0")
+
+
+def _math_rows(path, n):
+    """Rows as ROLL's math data lays them out (messages, ground_truth, tag), with the domain column its pipeline
+    fills in: the domain example_ppo.yaml names (math_rule) and one it does not (left out of the batches)."""
+    with open(path, "w") as fh:
+        for i in range(n):
+            fh.write(json.dumps({"messages": [{"role": "user", "content": f"What is {i} + {i % 3}?"}],
+                                 "ground_truth": str(i + i % 3), "tag": "deepmath_103k",
+                                 "domain": "math_rule" if i % 4 else "code_sandbox"}) + "\n")
+
+
+def _ppo_overrides(tmp_path, out):
+    return {
+        "actor_rollout_ref.model.path": "builtin:tiny", "critic.model.path": "builtin:tiny",
+        "data.train_files": str(tmp_path / "math.jsonl"), "data.val_files": str(tmp_path / "math.jsonl"),
+        "data.max_prompt_length": 48, "data.max_response_length": 6, "data.train_batch_size": 4,
+        "data.val_batch_size": 4, "actor_rollout_ref.actor.ppo_mini_batch_size": 2, "critic.ppo_mini_batch_size": 2,
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 2, "critic.ppo_micro_batch_size_per_gpu": 2,
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 4,
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": 4, "critic.forward_micro_batch_size_per_gpu": 4,
+        "trainer.total_training_steps": 2, "trainer.default_local_dir": out, "trainer.log_dir": out,
+        "trainer.n_gpus_per_node": 1, "trainer.logger": "('console','jsonl')",
+    }
+
+
+def test_roll_ppo_docs_example_trains_two_steps_by_domain_and_its_conversion_trains_the_same(tmp_path):
+    """ROLL's docs example as written (PPO with a critic of model_type trl, one domain math_rule sampled by
+    domain_interleave_probs), shrunk by our keys only; its conversion to our keys computes the same first step."""
+    _math_rows(tmp_path / "math.jsonl", 16)
+    cfg = load_yaml(PPO)
+    assert dict(cfg.data.domain_weights) == {"math_rule": 1.0} and cfg.algorithm.adv_estimator == "gae"
+    assert cfg.data.prompt_key == "messages" and cfg.critic.model.path == "Qwen/Qwen2.5-7B"
+    converted = tmp_path / "converted.yaml"
+    converted.write_text(convert(PPO))
+    assert "actor_train" not in converted.read_text() and "domain_weights" in converted.read_text()
+    firsts = []
+    for name, path in (("original", PPO), ("converted", str(converted))):
+        out = str(tmp_path / name)
+        args = [f"--config={path}"] + [f"--config.{k}={v}" for k, v in _ppo_overrides(tmp_path, out).items()]
+        proc = run_main(args, devices=1)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert os.path.isdir(os.path.join(out, "checkpoints", "2")) and "step 2" in proc.stdout
+        # the 4 code_sandbox rows are left out: the file's only domain is math_rule
+        assert "training prompts by domain (data.domain_weights): each batch of 4: math_rule 4 (of 12 rows)" in (
+            proc.stdout + proc.stderr)
+        firsts.append(next(r for r in read_metrics(out) if any(k.startswith("actor/") for k in r)))
+    a, b = firsts
+    assert a["critic/vf_loss"] > 0.0 and a["actor/grad_norm"] > 0.0  # the critic trains (gae)
+    assert _same_numbers(a, b)

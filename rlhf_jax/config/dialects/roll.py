@@ -125,6 +125,24 @@ def _optim(role: str, prefix: str) -> tuple[Rule, ...]:
     )
 
 
+def _domains(value: Any, full: dict) -> dict:
+    """ROLL's per-domain batches: its rows' ``domain`` column, else the domain whose reward worker's tag_included
+    lists the row's ``tag``, else math_rule (rlvr_pipeline.update_dataset_domain)."""
+    if not value:
+        return {}
+    rewards = get(full, "rewards") or {}
+    tags = {str(name): [str(t) for t in w.get("tag_included") or ()] for name, w in rewards.items()
+            if isinstance(w, dict) and w.get("tag_included")}
+    return {"data.domain_weights": {str(d): float(w) for d, w in value.items()}, "data.domain_key": "domain",
+            "data.domain_tags": tags or None, "data.tag_key": "tag", "data.default_domain": "math_rule"}
+
+
+# The critic's model types of ROLL's value-model provider: TRL's causal LM with a value head, or a token classifier
+# with one label; both are a linear head on the checkpoint's trunk, as rlhf_jax's critic (TRL's head also applies
+# dropout, 0.1, to its input in training; this one does not).
+_CRITIC_TYPES = ("trl", "auto_token_classification")
+
+
 def _worker_common(role: str) -> tuple[Rule, ...]:
     return (
         Rule(f"{role}.strategy_args", reason=_STRATEGY),
@@ -135,7 +153,7 @@ def _worker_common(role: str) -> tuple[Rule, ...]:
         Rule(f"{role}.model_args.attn_implementation", reason="attention: actor_rollout_ref.model.attn_implementation"),
         Rule(f"{role}.model_args.model_name_or_path", reason="the models come from pretrain / reward_pretrain"),
         Rule(f"{role}.model_args.model_type", reason="the model's architecture comes from its config.json",
-             accept=lambda v: v is None),
+             accept=lambda v: v is None or (role == "critic" and v in _CRITIC_TYPES)),
         Rule(f"{role}.model_args.ulysses_size", reason="sequence parallelism: the mesh section shards the model"),
         Rule(f"{role}.system_envs", used_by="finish (trainer.env_vars)"),
     )
@@ -241,8 +259,7 @@ RULES: tuple[Rule, ...] = (
     Rule("actor_train.data_args.dataset_dir", reason="data files are read at the paths given"),
     Rule("actor_train.data_args.preprocessing_num_workers", reason="prompts are tokenized in-process"),
     Rule("actor_train.data_args.interleave_probs", reason="ROLL's DataArguments has no such field"),
-    Rule("actor_train.data_args.domain_interleave_probs", reason="mixing domains by probability is not implemented: "
-         "list the files in data.train_files", accept=lambda v: not v or len(v) == 1),
+    Rule("actor_train.data_args.domain_interleave_probs", convert=_domains),
     Rule("actor_train.infer_batch_size", _A + "rollout.log_prob_micro_batch_size_per_gpu", lambda v, _: int(v)),
     *_worker_common("actor_train"),
     # actor_infer
@@ -279,7 +296,7 @@ RULES: tuple[Rule, ...] = (
     Rule("rewards.*.system_envs.*", used_by="finish (trainer.env_vars)"),
     Rule("rewards.*.worker_cls", reason="rule-based scoring follows each row's data_source",
          accept=lambda v: "llm_judge" not in str(v) and "reward_model" not in str(v)),
-    Rule("rewards.*.tag_included", reason="rule-based scoring follows each row's data_source"),
+    Rule("rewards.*.tag_included", used_by="actor_train.data_args.domain_interleave_probs"),
     Rule("rewards.*.model_args", reason="rule-based scoring needs no model"),
     Rule("rewards.*", reason="rule-based scoring follows each row's data_source (rlhf_jax's scorers)"),
     # validation
