@@ -74,8 +74,9 @@ def test_a_tag_no_custom_env_defines_is_named(tmp_path):
 
 # Shrinking overrides (our keys): a tiny model with room for ROLL's ~900-token first prompt, a few short episodes,
 # two steps, one device, no validation before training (the file validates 1024 episodes).
-def _shrunk(out: str, teacher_dir: str) -> dict:
-    return {"actor_rollout_ref.model.path": teacher_dir, "data.train_batch_size": 2, "data.val_batch_size": 4,
+def _shrunk(out: str, model_dir: str) -> dict:
+    return {"actor_rollout_ref.model.path": model_dir, "data.train_batch_size": 2, "data.val_batch_size": 4,
+            "data.val_max_samples": 4,
             "actor_rollout_ref.rollout.n": 2, "actor_rollout_ref.actor.ppo_mini_batch_size": 2,
             "actor_rollout_ref.rollout.multi_turn.max_assistant_turns": 2,
             "actor_rollout_ref.rollout.multi_turn.max_tokens_per_turn": 4, "data.max_prompt_length": 1536,
