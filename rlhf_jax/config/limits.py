@@ -246,7 +246,7 @@ REFUSED_BECAUSE: dict[str, dict[str, str]] = {
         "critic.training_args.*": "training_arguments",
         **{f"{role}.worker_cls": "worker_classes" for role in ("actor_train", "actor_infer", "reference", "critic",
                                                               "validation")},
-        "rewards.*.worker_cls": "worker_classes",
+        "rewards.*.worker_cls": "generative_rm",
         **{f"{role}.model_args.model_type": "model_types" for role in ("actor_train", "actor_infer", "reference",
                                                                       "critic", "validation")},
         "actor_infer.generating_args.num_beams": "beam_search",

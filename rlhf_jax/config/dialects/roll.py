@@ -294,7 +294,8 @@ RULES: tuple[Rule, ...] = (
     # rule-based rewards by domain tag: here each row's data_source picks the built-in scorer
     Rule("rewards.*.system_envs", used_by="finish (trainer.env_vars)"),
     Rule("rewards.*.system_envs.*", used_by="finish (trainer.env_vars)"),
-    Rule("rewards.*.worker_cls", reason="rule-based scoring follows each row's data_source",
+    Rule("rewards.*.worker_cls", reason="rule-based workers: each row's data_source picks the built-in scorer; an "
+         "LLM judge or a reward-model worker per domain (a generative judge) is not available",
          accept=lambda v: "llm_judge" not in str(v) and "reward_model" not in str(v)),
     Rule("rewards.*.tag_included", used_by="actor_train.data_args.domain_interleave_probs"),
     Rule("rewards.*.model_args", reason="rule-based scoring needs no model"),
