@@ -9,7 +9,7 @@ import os
 from tests.train.helpers import read_metrics, run_main
 
 # Metrics that measure the machine, not the computation.
-_TIMING = ("timing", "perf/", "time/", "throughput", "mfu", "memory", "idle")
+_TIMING = ("timing", "perf/", "time/", "throughput", "mfu", "memory", "idle", "latency")
 
 
 def write_jsonl(path: str, rows: list[dict]) -> str:
