@@ -21,6 +21,8 @@ seed: the same seed gives the same board.
 
 from __future__ import annotations
 
+import abc
+
 import re
 from typing import Any
 
@@ -101,16 +103,18 @@ class TextGame(Environment):
                 "answer": answer}
         return StepResult(self._turn_text(), float(reward), done, info)
 
+    @abc.abstractmethod
     def new_board(self, seed: int) -> None:
-        raise NotImplementedError
+        """Lay out a new board for episode ``seed`` (ROLL's generator for the game)."""
 
+    @abc.abstractmethod
     def move(self, action: Any) -> tuple[float, bool, bool]:
         """Play ``action`` (a key of ACTIONS, or None for no valid action): (reward, the game is over, the state
         changed); sets ``self.success``."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def render(self) -> str:
-        raise NotImplementedError
+        """The board as the observation text."""
 
 
 def lookup(table: dict | None, default: dict) -> dict:
