@@ -22,7 +22,6 @@ seed: the same seed gives the same board.
 from __future__ import annotations
 
 import abc
-
 import re
 from typing import Any
 
