@@ -216,11 +216,17 @@ def distillation_settings(cfg: ConfigDict, ctx: Context) -> None:
                              "there is no reference to a KL term; turn one off")
 
 
-@rule(A + "actor.policy_loss.loss_mode", "algorithm.rollout_correction.bypass_mode")
+@rule(A + "actor.policy_loss.loss_mode", "algorithm.rollout_correction.bypass_mode",
+      "algorithm.rollout_correction.loss_type")
 def bypass_loss(cfg: ConfigDict, ctx: Context) -> None:
     """Bypass mode's loss is algorithm.rollout_correction.loss_type's (verl replaces the policy loss with it), so a
-    policy loss of another name would not be trained; bypass_mode is set by its key, not as a loss name."""
+    policy loss of another name would not be trained; bypass_mode is set by its key, not as a loss name; a
+    loss_type without bypass mode would train nothing of its own."""
     mode = cfg.actor_rollout_ref.actor.policy_loss.loss_mode
+    corr = cfg.algorithm.rollout_correction
+    if corr.loss_type != "ppo_clip" and not corr.bypass_mode:
+        raise ValueError(f"algorithm.rollout_correction.loss_type={corr.loss_type} is bypass mode's loss: set "
+                         "algorithm.rollout_correction.bypass_mode=true (or leave loss_type at ppo_clip)")
     if cfg.algorithm.rollout_correction.bypass_mode and mode != "vanilla":
         raise ValueError(f"algorithm.rollout_correction.bypass_mode trains algorithm.rollout_correction.loss_type's "
                          f"loss, not actor_rollout_ref.actor.policy_loss.loss_mode={mode}: set loss_mode=vanilla")

@@ -181,6 +181,8 @@ def test_model_config_read_and_length_limit(tmp_path):
         (lambda c: (setattr(c.algorithm.rollout_correction, "bypass_mode", True),
                     setattr(c.actor_rollout_ref.actor.policy_loss, "loss_mode", "gspo")),
          r"^algorithm\.rollout_correction\.bypass_mode trains .* not actor_rollout_ref\.actor\.policy_loss\.loss_mode=gspo"),
+        (lambda c: setattr(c.algorithm.rollout_correction, "loss_type", "reinforce"),
+         r"^algorithm\.rollout_correction\.loss_type=reinforce is bypass mode's loss: set .*bypass_mode=true"),
         (lambda c: setattr(c.actor_rollout_ref.actor.policy_loss, "loss_mode", "bypass_mode"),
          r"^actor_rollout_ref\.actor\.policy_loss\.loss_mode=bypass_mode: set algorithm\.rollout_correction\.bypass_mode"),
     ],
