@@ -169,3 +169,39 @@ def left_padded_batch(rng, vocab: int, lengths: list[int], pad_id: int = 0):
         ids[b, T - n :] = rng.integers(1, vocab, n)
         mask[b, T - n :] = 1
     return ids, mask
+
+
+# ---------------------------------------------------------------- running the suite on several workers (-n N)
+# Under pytest-xdist (``--dist loadgroup``) each test file is one unit of work, so that its module fixtures
+# are built once; the files that compile the real SmolLM2 share one unit, so that at most one worker holds
+# those programs (several GiB) at a time. Units start heaviest first (SmolLM2, then train/ and config/, whose
+# tests start whole runs), so that no long file is left to run alone at the end.
+_FIRST = ("tests/train/", "tests/config/")
+
+
+def pytest_collection_modifyitems(config, items):
+    def path(item) -> str:
+        return item.nodeid.split("::", 1)[0]
+
+    smollm2 = {path(item) for item in items if "smollm2_dir" in getattr(item, "fixturenames", ())}
+
+    def rank(item) -> int:
+        p = path(item)
+        return 0 if p in smollm2 else next((i + 1 for i, d in enumerate(_FIRST) if p.startswith(d)), len(_FIRST) + 1)
+
+    items.sort(key=rank)  # stable: the order within each file and group is kept
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group("smollm2" if path(item) in smollm2 else path(item)))
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _free_compiled_programs():
+    """Drop the programs a test file compiled once it is done: JAX keeps every executable in memory otherwise, and
+    a worker that runs a few hundred files would grow past its share of the host (the on-disk cache keeps them)."""
+    yield
+    import gc
+
+    import jax
+
+    jax.clear_caches()
+    gc.collect()

@@ -36,8 +36,9 @@ from rlhf_jax.parallel.hosts import gather_all
 from rlhf_jax.train.engine import Role
 from rlhf_jax.train.fit_loop import RunLoop
 from rlhf_jax.train.optim import make_optimizer
-from rlhf_jax.train.passes import (PassPlan, compile_pass, describe, fit_pass, free_device_memory, gib, held_bytes,
-                                   pass_batch, pass_bytes, plan_passes, step_correction, step_passes)
+from rlhf_jax.train.pass_bound import needs_compile, pass_bound_bytes, tree_bytes
+from rlhf_jax.train.passes import (HEADROOM, PassPlan, compile_pass, describe, fit_pass, free_device_memory, gib,
+                                   held_bytes, pass_batch, pass_bytes, plan_passes, step_correction, step_passes)
 from rlhf_jax.runtime.oom import memory_hint
 from rlhf_jax.train.prepare import Prepared, Preparer, ScoreShaping
 from rlhf_jax.runtime.preemption import STOP, StopRequest
@@ -322,12 +323,18 @@ class Trainer:
             if not self.passes.runs(name):
                 continue
             role = self._role_of(name)
-            hint = memory_hint(cfg, "critic" if role is self.critic else "actor")
-            held = held_bytes(role, name)
-            plan, need = fit_pass(plan, functools.partial(self.compile_pass, name), free, hint,
-                                  lambda compiled, held=held: pass_bytes(compiled, held))
-            self.plans[name] = plan
-            estimate = f"~{gib(need)} per device" if need is not None else "no estimate on this backend"
+            bound = pass_bound_bytes(role.config, rows=plan.rows_per_micro, row_len=plan.row_len,
+                                     batch_rows=plan.seqs_per_shard,
+                                     trained_bytes=tree_bytes(role.params) if name.startswith("update") else 0)
+            if needs_compile(bound, free, HEADROOM):
+                hint = memory_hint(cfg, "critic" if role is self.critic else "actor")
+                held = held_bytes(role, name)
+                plan, need = fit_pass(plan, functools.partial(self.compile_pass, name), free, hint,
+                                      lambda compiled, held=held: pass_bytes(compiled, held))
+                self.plans[name] = plan
+                estimate = f"~{gib(need)} per device" if need is not None else "no estimate on this backend"
+            else:  # far from the memory there is: compiling it to know would change nothing
+                estimate = f"at most {gib(bound)} per device by the model's arithmetic"
             self.loop.logger.text(f"memory plan: {name}: micro-batches of {describe(plan)} per shard, {estimate}"
                                   + (f" ({gib(free)} free)" if free is not None else ""))
         self._size_keys = tuple(k for p in self.plans.values() for k in p.size_keys)

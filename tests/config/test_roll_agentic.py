@@ -73,9 +73,11 @@ def test_a_tag_no_custom_env_defines_is_named(tmp_path):
 
 
 # Shrinking overrides (our keys): a tiny model with room for ROLL's ~900-token first prompt, a few short episodes,
-# two steps, one device, no validation before training (the file validates 1024 episodes).
-def _shrunk(out: str, model_dir: str) -> dict:
+# two steps, one device, no validation before training (the file validates 1024 episodes), 8 boards to train on
+# (the file's 131072 take ten seconds to render and tokenize).
+def _shrunk(out: str, model_dir: str, tag: str) -> dict:
     return {"actor_rollout_ref.model.path": model_dir, "data.train_batch_size": 2, "data.val_batch_size": 4,
+            "data.train_files": f"builtin:env_tasks?env={tag}&train_size=8",
             "data.val_max_samples": 4,
             "actor_rollout_ref.rollout.n": 2, "actor_rollout_ref.actor.ppo_mini_batch_size": 2,
             "actor_rollout_ref.rollout.multi_turn.max_assistant_turns": 2,
@@ -104,7 +106,8 @@ def test_agentic_file_trains_two_steps_and_its_conversion_trains_the_same(name, 
         if config is None:
             config = str(tmp_path / "converted.yaml")
             (tmp_path / "converted.yaml").write_text(convert(FILES[name]))
-        proc = R.run_file(config, _shrunk(out, long_tiny))
+        tag = "FrozenLake" if name == "frozen_lake" else "SimpleSokoban"
+        proc = R.run_file(config, _shrunk(out, long_tiny, tag))
         R.ran_two_steps(proc, out, "roll")
         runs[kind] = out
     R.assert_same_first_step(runs["file"], runs["converted"])
