@@ -15,6 +15,12 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
 # that long (seen as rare "Termination timeout ... all reduce" aborts mid-suite): give them 10 minutes.
 if "xla_cpu_collective_call_terminate_timeout_seconds" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] += " --xla_cpu_collective_call_terminate_timeout_seconds=600"
+# Most of a test's time is XLA:CPU compiling small programs, and most of that is LLVM optimizing the generated code
+# (a tiny GRPO step's sampler: 2.6 s at the default level, 1.7 s without); the tests' models are small enough that
+# the code's speed does not matter (the SmolLM2 tests run their matmuls in XLA's runtime library either way). The
+# numerics are XLA's own at any level; benchmarks and real runs keep the default.
+if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] += " --xla_backend_optimization_level=0"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # Many tests, and the command-line runs they start (subprocesses inherit this environment), compile the same small
 # programs: a persistent compilation cache lets each compile once per test run. The cache is a fresh directory

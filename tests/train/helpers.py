@@ -10,11 +10,13 @@ import sys
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # For subprocesses on several fake CPU devices: see tests/conftest.py on XLA:CPU's collective timeout.
 PATIENT_COLLECTIVES = "--xla_cpu_collective_call_terminate_timeout_seconds=600"
+# XLA:CPU compiles without LLVM's optimizations in tests (see tests/conftest.py).
+QUICK_COMPILES = "--xla_backend_optimization_level=0"
 
 
 def cpu_devices_flags(devices: int) -> str:
     """XLA_FLAGS of a subprocess on ``devices`` fake CPU devices."""
-    return f"--xla_force_host_platform_device_count={devices} {PATIENT_COLLECTIVES}"
+    return f"--xla_force_host_platform_device_count={devices} {PATIENT_COLLECTIVES} {QUICK_COMPILES}"
 
 # Overrides that make any recipe run in seconds: 4 prompts x 2 samples, 4-token responses.
 FAST = {
