@@ -55,6 +55,9 @@ class RolloutBatch:
     # (N, R) int32: the response tokens in the sequence, contiguous from column 0, where they differ from the
     # trained ones (multi-turn: tool responses are in the sequence, response_mask 0); None: response_mask
     response_valid: jax.Array | None = None
+    # (N, P + R, sparse layers, K) int32: the expert ids the sampler routed each prompt and fed-back response token
+    # to (router_replay.mode R3); -1 where no token was routed (padding, the last token). None: not recorded.
+    routed_experts: jax.Array | None = None
 
     def valid_mask(self) -> jax.Array:
         """(N, R) the response tokens the model reads (the attention mask's response part)."""
@@ -106,19 +109,24 @@ class TrainBatch:
     returns: jax.Array | None = None
     rollout_is_weights: jax.Array | None = None
     sum_pi_squared: jax.Array | None = None  # sum_v pi_v^2 per token under the old policy (optimal token baseline)
+    # (N, P + R, sparse layers, K) int32 expert ids a MoE forward pass replays (router_replay; -1: route natively),
+    # aligned with input_ids: a model input like the sequences
+    routed_experts: jax.Array | None = None
 
     def sequences(self) -> TrainBatch:
         """Only the model's inputs (what a forward pass reads)."""
-        return TrainBatch(input_ids=self.input_ids, attention_mask=self.attention_mask, responses=self.responses)
+        return TrainBatch(input_ids=self.input_ids, attention_mask=self.attention_mask, responses=self.responses,
+                          routed_experts=self.routed_experts)
 
     def only(self, per_token: tuple[str, ...]) -> TrainBatch:
         """The sequences, the response mask and the ``per_token`` fields; every other field None."""
         return TrainBatch(input_ids=self.input_ids, attention_mask=self.attention_mask, responses=self.responses,
-                          response_mask=self.response_mask, **{f: getattr(self, f) for f in per_token})
+                          response_mask=self.response_mask, routed_experts=self.routed_experts,
+                          **{f: getattr(self, f) for f in per_token})
 
     def grid(self) -> TrainBatch:
         """The batch without its sequences: the per-token grid a packed pass reads next to its micro-batches."""
-        return self.replace(input_ids=None, attention_mask=None, responses=None)
+        return self.replace(input_ids=None, attention_mask=None, responses=None, routed_experts=None)
 
     @staticmethod
     def abstract(rows: int, prompt_width: int, response_width: int, per_token: tuple[str, ...],

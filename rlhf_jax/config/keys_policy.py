@@ -128,6 +128,9 @@ ACTOR = (
     Key(A + "actor.router_aux_loss_coef", None,
         "MoE actor: weight of the router load-balancing loss; None = the checkpoint's if output_router_logits, else 0.",
         type=float, check=at_least(0)),
+    Key(A + "actor.router_replay.mode", "disabled",
+        "MoE actor routing replay: R3 = old-log-prob, ref and update passes reuse the sampler's expert ids; R2 = the "
+        "update reuses the old-log-prob pass's.", choices=("disabled", "R2", "R3")),
     Key(A + "actor.kl_loss_type", "low_var_kl",
         "KL estimator of the KL loss: kl|k1, abs, mse|k2, low_var_kl|k3 (full is not supported).",
         check=registered(A + "actor.kl_loss_type", algos.check_kl_kind)),

@@ -129,6 +129,29 @@ def filter_groups_one_process(cfg: ConfigDict, ctx: Context) -> None:
                          f"this run has {ctx.num_processes}")
 
 
+@rule("actor_rollout_ref.actor.router_replay.mode", "actor_rollout_ref.model.use_remove_padding", _MT + "enable",
+      "algorithm.filter_groups.enable", "mesh.rollout_devices", "actor_rollout_ref.model.lora_rank")
+def router_replay_combinations(cfg: ConfigDict, ctx: Context) -> None:
+    """Routing replay runs on padded passes; R3's routes come from the single-turn sampler on the training mesh."""
+    mode = cfg.actor_rollout_ref.actor.router_replay.mode
+    if mode == "disabled":
+        return
+    key = f"actor_rollout_ref.actor.router_replay.mode={mode}"
+    if cfg.actor_rollout_ref.model.use_remove_padding:
+        raise ValueError(f"{key} replays routes in padded passes only: set actor_rollout_ref.model.use_remove_padding"
+                         "=False")
+    if cfg.actor_rollout_ref.model.lora_rank:
+        raise ValueError(f"{key} with actor_rollout_ref.model.lora_rank is not supported (LoRA adapts dense models)")
+    if mode != "R3":
+        return
+    for path, on, fix in ((_MT + "enable", cfg.actor_rollout_ref.rollout.multi_turn.enable, "False"),
+                          ("algorithm.filter_groups.enable", cfg.algorithm.filter_groups.enable, "False"),
+                          ("mesh.rollout_devices", cfg.mesh.rollout_devices, "0")):
+        if on:
+            raise ValueError(f"{key} with {path} is not supported (the sampler's routes are recorded by the "
+                             f"single-turn sampler on the training mesh): set {path}={fix} or mode=R2")
+
+
 @rule(_MT + "enable", "algorithm.filter_groups.enable", "mesh.rollout_devices", "algorithm.adv_estimator")
 def multi_turn_combinations(cfg: ConfigDict, ctx: Context) -> None:
     """Multi-turn rollouts run in one process on the training mesh, without group filtering or a greedy baseline."""

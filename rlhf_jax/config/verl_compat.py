@@ -273,8 +273,13 @@ IGNORED: tuple[Ignored, ...] = (
     Ignored("*.nccl_timeout", "no NCCL process groups: one JAX program"),
     Ignored("*.optim.optimizer_impl", "optimizers come from optax (see optim.optimizer)"),
     Ignored("*.tiled_mlp", "tiled MLP memory saving: use enable_gradient_checkpointing", _off),
-    Ignored("*.router_replay", "mixture-of-experts routing replay is not implemented",
-            lambda v: not isinstance(v, dict) or v.get("mode") in (None, "disabled")),
+    Ignored("*.router_replay._target_", "verl's config class"),
+    Ignored("*.router_replay.record_file", "routes stay in the step's arrays (router_replay.mode)", _off),
+    Ignored("*.router_replay.replay_file", "routes stay in the step's arrays (router_replay.mode)", _off),
+    Ignored("actor_rollout_ref.ref.router_replay.mode", "the reference pass follows actor_rollout_ref.actor."
+            "router_replay.mode (R3: it replays the sampler's routes)"),
+    Ignored("actor_rollout_ref.actor.*.router_replay.mode", "the engine's copy of actor_rollout_ref.actor."
+            "router_replay.mode (which is read)"),
     Ignored("actor_rollout_ref.actor.freeze_vision_tower", "multi-modal models are not supported", _off),
     Ignored("actor_rollout_ref.actor.calculate_entropy", "the entropy is always computed and logged"),
     Ignored("actor_rollout_ref.actor.use_prefix_grouper", "the same losses without grouping shared prefixes"),
@@ -296,8 +301,8 @@ IGNORED: tuple[Ignored, ...] = (
     Ignored("actor_rollout_ref.rollout.skip_rollout", "rollout dumps and replays are not implemented", _off),
     Ignored("actor_rollout_ref.rollout.skip_dump_dir", "rollout dumps and replays are not implemented"),
     Ignored("actor_rollout_ref.rollout.skip_tokenizer_init", _ENGINE),
-    Ignored("actor_rollout_ref.rollout.enable_rollout_routing_replay", "mixture-of-experts routing replay is not "
-            "implemented", _off),
+    Ignored("actor_rollout_ref.rollout.enable_rollout_routing_replay", "the sampler records routes exactly when "
+            "actor_rollout_ref.actor.router_replay.mode=R3"),
     Ignored("actor_rollout_ref.rollout.prometheus", "no inference server metrics", _off),
     Ignored("actor_rollout_ref.rollout.quantization", "quantized sampling is not implemented", _off),
     Ignored("actor_rollout_ref.rollout.quantization_config_file", "quantized sampling is not implemented", _off),

@@ -65,16 +65,19 @@ class DecoderLayer(nnx.Module):
             self.pre_feedforward_layernorm = norm(cfg, E, rngs)
             self.post_feedforward_layernorm = norm(cfg, E, rngs)
 
-    def __call__(self, x_BTE, positions_BT, key_valid_BS, q_slots_BT, cache=None, cache_index=None, segment_ids_BT=None):
-        """(output, new cache); a sparse layer returns (output, new cache, RouterStats or None), the statistics
-        over the real tokens of a whole-sequence pass (``key_valid_BS`` is then the (B, T) token mask)."""
+    def __call__(self, x_BTE, positions_BT, key_valid_BS, q_slots_BT, cache=None, cache_index=None, segment_ids_BT=None,
+                 routes_BTK=None):
+        """(output, new cache); a sparse layer returns (output, new cache, RouterStats or None, expert ids (B, T, K)),
+        the statistics over the real tokens of a whole-sequence pass (``key_valid_BS`` is then the (B, T) token
+        mask), the ids those its router chose or ``routes_BTK`` replayed (see ``moe``)."""
         attn, new_cache = self.self_attn(
             self.input_layernorm(x_BTE), positions_BT, key_valid_BS, q_slots_BT, cache, cache_index, segment_ids_BT
         )
         if self.sparse:  # Qwen MoE families: pre-norm, no sandwich norms
             x_BTE = x_BTE + attn
-            out, stats = self.mlp(self.post_attention_layernorm(x_BTE), key_valid_BS if cache is None else None)
-            return x_BTE + out, new_cache, stats
+            out, stats, ids = self.mlp(self.post_attention_layernorm(x_BTE), key_valid_BS if cache is None else None,
+                                       routes_BTK)
+            return x_BTE + out, new_cache, stats, ids
         if not self.sandwich:
             x_BTE = x_BTE + attn
             return x_BTE + self.mlp(self.post_attention_layernorm(x_BTE)), new_cache
@@ -82,8 +85,9 @@ class DecoderLayer(nnx.Module):
         return x_BTE + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x_BTE))), new_cache
 
 
-def _checkpointed_layer(layer: DecoderLayer, policy: str, x_BTE, *args) -> jax.Array:
-    """``layer(x, *args)`` whose activations are recomputed in the backward pass as ``policy`` says.
+def _checkpointed_layer(layer: DecoderLayer, policy: str, record: bool, x_BTE, *args) -> jax.Array:
+    """``layer(x, *args)`` whose activations are recomputed in the backward pass as ``policy`` says; a sparse
+    layer's output also holds its router statistics, and with ``record`` its expert ids.
 
     The checkpoint wraps a pure function of the layer's state (split here, merged inside) rather
     than ``nnx.remat`` on the module: the module's variables may belong to an outer trace (a model
@@ -93,7 +97,9 @@ def _checkpointed_layer(layer: DecoderLayer, policy: str, x_BTE, *args) -> jax.A
 
     def run(state, x, *args):
         out = nnx.merge(graphdef, state)(x, *args)
-        return (out[0], out[2]) if layer.sparse else out[0]  # a sparse layer's router statistics too
+        if not layer.sparse:
+            return out[0]
+        return (out[0], out[2], out[3]) if record else (out[0], out[2])
 
     return checkpointed(run, policy)(state, x_BTE, *args)
 
@@ -108,56 +114,66 @@ class Decoder(nnx.Module):
         self.norm = norm(cfg, cfg.hidden_size, rngs)
 
     def __call__(self, input_ids_BT, positions_BT, key_valid_BS, q_slots_BT, cache=None, cache_index=None,
-                 segment_ids_BT=None, with_router_stats=False):
-        """Hidden states (B, T, E) and the new cache (None without one).
+                 segment_ids_BT=None, with_router_stats=False, routes_BTLK=None, record_routes=False):
+        """Hidden states (B, T, E) and the new cache (None without one), then what was asked for:
 
         ``q_slots_BT=None`` (no cache): self-attention over the T tokens, query i at slot i.
-        ``with_router_stats`` (no cache): also the ``moe.RouterStats`` summed over the sparse layers (None
+        ``with_router_stats`` (no cache): the ``moe.RouterStats`` summed over the sparse layers (None
         for a dense model) over the tokens where ``key_valid_BS`` (then the (B, T) token mask) holds.
+        ``record_routes``: the expert ids every sparse layer used, (B, T, sparse layers, K) int32.
+        ``routes_BTLK`` (no cache): recorded ids the sparse layers replay (``moe.route``; -1 rows route natively).
         """
         table = self.embed_tokens[...]
         x = jnp.take(table, input_ids_BT, axis=0)
         if self.cfg.embedding_scale != 1.0:  # in the table's dtype, as transformers scales it
             x = x * jnp.asarray(self.cfg.embedding_scale, table.dtype)
         x = x.astype(self.cfg.dtype)
+        recorded = []
         if cache is None:
-            args = (positions_BT, key_valid_BS, q_slots_BT, None, None, segment_ids_BT)
             stats = None
+            sparse_index = 0
             for layer in self.layers:
+                routes = None
+                if layer.sparse and routes_BTLK is not None:
+                    routes = routes_BTLK[:, :, sparse_index]
+                args = (positions_BT, key_valid_BS, q_slots_BT, None, None, segment_ids_BT, routes)
                 if self.cfg.remat == "none":
                     out = layer(x, *args)
-                    x, layer_stats = out[0], (out[2] if layer.sparse else None)
-                elif layer.sparse:
-                    x, layer_stats = _checkpointed_layer(layer, self.cfg.remat, x, *args)
+                    out = (out[0], out[2], out[3]) if layer.sparse else (out[0],)
                 else:
-                    x, layer_stats = _checkpointed_layer(layer, self.cfg.remat, x, *args), None
-                if layer_stats is not None:
-                    stats = layer_stats if stats is None else stats + layer_stats
-            if with_router_stats:
-                return self.norm(x), None, stats
-            return self.norm(x), None
-        new_cache = []
-        for layer, layer_cache in zip(self.layers, cache):
-            x, c = layer(x, positions_BT, key_valid_BS, q_slots_BT, layer_cache, cache_index)[:2]
-            new_cache.append(c)
-        return self.norm(x), new_cache
+                    out = _checkpointed_layer(layer, self.cfg.remat, record_routes, x, *args)
+                    out = out if layer.sparse else (out,)
+                x = out[0]
+                if layer.sparse:
+                    sparse_index += 1
+                    stats = out[1] if stats is None else stats + out[1]
+                    if record_routes:
+                        recorded.append(out[2])
+            result = (self.norm(x), None) + ((stats,) if with_router_stats else ())
+        else:
+            new_cache = []
+            for layer, layer_cache in zip(self.layers, cache):
+                out = layer(x, positions_BT, key_valid_BS, q_slots_BT, layer_cache, cache_index)
+                x = out[0]
+                new_cache.append(out[1])
+                if layer.sparse and record_routes:
+                    recorded.append(out[3])
+            result = (self.norm(x), new_cache)
+        return result + ((jnp.stack(recorded, axis=2),) if record_routes else ())
 
     def full_sequence(self, input_ids_BT, attention_mask_BT=None, positions_BT=None, segment_ids_BT=None,
-                      with_router_stats=False):
+                      with_router_stats=False, routes_BTLK=None, record_routes=False):
         """Hidden states (B, T, E) of whole sequences, no cache: left-padded rows, or packed rows with segment ids.
-        ``with_router_stats``: (hidden states, RouterStats or None) over the real tokens."""
+        ``with_router_stats`` / ``record_routes``: (hidden states, RouterStats or None, / the expert ids used)."""
         if segment_ids_BT is not None:
             mask = segment_ids_BT > 0 if attention_mask_BT is None else attention_mask_BT
             positions = positions_from_segments(segment_ids_BT) if positions_BT is None else positions_BT
         else:
             mask = jnp.ones(input_ids_BT.shape, jnp.int32) if attention_mask_BT is None else attention_mask_BT
             positions = positions_from_mask(mask) if positions_BT is None else positions_BT
-        if with_router_stats:
-            hidden, _, stats = self(input_ids_BT, positions, mask, None, segment_ids_BT=segment_ids_BT,
-                                    with_router_stats=True)
-            return hidden, stats
-        hidden, _ = self(input_ids_BT, positions, mask, None, segment_ids_BT=segment_ids_BT)
-        return hidden
+        out = self(input_ids_BT, positions, mask, None, segment_ids_BT=segment_ids_BT,
+                   with_router_stats=with_router_stats, routes_BTLK=routes_BTLK, record_routes=record_routes)
+        return out[0] if len(out) == 2 else (out[0],) + out[2:]
 
 
 class CausalLM(nnx.Module):
@@ -179,9 +195,12 @@ class CausalLM(nnx.Module):
         logits = (hidden @ self.unembedding().astype(self.config.dtype)).astype(jnp.float32)
         return soft_cap(logits, self.config.final_logit_softcap)
 
-    def hidden_states(self, input_ids, attention_mask=None, positions=None, segment_ids=None, with_router_stats=False):
-        """(B, T, E) hidden states; ``with_router_stats``: (hidden states, moe.RouterStats or None for a dense model)."""
-        return self.model.full_sequence(input_ids, attention_mask, positions, segment_ids, with_router_stats)
+    def hidden_states(self, input_ids, attention_mask=None, positions=None, segment_ids=None, with_router_stats=False,
+                      routes=None, record_routes=False):
+        """(B, T, E) hidden states; ``with_router_stats``: (hidden states, moe.RouterStats or None for a dense model);
+        ``routes`` (B, T, sparse layers, K): expert ids to replay; ``record_routes``: also the ids used."""
+        return self.model.full_sequence(input_ids, attention_mask, positions, segment_ids, with_router_stats, routes,
+                                        record_routes)
 
     def __call__(self, input_ids, attention_mask=None, positions=None, segment_ids=None) -> jax.Array:
         return self.logits_from_hidden(self.hidden_states(input_ids, attention_mask, positions, segment_ids))
@@ -193,15 +212,18 @@ class CausalLM(nnx.Module):
         dtype = dtype or cfg.dtype
         return [(jnp.zeros(k_shape, dtype), jnp.zeros(v_shape, dtype)) for _ in range(cfg.num_hidden_layers)]
 
-    def forward_cached(self, input_ids_BT, positions_BT, key_valid_BS, cache: KVCache, cache_index):
+    def forward_cached(self, input_ids_BT, positions_BT, key_valid_BS, cache: KVCache, cache_index,
+                       record_routes=False):
         """Run T new tokens written at cache slots [cache_index, cache_index + T).
 
         ``key_valid_BS`` marks which of the S cache slots hold real tokens (after this
         write). Returns (hidden (B, T, E), new cache); ``logits_from_hidden`` gives logits.
+        ``record_routes``: also the expert ids of the T tokens (B, T, sparse layers, K).
         """
         B, T = input_ids_BT.shape
         q_slots = jnp.broadcast_to(cache_index + jnp.arange(T), (B, T))
-        return self.model(input_ids_BT, positions_BT, key_valid_BS, q_slots, cache, cache_index)
+        return self.model(input_ids_BT, positions_BT, key_valid_BS, q_slots, cache, cache_index,
+                          record_routes=record_routes)
 
 
 def last_token_index(attention_mask_BT: jax.Array) -> jax.Array:

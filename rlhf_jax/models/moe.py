@@ -1,6 +1,6 @@
 """Mixture-of-Experts MLP block (Qwen3-MoE, Qwen2-MoE): a top-k router and dropless grouped experts.
 
-Each token is routed to its ``num_experts_per_tok`` most probable experts. The (token, choice) pairs are
+Each token is routed to its ``num_experts_per_tok`` most probable experts, or replays recorded routes. The (token, choice) pairs are
 sorted by expert so that each expert's tokens form one contiguous group, and every projection is one
 ``jax.lax.ragged_dot`` over those groups: every pair is computed (no capacity, nothing dropped) and no
 FLOPs go to experts a token did not pick. Qwen2-MoE adds a dense shared expert scaled by a sigmoid gate.
@@ -8,6 +8,13 @@ FLOPs go to experts a token did not pick. Qwen2-MoE adds a dense shared expert s
 The block also returns the router's statistics over the real (unpadded) tokens, from which
 ``load_balancing_loss`` forms transformers' auxiliary loss and the trainer its per-expert load metrics.
 Shapes: N tokens, E embed, X experts, K experts per token, F expert width.
+
+Routing replay (``actor_rollout_ref.actor.router_replay.mode``, verl's R2 / R3): a pass may be given recorded
+expert ids per token (``forced_NK``; a row of -1 = none recorded, route natively) and every block returns the ids
+it used, so one pass records what another replays. As verl's replay (Megatron's ``RouterReplay.get_replay_topk``:
+``scores.gather(1, replayed indices)``), only the expert ids come from the record: the gate weights are the
+router's current softmax probabilities at those ids (renormalized over the K when ``norm_topk_prob``), so the
+router still learns through them.
 """
 
 from __future__ import annotations
@@ -42,10 +49,15 @@ def load_balancing_loss(stats: RouterStats) -> jax.Array:
     return stats.counts_X.shape[-1] * jnp.sum((stats.counts_X / rows) * (stats.probs_X / rows))
 
 
-def route(logits_NX: jax.Array, top_k: int, norm_topk_prob: bool):
-    """(probabilities (N, X) float32, top-k weights (N, K) float32, top-k expert ids (N, K)), as transformers routes."""
+def route(logits_NX: jax.Array, top_k: int, norm_topk_prob: bool, forced_NK: jax.Array | None = None):
+    """(probabilities (N, X) float32, top-k weights (N, K) float32, top-k expert ids (N, K)), as transformers routes;
+    with ``forced_NK`` the ids of its rows that hold a record (>= 0) replace the top-k, weighted by the current
+    probabilities."""
     probs = jax.nn.softmax(logits_NX.astype(jnp.float32), axis=-1)
     weights, ids = jax.lax.top_k(probs, top_k)
+    if forced_NK is not None:
+        ids = jnp.where(forced_NK[:, :1] >= 0, forced_NK.astype(ids.dtype), ids)
+        weights = jnp.take_along_axis(probs, ids, axis=-1)  # equal to top_k's where nothing is replayed
     if norm_topk_prob:
         weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
     return probs, weights, ids
@@ -97,13 +109,16 @@ class SparseMoeBlock(nnx.Module):
             self.shared_expert = MLP(cfg, width=cfg.shared_expert_intermediate_size, rngs=rngs)
             self.shared_expert_gate = param(rngs, (cfg.hidden_size, 1), ("embed", None), cfg.param_dtype)
 
-    def __call__(self, x_BTE: jax.Array, valid_BT: jax.Array | None = None):
-        """(output (B, T, E), RouterStats over the tokens where ``valid_BT`` holds, or None without it)."""
+    def __call__(self, x_BTE: jax.Array, valid_BT: jax.Array | None = None, routes_BTK: jax.Array | None = None):
+        """(output (B, T, E), RouterStats over the tokens where ``valid_BT`` holds or None without it, the expert
+        ids used (B, T, K) int32); ``routes_BTK``: recorded ids to replay (-1 rows: route natively)."""
         cfg, dt = self.cfg, self.cfg.dtype
         B, T, E = x_BTE.shape
+        K = cfg.num_experts_per_tok
         x = x_BTE.reshape(B * T, E)
         logits = x @ self.gate[...].astype(dt)
-        probs, weights, ids = route(logits, cfg.num_experts_per_tok, cfg.norm_topk_prob)
+        forced = None if routes_BTK is None else routes_BTK.reshape(B * T, K)
+        probs, weights, ids = route(logits, K, cfg.norm_topk_prob, forced)
         # transformers casts the routing weights back to the hidden dtype before weighting the experts.
         ex = self.experts
         out = grouped_experts(x, ids, weights.astype(dt), ex.gate_proj[...], ex.up_proj[...], ex.down_proj[...],
@@ -112,4 +127,4 @@ class SparseMoeBlock(nnx.Module):
             shared_gate = jax.nn.sigmoid(x @ self.shared_expert_gate[...].astype(dt))
             out = out + shared_gate * self.shared_expert(x)
         stats = None if valid_BT is None else router_stats(probs, ids, valid_BT.reshape(B * T))
-        return out.reshape(B, T, E), stats
+        return out.reshape(B, T, E), stats, ids.reshape(B, T, K).astype(jnp.int32)

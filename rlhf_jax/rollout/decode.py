@@ -27,7 +27,7 @@ from rlhf_jax.models.kernel_layout import kernel_layout
 from rlhf_jax.parallel.mesh import DEFAULT_RULES, Rules, single_device_mesh
 from rlhf_jax.rollout import scheduler
 from rlhf_jax.rollout.params import SamplingParams
-from rlhf_jax.rollout.prefill import prefill_prompts
+from rlhf_jax.rollout.prefill import empty_routes, prefill_prompts
 from rlhf_jax.rollout.sampling import row_keys, sample_in_row_chunks, sample_keys
 from rlhf_jax.rollout.scheduler import Responses
 from rlhf_jax.rollout.shards import BatchShards
@@ -58,7 +58,7 @@ def _draw(logits, keys, step, params: SamplingParams, shards: BatchShards):
     return shards.local(fn, (shards.rows(2), r1, r1), (r1, r1))(logits, keys, step)
 
 
-def _first_tokens(prompts, key, params: SamplingParams, shards: BatchShards):
+def _first_tokens(model, prompts, key, params: SamplingParams, shards: BatchShards):
     """Token 0 of every sample, from its prompt's logits; buffers and queue start from it."""
     n, R = params.n, params.max_new_tokens
     N = prompts.rank.shape[0] * n
@@ -70,6 +70,7 @@ def _first_tokens(prompts, key, params: SamplingParams, shards: BatchShards):
         mask=jnp.zeros((N, R), jnp.int32).at[:, 0].set(1),
         logprobs=jnp.zeros((N, R), jnp.float32).at[:, 0].set(logps),
         finished=stop,
+        routes=empty_routes(model, N, R) if params.record_routes else None,
     )
     responses = shards.constrain(responses, responses.specs(shards))
     pending = ~stop & (R > 1)
@@ -90,12 +91,15 @@ def _decode(model, slots, queue, responses, prompts, first_token, key, params, s
         width = slots.cache[0][0].shape[3]
         slots, queue = scheduler.prepare(slots, queue, prompts, first_token, n, shards)
         with kernel_layout(shards.mesh, shards.batch, shards.kv_heads):  # the decode kernels may run, per device
-            hidden, cache = model.forward_cached(slots.last[:, None], slots.positions()[:, None],
-                                                 slots.key_valid(), slots.cache, width - 1)
+            out = model.forward_cached(slots.last[:, None], slots.positions()[:, None],
+                                       slots.key_valid(), slots.cache, width - 1, record_routes=params.record_routes)
+        hidden, cache = out[:2]
+        routes = out[2][:, 0] if params.record_routes else None  # the fed-back token's (M, sparse layers, K)
         logits = shards.constrain(model.logits_from_hidden(hidden)[:, 0, :], shards.rows(2))
         keys = sample_keys(key, scheduler.global_sample_ids(slots, samples_per_shard, shards))
         tokens, logps = _draw(logits, keys, slots.t, params, shards)
-        slots, responses = scheduler.record(slots.replace(cache=cache), responses, tokens, logps, stop_ids, shards)
+        slots, responses = scheduler.record(slots.replace(cache=cache), responses, tokens, logps, stop_ids, shards,
+                                            routes)
         return slots, queue, responses, steps + 1
 
     def running(next_size: int | None, width: int | None = None):
@@ -142,8 +146,8 @@ def rollout_with_stats(
     shards = BatchShards(mesh if mesh is not None else single_device_mesh(), rules, model.config.num_key_value_heads)
     ids = prompt_ids_BP.astype(jnp.int32)
     mask = prompt_mask_BP.astype(jnp.int32)
-    prompts = prefill_prompts(model, ids, mask, shards)
-    first_token, responses, queue = _first_tokens(prompts, key, params, shards)
+    prompts = prefill_prompts(model, ids, mask, shards, params.record_routes)
+    first_token, responses, queue = _first_tokens(model, prompts, key, params, shards)
 
     slots = scheduler.num_slots(B * n, shards.count, params.max_num_seqs)
     phases = scheduler.phase_sizes(slots, shards.count, R) if R > 1 else ()
@@ -162,6 +166,7 @@ def rollout_with_stats(
         response_mask=responses.mask,
         logprobs=responses.logprobs,
         finished=responses.finished,
+        routed_experts=scheduler.sample_routes(prompts, responses, n, shards) if params.record_routes else None,
     )
     return batch, DecodeStats(steps=steps, slots=loops)
 

@@ -44,6 +44,8 @@ class SamplingParams:
     pad_token_id: int = 0
     processors: tuple[str, ...] = DEFAULT_PROCESSORS
     max_num_seqs: int | None = None
+    # Mixture-of-Experts routing replay (router_replay.mode R3): also return every token's expert ids
+    record_routes: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "eos_token_ids", tuple(int(t) for t in self.eos_token_ids))

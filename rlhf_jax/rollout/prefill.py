@@ -40,10 +40,13 @@ class PromptCache:
     rank: jax.Array  # (B,) int32: the prompt's place in its shard's length order; group rank // G, row rank % G
     mask: jax.Array  # (B, P) int32: the prompt masks, in the original order
     group_size: int = struct.field(pytree_node=False)
+    # (groups, shards * G, P, sparse layers, K) int32: each prompt token's expert ids (-1 on padding), or None
+    routes: jax.Array | None = None
 
     def specs(self, shards: BatchShards) -> "PromptCache":
+        routes = None if self.routes is None else shards.rows(5, at=1)
         return PromptCache(shards.cache(len(self.kv), at=1), shards.rows(3, at=1), shards.rows(1), shards.rows(2),
-                           self.group_size)
+                           self.group_size, routes)
 
 
 def chunk_size(prompt_len: int) -> int:
@@ -67,30 +70,45 @@ def _sort_into_groups(ids_BP, mask_BP, *, groups: int):
     return grouped(ids_BP), grouped(mask_BP), rank.astype(jnp.int32)
 
 
-def _prefill_group(model, ids, mask, chunk: int):
-    """One group's KV (rows, P) and the hidden state of each prompt's last token, chunk by chunk."""
+def empty_routes(model, rows: int, length: int) -> jax.Array:
+    """(rows, length, sparse layers, K) int32 of -1: no token routed yet."""
+    cfg = model.config
+    return jnp.full((rows, length, sum(cfg.sparse_layers), cfg.num_experts_per_tok), -1, jnp.int32)
+
+
+def _prefill_group(model, ids, mask, chunk: int, record_routes: bool = False):
+    """One group's KV (rows, P), the hidden state of each prompt's last token and, with ``record_routes``, every
+    prompt token's expert ids (rows, P, sparse layers, K) (else None), chunk by chunk."""
     rows, P = ids.shape
     num_chunks = -(-P // chunk)
     longest = jnp.max(jnp.sum(mask, axis=1))
     positions = positions_from_mask(mask)
 
     def body(carry):
-        index, cache, _ = carry
+        index, cache, _, routes = carry
         # right-aligned chunks; the first one is clamped to 0 and may overlap the second, which rewrites
-        # the same keys and values
+        # the same keys and values (and routes)
         start = jnp.maximum(P - (num_chunks - index) * chunk, 0)
         piece = lambda x: jax.lax.dynamic_slice_in_dim(x, start, chunk, axis=1)  # noqa: E731
-        hidden, cache = model.forward_cached(piece(ids), piece(positions), mask, cache, start)
-        return index + 1, cache, hidden[:, -1]
+        out = model.forward_cached(piece(ids), piece(positions), mask, cache, start, record_routes=record_routes)
+        if record_routes:
+            routes = jax.lax.dynamic_update_slice_in_dim(routes, out[2], start, axis=1)
+        return index + 1, out[1], out[0][:, -1], routes
 
     first = num_chunks - (longest + chunk - 1) // chunk
     last = jnp.zeros((rows, model.config.hidden_size), model.config.dtype)
-    _, cache, last = jax.lax.while_loop(lambda c: c[0] < num_chunks, body, (first, model.init_cache(rows, P), last))
-    return cache, last
+    routes = empty_routes(model, rows, P) if record_routes else None
+    _, cache, last, routes = jax.lax.while_loop(lambda c: c[0] < num_chunks, body,
+                                                (first, model.init_cache(rows, P), last, routes))
+    if record_routes:
+        routes = jnp.where(mask[:, :, None, None] > 0, routes, -1)
+    return cache, last, routes
 
 
-def prefill_prompts(model, ids_BP: jax.Array, mask_BP: jax.Array, shards: BatchShards) -> PromptCache:
-    """KV cache and next-token logits of left-padded prompts (B, P), each prompt computed once."""
+def prefill_prompts(model, ids_BP: jax.Array, mask_BP: jax.Array, shards: BatchShards,
+                    record_routes: bool = False) -> PromptCache:
+    """KV cache and next-token logits of left-padded prompts (B, P), each prompt computed once; with
+    ``record_routes`` also every prompt token's expert ids."""
     B, P = ids_BP.shape
     chunk = chunk_size(P)
     G = group_size(shards.per_shard(B, "prompts"), chunk)
@@ -107,15 +125,20 @@ def prefill_prompts(model, ids_BP: jax.Array, mask_BP: jax.Array, shards: BatchS
           for k, v in model.init_cache(rows, P)]
     kv = shards.constrain(kv, kv_specs)
     logits = jnp.zeros((groups, rows, cfg.vocab_size), jnp.float32)
+    routes = jnp.stack([empty_routes(model, rows, P)] * groups) if record_routes else None
 
     def one_group(g, carry):
-        kv, logits = carry
-        cache, last = _prefill_group(model, ids_g[g], mask_g[g], chunk)
+        kv, logits, routes = carry
+        cache, last, group_routes = _prefill_group(model, ids_g[g], mask_g[g], chunk, record_routes)
         kv = [(jax.lax.dynamic_update_index_in_dim(kb, k, g, 0), jax.lax.dynamic_update_index_in_dim(vb, v, g, 0))
               for (kb, vb), (k, v) in zip(kv, cache)]
         next_logits = model.logits_from_hidden(last[:, None, :])[:, 0, :]
-        return shards.constrain(kv, kv_specs), jax.lax.dynamic_update_index_in_dim(logits, next_logits, g, 0)
+        if record_routes:
+            routes = shards.constrain(jax.lax.dynamic_update_index_in_dim(routes, group_routes, g, 0),
+                                      shards.rows(5, at=1))
+        return (shards.constrain(kv, kv_specs), jax.lax.dynamic_update_index_in_dim(logits, next_logits, g, 0),
+                routes)
 
-    kv, logits = jax.lax.fori_loop(0, groups, one_group, (kv, logits))
+    kv, logits, routes = jax.lax.fori_loop(0, groups, one_group, (kv, logits, routes))
     logits = shards.constrain(logits, grouped_spec)
-    return PromptCache(kv=kv, logits=logits, rank=rank, mask=mask_BP.astype(jnp.int32), group_size=G)
+    return PromptCache(kv=kv, logits=logits, rank=rank, mask=mask_BP.astype(jnp.int32), group_size=G, routes=routes)

@@ -104,7 +104,8 @@ class Sampler:
         rows = batch_sharding(mesh, 2, self.rules)
         rows1 = batch_sharding(mesh, 1, self.rules)
         state_shardings = jax.tree.map(lambda x: x.sharding, state)
-        out_shardings = (RolloutBatch(rows, rows, rows, rows, rows, rows1), replicated(mesh))
+        routes = batch_sharding(mesh, 4, self.rules) if params.record_routes else None
+        out_shardings = (RolloutBatch(rows, rows, rows, rows, rows, rows1, routed_experts=routes), replicated(mesh))
         fn = jax.jit(
             functools.partial(self._traced, params.static_key(), mesh),
             in_shardings=(state_shardings, rows, rows, replicated(mesh)),

@@ -134,9 +134,13 @@ class Responses:
     mask: jax.Array  # (N, R) int32
     logprobs: jax.Array  # (N, R) float32
     finished: jax.Array  # (N,) bool: the sample ended with a stop token
+    # (N, R, sparse layers, K) int32: the expert ids of each response token when it was fed back (-1: never
+    # fed, e.g. the last), with routes recording (router_replay R3); else None
+    routes: jax.Array | None = None
 
     def specs(self, shards: BatchShards) -> "Responses":
-        return Responses(shards.rows(2), shards.rows(2), shards.rows(2), shards.rows(1))
+        routes = None if self.routes is None else shards.rows(4)
+        return Responses(shards.rows(2), shards.rows(2), shards.rows(2), shards.rows(1), routes)
 
 
 def is_stop(tokens: jax.Array, stop_ids: tuple[int, ...]) -> jax.Array:
@@ -214,8 +218,9 @@ def _prepare_local(slots: Slots, queue: Queue, prompts: PromptCache, first_token
     return slots.replace(cache=_commit_local(slots)), queue
 
 
-def _record_local(sample, t, responses: Responses, tokens, logps, *, stop_ids):
-    """Write the step's tokens at (sample, t); free the slots whose sample ended."""
+def _record_local(sample, t, responses: Responses, tokens, logps, routes, *, stop_ids):
+    """Write the step's tokens at (sample, t) (and the routes of the token fed back, t - 1); free the slots whose
+    sample ended."""
     R = responses.tokens.shape[1]
     live = sample >= 0
     rows = jnp.where(live, sample, responses.finished.shape[0])  # out of range: dropped
@@ -226,6 +231,7 @@ def _record_local(sample, t, responses: Responses, tokens, logps, *, stop_ids):
         mask=responses.mask.at[rows, cols].set(1, mode="drop"),
         logprobs=responses.logprobs.at[rows, cols].set(logps, mode="drop"),
         finished=responses.finished.at[rows].set(stop, mode="drop"),
+        routes=None if routes is None else responses.routes.at[rows, t - 1].set(routes, mode="drop"),
     )
     done = live & (stop | (t + 1 >= R))
     return jnp.where(done, -1, sample), responses
@@ -237,6 +243,19 @@ def _shrink_local(slots: Slots, size: int) -> Slots:
 
 
 # ---------------------------------------------------------------------- global wrappers
+
+
+def _sample_routes_local(prompts: PromptCache, response_routes: jax.Array, n: int) -> jax.Array:
+    rank = prompts.rank
+    prompt_routes = prompts.routes[rank // prompts.group_size, rank % prompts.group_size]
+    return jnp.concatenate([jnp.repeat(prompt_routes, n, axis=0), response_routes], axis=1)
+
+
+def sample_routes(prompts: PromptCache, responses: Responses, n: int, shards: BatchShards) -> jax.Array:
+    """(N, P + R, sparse layers, K): each sample's prompt routes (its prompt's, in the original order) followed
+    by its response routes."""
+    fn = functools.partial(_sample_routes_local, n=n)
+    return shards.local(fn, (prompts.specs(shards), shards.rows(4)), shards.rows(4))(prompts, responses.routes)
 
 
 def first_token_logits(prompts: PromptCache, n: int, shards: BatchShards) -> jax.Array:
@@ -297,12 +316,15 @@ def prepare(slots: Slots, queue: Queue, prompts: PromptCache, first_token: jax.A
     return shards.local(fn, specs + (prompts.specs(shards), shards.rows(1)), specs)(slots, queue, prompts, first_token)
 
 
-def record(slots: Slots, responses: Responses, tokens: jax.Array, logps: jax.Array, stop_ids, shards: BatchShards):
-    """After a decode step: record each live slot's token, end finished samples, advance the slots."""
+def record(slots: Slots, responses: Responses, tokens: jax.Array, logps: jax.Array, stop_ids, shards: BatchShards,
+           routes: jax.Array | None = None):
+    """After a decode step: record each live slot's token (and ``routes`` (M, sparse layers, K), the expert ids of
+    the token it fed back), end finished samples, advance the slots."""
     r1 = shards.rows(1)
-    fn = shards.local(functools.partial(_record_local, stop_ids=stop_ids), (r1, r1, responses.specs(shards), r1, r1),
-                      (r1, responses.specs(shards)))
-    sample, responses = fn(slots.sample, slots.t, responses, tokens, logps)
+    route_spec = None if routes is None else shards.rows(3)
+    fn = shards.local(functools.partial(_record_local, stop_ids=stop_ids),
+                      (r1, r1, responses.specs(shards), r1, r1, route_spec), (r1, responses.specs(shards)))
+    sample, responses = fn(slots.sample, slots.t, responses, tokens, logps, routes)
     return slots.replace(sample=sample, t=slots.t + 1, last=tokens), responses
 
 

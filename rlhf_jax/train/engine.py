@@ -134,16 +134,18 @@ class Role:
 
     # ----------------------------------------------------------------- forward passes
     def _logp_fn(self, inputs: TrainBatch, n_micro: int, temperature: float, with_entropy: bool,
-                 with_sum_pi_squared: bool = False) -> Callable:
+                 with_sum_pi_squared: bool = False, record_routes: bool = False) -> Callable:
         two = with_entropy or with_sum_pi_squared
+        out = (batch_sharding(self.mesh, 2),) * 2 if two else batch_sharding(self.mesh, 2)
         return self._jit(
-            ("logp", n_micro, temperature, with_entropy, with_sum_pi_squared, shape_key(inputs)),
+            ("logp", n_micro, temperature, with_entropy, with_sum_pi_squared, record_routes, shape_key(inputs)),
             lambda: jax.jit(
                 self._on_devices(functools.partial(steps.forward_log_probs, self.graphdef, n_micro=n_micro,
                                                    temperature=temperature, with_entropy=with_entropy,
-                                                   with_sum_pi_squared=with_sum_pi_squared)),
+                                                   with_sum_pi_squared=with_sum_pi_squared,
+                                                   record_routes=record_routes)),
                 in_shardings=(self.state_shardings(), self._batch_shardings(inputs)),
-                out_shardings=(batch_sharding(self.mesh, 2),) * 2 if two else batch_sharding(self.mesh, 2),
+                out_shardings=(out, batch_sharding(self.mesh, 4)) if record_routes else out,
             ),
         )
 
@@ -158,11 +160,12 @@ class Role:
         )
 
     def log_probs(self, batch: TrainBatch, *, n_micro: int, temperature: float, with_entropy: bool = False,
-                  with_sum_pi_squared: bool = False):
+                  with_sum_pi_squared: bool = False, record_routes: bool = False):
         """Response log-probs (N, R) of the batch's sequences (and entropies with ``with_entropy``, or the sums of
-        squared probabilities with ``with_sum_pi_squared``)."""
+        squared probabilities with ``with_sum_pi_squared``); ``record_routes``: (those, the MoE expert ids used)."""
         inputs = batch.sequences()
-        return self._logp_fn(inputs, n_micro, temperature, with_entropy, with_sum_pi_squared)(self.state(), inputs)
+        fn = self._logp_fn(inputs, n_micro, temperature, with_entropy, with_sum_pi_squared, record_routes)
+        return fn(self.state(), inputs)
 
     def values(self, batch: TrainBatch, *, n_micro: int):
         """Values (N, R) of the states before each response token."""

@@ -62,10 +62,12 @@ class Padded:
 
     plan: PassPlan
 
-    def log_probs(self, role, batch: TrainBatch, temperature: float, sum_pi_squared: bool = False):
-        """Log-probs (N, R); with ``sum_pi_squared`` (those, the sums of squared probabilities)."""
+    def log_probs(self, role, batch: TrainBatch, temperature: float, sum_pi_squared: bool = False,
+                  record_routes: bool = False):
+        """Log-probs (N, R); with ``sum_pi_squared`` (those, the sums of squared probabilities); with
+        ``record_routes`` (that, the MoE expert ids the pass used)."""
         return role.log_probs(batch, n_micro=self.plan.num_micro, temperature=temperature,
-                              with_sum_pi_squared=sum_pi_squared)
+                              with_sum_pi_squared=sum_pi_squared, record_routes=record_routes)
 
     def values(self, role, batch: TrainBatch) -> jax.Array:
         return role.values(batch, n_micro=self.plan.num_micro)

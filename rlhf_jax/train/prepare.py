@@ -85,6 +85,9 @@ class Preparer:
     pad_token_id: int
     stop: StopRequest
     shaping: ScoreShaping = ScoreShaping()
+    # actor_rollout_ref.actor.router_replay.mode: R3 replays the sampler's expert ids in every actor pass (the
+    # rollout carries them); R2 records them in the old-log-prob pass for the update (the ref pass routes natively)
+    router_replay: str = "disabled"
 
     def __call__(self, scored: ScoredBatch, kl_coef: jax.Array, timer: Timer) -> Prepared:
         """Raises StepAbandoned on a stop request after the forward passes (before anything changes)."""
@@ -113,11 +116,15 @@ class Preparer:
         packer = Packer(self.mesh, self.dp, self.pad_token_id,
                         lambda: {k: host[k] for k in ("prompts", "prompt_mask", "responses", "response_valid")})
         layouts = {name: layout(plan, packer) for name, plan in self.plans.items()}
-        squares = None
+        squares, recorded = None, None
         if self.passes.old_log_prob:
             with timer("old_log_prob"):
+                record = self.router_replay == "R2"
                 old = layouts["old_log_prob"].log_probs(self.actor, batch, self.temperature,
-                                                        sum_pi_squared=self.passes.sum_pi_squared)
+                                                        sum_pi_squared=self.passes.sum_pi_squared,
+                                                        record_routes=record)
+                if record:
+                    old, recorded = old
                 if self.passes.sum_pi_squared:
                     old, squares = old
                 metrics.update({k: float(v) for k, v in self.mismatch_fn(old, rollout_logprobs,
@@ -135,6 +142,8 @@ class Preparer:
             with timer("ref"):
                 batch = batch.replace(ref_log_probs=jax.block_until_ready(
                     layouts["ref"].log_probs(self.ref, batch, self.temperature)))
+        if recorded is not None:  # R2: the update replays the old-log-prob pass's routes
+            batch = batch.replace(routed_experts=recorded)
         if self.passes.values:
             with timer("values"):
                 batch = batch.replace(values=jax.block_until_ready(layouts["values"].values(self.value_role, batch)))
@@ -168,10 +177,12 @@ class Preparer:
         responses, rmask = out.responses[:, :width_r], out.response_mask[:, :width_r]
         # The attention mask covers every token of the sequence; response_mask only the trained ones (multi-turn
         # rollouts leave holes at tool responses), which every loss, entropy, KL and token mean uses.
+        routes = out.routed_experts if self.router_replay == "R3" else None
         batch = TrainBatch(
             input_ids=jnp.concatenate([out.prompts[:, P - width_p:], responses], axis=1),
             attention_mask=jnp.concatenate([out.prompt_mask[:, P - width_p:], out.valid_mask()[:, :width_r]], axis=1),
-            responses=responses, response_mask=rmask)
+            responses=responses, response_mask=rmask,
+            routed_experts=None if routes is None else routes[:, P - width_p:P + width_r])
         real = int(host["prompt_mask"].sum() + host["response_valid"].sum())
         metrics.update({"perf/real_tokens": float(real),
                         "perf/padded_tokens_unpacked": float(host["responses"].shape[0] * (width_p + width_r))})

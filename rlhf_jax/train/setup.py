@@ -120,9 +120,12 @@ def mesh_and_rules(cfg: ConfigDict) -> tuple[Any, tuple]:
 
 def sampling_params(cfg: ConfigDict, model_path: str, tokenizer, *, validation: bool = False) -> SamplingParams:
     """Training (rollout.*) or validation (rollout.val_kwargs.*) sampling settings of a finalized config."""
-    return SamplingParams.from_config(cfg.actor_rollout_ref.rollout, validation=validation,
-                                      eos_token_ids=eos_token_ids_from_dir(model_path, tokenizer),
-                                      pad_token_id=tokenizer.pad_token_id)
+    params = SamplingParams.from_config(cfg.actor_rollout_ref.rollout, validation=validation,
+                                        eos_token_ids=eos_token_ids_from_dir(model_path, tokenizer),
+                                        pad_token_id=tokenizer.pad_token_id)
+    # R3 routing replay: the training rollouts record the expert ids the passes replay
+    record = not validation and cfg.actor_rollout_ref.actor.get("router_replay", {}).get("mode") == "R3"
+    return params.replace(record_routes=record) if record else params
 
 
 def _note_fallback_scorer(cfg: ConfigDict, *datasets) -> None:

@@ -79,10 +79,18 @@ def token_log_probs(model, hidden, ids, temperature: float, with_entropy: bool, 
 
 
 def response_log_probs(model, input_ids, attention_mask, responses, temperature: float, with_entropy: bool,
-                       with_router_stats: bool = False, with_sum_pi_squared: bool = False):
+                       with_router_stats: bool = False, with_sum_pi_squared: bool = False, routes=None,
+                       record_routes: bool = False):
     """Log-probs (and entropies) of ``responses`` under ``model`` at ``temperature``; (b, R) float32.
-    ``with_router_stats``: (that, the MoE router statistics over the real tokens)."""
+    ``with_router_stats``: (that, the MoE router statistics over the real tokens). ``routes``: expert ids a MoE
+    model replays; ``record_routes``: (that, the expert ids it used (b, T, sparse layers, K))."""
     R = responses.shape[1]
+    if routes is not None or record_routes:
+        out = model.hidden_states(input_ids, attention_mask, routes=routes, record_routes=record_routes)
+        hidden, used = out if record_routes else (out, None)
+        logp = token_log_probs(model, hidden[:, -R - 1 : -1], responses, temperature, with_entropy,
+                               with_sum_pi_squared)
+        return (logp, used) if record_routes else logp
     if with_router_stats:
         hidden, stats = model.hidden_states(input_ids, attention_mask, with_router_stats=True)
         return token_log_probs(model, hidden[:, -R - 1 : -1], responses, temperature, with_entropy), stats
@@ -96,16 +104,21 @@ def response_values(model, input_ids, attention_mask, response_length: int):
 
 
 def forward_log_probs(graphdef, params, batch: TrainBatch, *, n_micro: int, temperature: float, with_entropy: bool,
-                      with_sum_pi_squared: bool = False):
+                      with_sum_pi_squared: bool = False, record_routes: bool = False):
     """Log-probs (and entropy, or the sum of squared probabilities) of the whole batch, one micro-batch at a time
-    (lax.map)."""
+    (lax.map); a MoE model replays ``batch.routed_experts`` when given; ``record_routes``: (that, the expert ids
+    used (N, P + R, sparse layers, K))."""
     model = nnx.merge(graphdef, params)
-    micro = split_micro((batch.input_ids, batch.attention_mask, batch.responses), n_micro)
+    micro = split_micro((batch.input_ids, batch.attention_mask, batch.responses, batch.routed_experts), n_micro)
 
     def one(m):
-        logp, second = response_log_probs(model, *m, temperature, with_entropy,
-                                          with_sum_pi_squared=with_sum_pi_squared)
-        return (logp, second) if with_entropy or with_sum_pi_squared else logp
+        *seqs, routes = m
+        out = response_log_probs(model, *seqs, temperature, with_entropy, with_sum_pi_squared=with_sum_pi_squared,
+                                 routes=routes, record_routes=record_routes)
+        out, used = out if record_routes else (out, None)
+        logp, second = out
+        out = (logp, second) if with_entropy or with_sum_pi_squared else logp
+        return (out, used) if record_routes else out
 
     out = jax.lax.map(one, micro)
     return merge_micro(out)
@@ -321,7 +334,7 @@ def actor_update(graphdef, tx, spec: ActorLossSpec, params, frozen, opt_state, m
         def loss_fn(p):
             model = nnx.merge(graphdef, p, frozen)
             m_mask = m.response_mask.astype(jnp.float32)
-            out = model.hidden_states(m.input_ids, m.attention_mask, with_router_stats=moe)
+            out = model.hidden_states(m.input_ids, m.attention_mask, with_router_stats=moe, routes=m.routed_experts)
             hidden, stats = out if moe else (out, None)
             hidden = hidden[:, -R - 1 : -1]  # the states that predict each response token
             logp, ent = token_log_probs(model, hidden, m.responses, spec.temperature, True)

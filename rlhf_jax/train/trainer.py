@@ -85,6 +85,9 @@ def router_aux_loss_coef(cfg: ConfigDict, model_cfg) -> float | None:
 def actor_loss_spec(cfg: ConfigDict, recompute_old: bool, temperature: float, model_cfg=None) -> ActorLossSpec:
     """The actor loss settings; ``model_cfg`` (the actor's ModelConfig) decides the router loss of a MoE actor."""
     a = cfg.actor_rollout_ref.actor
+    if a.router_replay.mode != "disabled" and (model_cfg is None or not any(model_cfg.sparse_layers)):
+        raise ValueError(f"actor_rollout_ref.actor.router_replay.mode={a.router_replay.mode} replays "
+                         "Mixture-of-Experts routes; the actor has no expert layers (set it to disabled)")
     pl = a.policy_loss
     spec = ActorLossSpec(
         router_aux_loss_coef=router_aux_loss_coef(cfg, model_cfg),
@@ -226,7 +229,8 @@ class Trainer:
                         jax.jit(functools.partial(rollout_correction, cfg=correction)), jax.jit(mismatch_metrics),
                         advantage_fn,
                         self.actor_loss.spec.temperature, c.sampling.n, c.mesh, cfg.derived.dp_size,
-                        int(c.sampling.pad_token_id), self.stop, shaping)
+                        int(c.sampling.pad_token_id), self.stop, shaping,
+                        router_replay=cfg.actor_rollout_ref.actor.router_replay.mode)
 
     def _role_of(self, name: str) -> Role | None:
         values = self.actor if self.passes.values == "actor" else self.critic

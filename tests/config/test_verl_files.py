@@ -93,7 +93,7 @@ reward_model:
     ("data:\n  custom_cls:\n    path: my_dataset.py\n    name: MyDataset\n", r"data\.custom_cls"),
     ("data:\n  sampler:\n    class_path: my_sampler.py\n    class_name: S\n", r"data\.sampler"),
     ("reward_model:\n  sandbox_fusion:\n    url: http://localhost:8080/run\n", r"reward_model\.sandbox_fusion"),
-    ("actor_rollout_ref:\n  actor:\n    router_replay: {mode: R2}\n", r"router_replay"),
+    ("actor_rollout_ref:\n  actor:\n    router_replay: {mode: R2, record_file: routes.pt}\n", r"record_file"),
     ("trainer:\n  del_local_ckpt_after_load: True\n", r"trainer\.del_local_ckpt_after_load"),
     ("actor_rollout_ref:\n  actor:\n    fsdp_config:\n      offload_policy: True\n",
      r"offload_policy=True is not supported by rlhf_jax \(FSDP2's CPU offload policy"),
