@@ -63,8 +63,8 @@ def rss_gib() -> float:
 
 
 # ----------------------------------------------------------------------------- rlhf_jax
-def run_rlhf_jax(model_dir: str, data_file: str, packed: bool, out_dir: str) -> dict:
-    from rlhf_jax.train.trainer import Trainer
+def settings_config(model_dir: str, data_file: str, packed: bool, out_dir: str):
+    """The recipe configs/grpo.py with this benchmark's settings (not finalized)."""
     from tests.train.helpers import load_recipe
 
     cfg = load_recipe("grpo")
@@ -92,7 +92,13 @@ def run_rlhf_jax(model_dir: str, data_file: str, packed: bool, out_dir: str) -> 
         for p in parents:
             node = node[p]
         node[leaf] = value
-    trainer = Trainer(cfg)
+    return cfg
+
+
+def run_rlhf_jax(model_dir: str, data_file: str, packed: bool, out_dir: str) -> dict:
+    from rlhf_jax.train.trainer import Trainer
+
+    trainer = Trainer(settings_config(model_dir, data_file, packed, out_dir))
     start = time.perf_counter()
     trainer.plan_memory()
     plan_s = time.perf_counter() - start
