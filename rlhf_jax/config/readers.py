@@ -72,8 +72,8 @@ READERS: dict[str, tuple[str, ...]] = {
         "algorithm.rollout_correction.loss_type", "algorithm.filter_groups.enable", "distillation.enabled",
         *(f"distillation.distillation_loss.{k}" for k in (
             "loss_mode", "use_task_rewards", "distillation_loss_coef", "loss_max_clamp", "use_policy_gradient",
-            "clip_ratio_low", "clip_ratio_high", "log_prob_min_clamp")), "algorithm.kl_ctrl.*", "trainer.validation_data_dir",
-        "trainer.log_val_generations", "trainer.critic_warmup", "trainer.resume_mode",
+            "clip_ratio_low", "clip_ratio_high", "log_prob_min_clamp")), "algorithm.kl_ctrl.*",
+        "trainer.validation_data_dir", "trainer.log_val_generations", "trainer.critic_warmup", "trainer.resume_mode",
         "trainer.max_actor_ckpt_to_keep", "trainer.seed",
         # ScoreShaping and the advantage stage's settings (ROLL's RLVR options)
         "algorithm.reward_norm.*", "algorithm.reward_clip", "algorithm.whiten_advantages", "algorithm.advantage_clip",
