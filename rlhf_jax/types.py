@@ -88,6 +88,9 @@ class ScoredBatch:
     components: jax.Array | None = None  # GDPO's reward components (N, K) (algorithm.gdpo_reward_keys), or None
 
 
+TOPK_FIELDS = ("teacher_topk_ids", "teacher_topk_log_probs")  # TrainBatch's (N, R, k) fields
+
+
 @struct.dataclass
 class TrainBatch:
     """What an update (or a forward pass) reads: global (N, ...) arrays sharded over the batch axes.
@@ -112,6 +115,10 @@ class TrainBatch:
     # (N, P + R, sparse layers, K) int32 expert ids a MoE forward pass replays (router_replay; -1: route natively),
     # aligned with input_ids: a model input like the sequences
     routed_experts: jax.Array | None = None
+    # (N, R, k): the distillation teacher's k most probable tokens at each response position (int32) and their
+    # log-probs (float32), forward_kl_topk's
+    teacher_topk_ids: jax.Array | None = None
+    teacher_topk_log_probs: jax.Array | None = None
 
     def sequences(self) -> TrainBatch:
         """Only the model's inputs (what a forward pass reads)."""
@@ -130,14 +137,16 @@ class TrainBatch:
 
     @staticmethod
     def abstract(rows: int, prompt_width: int, response_width: int, per_token: tuple[str, ...],
-                 sequences: bool = True) -> TrainBatch:
+                 sequences: bool = True, topk: int = 0) -> TrainBatch:
         """A batch of ``jax.ShapeDtypeStruct`` (what a program is compiled for; the program places it): ``rows``
-        sequences of ``prompt_width`` + ``response_width`` tokens with the ``per_token`` fields (float32), or
-        with ``sequences=False`` only the response grid (a packed pass's)."""
+        sequences of ``prompt_width`` + ``response_width`` tokens with the ``per_token`` fields (float32; the
+        teacher's top-k fields (rows, response_width, ``topk``)), or with ``sequences=False`` only the response
+        grid (a packed pass's)."""
         spec = jax.ShapeDtypeStruct
 
         width = prompt_width + response_width
-        fields = {f: spec((rows, response_width), jnp.float32) for f in per_token}
+        fields = {f: spec((rows, response_width) + ((topk,) if f in TOPK_FIELDS else ()),
+                          jnp.int32 if f == "teacher_topk_ids" else jnp.float32) for f in per_token}
         if sequences:
             fields.update(input_ids=spec((rows, width), jnp.int32), attention_mask=spec((rows, width), jnp.int32),
                           responses=spec((rows, response_width), jnp.int32))

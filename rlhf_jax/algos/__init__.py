@@ -30,7 +30,7 @@ from .kl import (
 )
 from .policy_losses import check_policy_loss, effective_loss_agg_mode, policy_loss
 from .bypass import BYPASS_LOSS_TYPES  # registers the bypass_mode loss
-from .distillation import DistillSpec, distillation_loss
+from .distillation import FORWARD_KL_TOPK, DistillSpec, distillation_loss, forward_kl_topk
 from . import optimal_baseline  # noqa: F401  (registers the optimal-token-baseline estimators)
 from .registry import (
     ADV_ESTIMATORS,
@@ -63,6 +63,8 @@ __all__ = [
     "check_policy_loss",
     "DistillSpec",
     "distillation_loss",
+    "FORWARD_KL_TOPK",
+    "forward_kl_topk",
     "compute_advantages",
     "dense_group_index",
     "effective_loss_agg_mode",

@@ -30,9 +30,9 @@ def auto_chunk_size(batch: int, length: int, vocab: int, budget_bytes: int = DEF
 
 
 def map_sequence_chunks(fn: Callable[..., Any], *arrays: Array, chunk_size: int | None = None) -> Any:
-    """Apply ``fn`` to sequence chunks of ``arrays`` (all (batch, length, ...)) and reassemble (batch, length) outputs.
+    """Apply ``fn`` to sequence chunks of ``arrays`` (all (batch, length, ...)); reassemble (batch, length, ...).
 
-    ``fn`` maps chunks (batch, c, ...) to a pytree of (batch, c) arrays. The last
+    ``fn`` maps chunks (batch, c, ...) to a pytree of (batch, c, ...) arrays. The last
     chunk is shifted back to end at ``length`` (it overlaps its neighbour) so no
     padding copy of the inputs is made; each position is read from exactly one chunk.
     """
@@ -53,7 +53,8 @@ def map_sequence_chunks(fn: Callable[..., Any], *arrays: Array, chunk_size: int 
     pos = np.arange(t)
     k = np.minimum(pos // c, n - 1)
     off = pos - starts[k]
-    return jax.tree.map(lambda y: y[k, :, off].T, ys)
+    # y[k, :, off] puts the position axis first: (t, batch, ...) -> (batch, t, ...)
+    return jax.tree.map(lambda y: jnp.moveaxis(y[k, :, off], 0, 1), ys)
 
 
 def _scaled(logits: Array, temperature: float) -> Array:

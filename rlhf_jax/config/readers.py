@@ -50,7 +50,7 @@ READERS: dict[str, tuple[str, ...]] = {
         _A + "ref.log_prob_use_dynamic_bsz", _A + "ref.log_prob_max_token_len_per_gpu",
         _A + "rollout.log_prob_use_dynamic_bsz", _A + "rollout.log_prob_max_token_len_per_gpu",
         "critic.model.use_remove_padding", "critic.use_dynamic_bsz", "critic.ppo_max_token_len_per_gpu",
-        "critic.forward_max_token_len_per_gpu",
+        "critic.forward_max_token_len_per_gpu", "distillation.distillation_loss.topk",
     ),
     "rlhf_jax.train.optim": (_A + "actor.optim.*", "critic.optim.*"),
     "rlhf_jax.train.freeze": (_A + "actor.freeze.*",),
@@ -72,8 +72,8 @@ READERS: dict[str, tuple[str, ...]] = {
         "algorithm.rollout_correction.loss_type", "algorithm.filter_groups.enable", "distillation.enabled",
         *(f"distillation.distillation_loss.{k}" for k in (
             "loss_mode", "use_task_rewards", "distillation_loss_coef", "loss_max_clamp", "use_policy_gradient",
-            "clip_ratio_low", "clip_ratio_high")), "algorithm.kl_ctrl.*", "trainer.validation_data_dir",
-        "trainer.log_val_generations", "trainer.critic_warmup", "trainer.resume_mode",
+            "clip_ratio_low", "clip_ratio_high", "log_prob_min_clamp")), "algorithm.kl_ctrl.*",
+        "trainer.validation_data_dir", "trainer.log_val_generations", "trainer.critic_warmup", "trainer.resume_mode",
         "trainer.max_actor_ckpt_to_keep", "trainer.seed",
         # ScoreShaping and the advantage stage's settings (ROLL's RLVR options)
         "algorithm.reward_norm.*", "algorithm.reward_clip", "algorithm.whiten_advantages", "algorithm.advantage_clip",
@@ -129,10 +129,6 @@ EVIDENCE: dict[str, str] = {
 
 # Keys accepted on purpose with no effect of their own.
 NO_OPS: dict[str, str] = {
-    "distillation.distillation_loss.topk": "forward_kl_topk's (a loss mode refused by name); verl's estimators "
-                                           "ignore it too",
-    "distillation.distillation_loss.log_prob_min_clamp": "forward_kl_topk's (a loss mode refused by name); verl's "
-                                                         "estimators ignore it too",
     "distillation.distillation_loss.policy_loss_mode": "vanilla, its one value (verl's too), is the loss of "
                                                        "use_policy_gradient",
     "distillation.distillation_loss.clip_ratio": "the default of clip_ratio_low / clip_ratio_high (same_as)",

@@ -17,7 +17,7 @@ from rlhf_jax import algos
 from rlhf_jax.algos.rollout_correction import correction_from_config
 from rlhf_jax.config import schema
 from rlhf_jax.config.optimizers import optimizer_settings
-from rlhf_jax.config.keys_distill import DISTILLATION_ESTIMATORS
+from rlhf_jax.config.keys_distill import DISTILLATION_LOSS_MODES
 from rlhf_jax.config.rule import Context, rule
 
 A = "actor_rollout_ref."
@@ -190,7 +190,7 @@ def dro_beta_set(cfg: ConfigDict, ctx: Context) -> None:
       "distillation.distillation_loss.loss_mode", "distillation.distillation_loss.use_policy_gradient",
       A + "actor.use_kl_loss", "algorithm.use_kl_in_reward", "algorithm.type")
 def distillation_settings(cfg: ConfigDict, ctx: Context) -> None:
-    """On-policy distillation needs its teacher, one of verl's estimators (k1 only as a reward: its gradient does
+    """On-policy distillation needs its teacher, one of verl's loss modes (k1 only as a reward: its gradient does
     not depend on the teacher), and the reference's place (no KL term to a reference beside it)."""
     dist = cfg.distillation
     if not dist.enabled:
@@ -200,13 +200,9 @@ def distillation_settings(cfg: ConfigDict, ctx: Context) -> None:
         raise ValueError("distillation.enabled needs distillation.teacher_models.teacher_model.model_path")
     if cfg.algorithm.type != "rl":
         raise ValueError(f"distillation.enabled: algorithm.type={cfg.algorithm.type} has no samples to distil on")
-    if loss.loss_mode == "forward_kl_topk":
-        raise ValueError("distillation.distillation_loss.loss_mode=forward_kl_topk is not available here (it needs "
-                         "the teacher's top-k distribution at every position): use k3, or k1 with "
-                         "use_policy_gradient=true")
-    if loss.loss_mode not in DISTILLATION_ESTIMATORS:
+    if loss.loss_mode not in DISTILLATION_LOSS_MODES:
         raise ValueError(f"distillation.distillation_loss.loss_mode={loss.loss_mode!r} is not valid; choose from "
-                         f"{', '.join(DISTILLATION_ESTIMATORS)}")
+                         f"{', '.join(DISTILLATION_LOSS_MODES)}")
     if loss.loss_mode in ("kl", "k1") and not loss.use_policy_gradient:
         raise ValueError("distillation.distillation_loss.loss_mode=k1 as a loss has a gradient that does not depend "
                          "on the teacher: set use_policy_gradient=true, or loss_mode=k3")

@@ -127,6 +127,10 @@ def finalize(
     if out.actor_rollout_ref.actor.use_kl_loss and out.algorithm.use_kl_in_reward:
         log.warning("both actor_rollout_ref.actor.use_kl_loss and algorithm.use_kl_in_reward are on: the KL "
                     "to the reference is penalised twice")
+    dl = out.distillation.distillation_loss
+    if out.distillation.enabled and dl.loss_mode == "forward_kl_topk" and dl.use_policy_gradient:
+        log.warning("distillation.distillation_loss.loss_mode=forward_kl_topk with use_policy_gradient=true: the "
+                    "update moves only the sampled token's log-prob; the top-k distribution's signal is mostly unused")
     out.derived = derived
     out.lock()
     return out

@@ -138,10 +138,10 @@ IGNORED: tuple[Ignored, ...] = (
     Ignored("distillation.teacher_models.teacher_model.num_replicas", "the teacher shares the training devices"),
     Ignored("distillation.teacher_models.teacher_model.key", "one teacher for every row"),
     Ignored("distillation.teacher_key", "one teacher for every row"),
-    Ignored("distillation.distillation_loss.use_chunked_topk", "forward_kl_topk's memory option (its loss mode is "
-            "not available)"),
-    Ignored("distillation.distillation_loss.chunked_topk_chunk_size", "forward_kl_topk's memory option (its loss "
-            "mode is not available)"),
+    Ignored("distillation.distillation_loss.use_chunked_topk", "forward_kl_topk's memory option: the logits are "
+            "always formed chunk by chunk here, never whole"),
+    Ignored("distillation.distillation_loss.chunked_topk_chunk_size", "forward_kl_topk's memory option: the chunk "
+            "follows the logits' memory budget (algos.entropy.auto_chunk_size)"),
     Ignored("defaults", "Hydra defaults list: the file is read on its own"),
     Ignored("hydra", "Hydra runtime settings"),
     Ignored("_target_", "verl dataclass target"),

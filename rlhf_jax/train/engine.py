@@ -34,6 +34,12 @@ from rlhf_jax.types import TrainBatch, shape_key
 __all__ = ["HOST_MEMORY", "Role"]
 
 
+def topk_grids(grid_shape: tuple[int, int], k: int) -> tuple[jax.ShapeDtypeStruct, jax.ShapeDtypeStruct]:
+    """The (rows, R, k) grids a top-k pass fills: log-probs (float32) and token ids (int32)."""
+    shape = (*grid_shape, k)
+    return jax.ShapeDtypeStruct(shape, jnp.float32), jax.ShapeDtypeStruct(shape, jnp.int32)
+
+
 class Role:
     """One model with optional optimizer; ``params`` / ``opt_state`` are replaced by each update."""
 
@@ -134,16 +140,17 @@ class Role:
 
     # ----------------------------------------------------------------- forward passes
     def _logp_fn(self, inputs: TrainBatch, n_micro: int, temperature: float, with_entropy: bool,
-                 with_sum_pi_squared: bool = False, record_routes: bool = False) -> Callable:
+                 with_sum_pi_squared: bool = False, record_routes: bool = False, topk: int = 0) -> Callable:
         two = with_entropy or with_sum_pi_squared
-        out = (batch_sharding(self.mesh, 2),) * 2 if two else batch_sharding(self.mesh, 2)
+        rows = batch_sharding(self.mesh, 3 if topk else 2)
+        out = (rows,) * 2 if two or topk else rows
         return self._jit(
-            ("logp", n_micro, temperature, with_entropy, with_sum_pi_squared, record_routes, shape_key(inputs)),
+            ("logp", n_micro, temperature, with_entropy, with_sum_pi_squared, record_routes, topk, shape_key(inputs)),
             lambda: jax.jit(
                 self._on_devices(functools.partial(steps.forward_log_probs, self.graphdef, n_micro=n_micro,
                                                    temperature=temperature, with_entropy=with_entropy,
                                                    with_sum_pi_squared=with_sum_pi_squared,
-                                                   record_routes=record_routes)),
+                                                   record_routes=record_routes, topk=topk)),
                 in_shardings=(self.state_shardings(), self._batch_shardings(inputs)),
                 out_shardings=(out, batch_sharding(self.mesh, 4)) if record_routes else out,
             ),
@@ -160,11 +167,12 @@ class Role:
         )
 
     def log_probs(self, batch: TrainBatch, *, n_micro: int, temperature: float, with_entropy: bool = False,
-                  with_sum_pi_squared: bool = False, record_routes: bool = False):
+                  with_sum_pi_squared: bool = False, record_routes: bool = False, topk: int = 0):
         """Response log-probs (N, R) of the batch's sequences (and entropies with ``with_entropy``, or the sums of
-        squared probabilities with ``with_sum_pi_squared``); ``record_routes``: (those, the MoE expert ids used)."""
+        squared probabilities with ``with_sum_pi_squared``); ``record_routes``: (those, the MoE expert ids used);
+        ``topk`` > 0: the top-k (log-probs, ids) (N, R, k) of every response position instead."""
         inputs = batch.sequences()
-        fn = self._logp_fn(inputs, n_micro, temperature, with_entropy, with_sum_pi_squared, record_routes)
+        fn = self._logp_fn(inputs, n_micro, temperature, with_entropy, with_sum_pi_squared, record_routes, topk)
         return fn(self.state(), inputs)
 
     def values(self, batch: TrainBatch, *, n_micro: int):
@@ -221,13 +229,13 @@ class Role:
         return jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=replicated(self.mesh))
 
     def padded_program(self, kind: str | Loss, batch: TrainBatch, *, n_micro: int, temperature: float = 1.0,
-                       sum_pi_squared: bool = False) -> Any:
+                       sum_pi_squared: bool = False, topk: int = 0) -> Any:
         """A padded pass compiled for the abstract ``batch`` (for the memory plan): "logp", "values", or the
         update of a ``Loss``."""
         batch = self._placed(batch)
         if kind == "logp":
-            return self._logp_fn(batch, n_micro, temperature, False, sum_pi_squared).lower(self.state(),
-                                                                                            batch).compile()
+            return self._logp_fn(batch, n_micro, temperature, False, sum_pi_squared, topk).lower(self.state(),
+                                                                                                  batch).compile()
         if kind == "values":
             return self._values_fn(batch, n_micro).lower(self.state(), batch).compile()
         extra = (self._key_spec(),) if kind.takes_rng else ()
@@ -265,6 +273,10 @@ class Role:
             grid = jax.ShapeDtypeStruct(grid_shape, jnp.float32, sharding=rows)
             if static.get("sum_pi_squared"):  # two grids: log-probs and sums of squared probabilities
                 grid, rows = (grid, grid), (rows, rows)
+            if static.get("topk"):  # two (rows, R, k) grids: the top-k log-probs and token ids
+                rows = (batch_sharding(self.mesh, 3),) * 2
+                grid = tuple(jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=rows[0])
+                             for s in topk_grids(grid_shape, static["topk"]))
             fn = jax.jit(self._on_devices(functools.partial(step_fn, self.graphdef, dp=dp, **static)),
                          in_shardings=(self.state_shardings(), rows, self._batch_shardings(micro)),
                          out_shardings=rows, donate_argnums=(1,))
@@ -277,6 +289,9 @@ class Role:
         grid = jax.device_put(jnp.zeros(grid_shape, jnp.float32), batch_sharding(self.mesh, 2))
         if static.get("sum_pi_squared"):
             grid = (grid, jax.device_put(jnp.zeros(grid_shape, jnp.float32), batch_sharding(self.mesh, 2)))
+        if static.get("topk"):
+            grid = tuple(jax.device_put(jnp.zeros(s.shape, s.dtype), batch_sharding(self.mesh, 3))
+                         for s in topk_grids(grid_shape, static["topk"]))
         for micro in micros:
             program = self.packed_forward_program(kind, micro["input_ids"].shape, micro["logit_positions"].shape[0],
                                                   grid_shape, dp, **static)
@@ -284,10 +299,11 @@ class Role:
         return grid
 
     def log_probs_packed(self, micros: list[dict], grid_shape: tuple[int, int], *, dp: int, temperature: float,
-                         sum_pi_squared: bool = False):
+                         sum_pi_squared: bool = False, topk: int = 0):
         """Response log-probs (rows, R) of packed micro-batches (device dicts of (dp*M, L) arrays); with
-        ``sum_pi_squared`` (that, the sums of squared probabilities)."""
-        static = {"sum_pi_squared": True} if sum_pi_squared else {}
+        ``sum_pi_squared`` (that, the sums of squared probabilities); ``topk`` > 0: the top-k (log-probs, ids)
+        (rows, R, k) instead."""
+        static = {"sum_pi_squared": True} if sum_pi_squared else {"topk": topk} if topk else {}
         return self._packed_forward("logp", micros, grid_shape, dp, temperature=temperature, **static)
 
     def values_packed(self, micros: list[dict], grid_shape: tuple[int, int], *, dp: int):

@@ -63,11 +63,12 @@ class Padded:
     plan: PassPlan
 
     def log_probs(self, role, batch: TrainBatch, temperature: float, sum_pi_squared: bool = False,
-                  record_routes: bool = False):
+                  record_routes: bool = False, topk: int = 0):
         """Log-probs (N, R); with ``sum_pi_squared`` (those, the sums of squared probabilities); with
-        ``record_routes`` (that, the MoE expert ids the pass used)."""
+        ``record_routes`` (that, the MoE expert ids the pass used); ``topk`` > 0: the top-k (log-probs, ids)
+        (N, R, k) instead."""
         return role.log_probs(batch, n_micro=self.plan.num_micro, temperature=temperature,
-                              with_sum_pi_squared=sum_pi_squared, record_routes=record_routes)
+                              with_sum_pi_squared=sum_pi_squared, record_routes=record_routes, topk=topk)
 
     def values(self, role, batch: TrainBatch) -> jax.Array:
         return role.values(batch, n_micro=self.plan.num_micro)
@@ -90,10 +91,11 @@ class Packed:
     plan: PassPlan
     packer: Packer
 
-    def log_probs(self, role, batch: TrainBatch, temperature: float, sum_pi_squared: bool = False):
-        """Log-probs (N, R); with ``sum_pi_squared`` (those, the sums of squared probabilities)."""
+    def log_probs(self, role, batch: TrainBatch, temperature: float, sum_pi_squared: bool = False, topk: int = 0):
+        """Log-probs (N, R); with ``sum_pi_squared`` (those, the sums of squared probabilities); ``topk`` > 0: the
+        top-k (log-probs, ids) (N, R, k) instead."""
         return role.log_probs_packed(self.packer.micros(self.plan), batch.response_mask.shape, dp=self.packer.dp,
-                                     temperature=temperature, sum_pi_squared=sum_pi_squared)
+                                     temperature=temperature, sum_pi_squared=sum_pi_squared, topk=topk)
 
     def values(self, role, batch: TrainBatch) -> jax.Array:
         return role.values_packed(self.packer.micros(self.plan), batch.response_mask.shape, dp=self.packer.dp)

@@ -22,7 +22,8 @@ from flax import nnx
 
 from rlhf_jax import algos
 from rlhf_jax.train.steps import (ActorLossSpec, CriticLossSpec, actor_denominators, actor_loss, add_router_loss,
-                                  add_value_loss, critic_loss, token_log_probs, value_denominator)
+                                  add_value_loss, critic_loss, value_denominator)
+from rlhf_jax.train.token_outputs import token_log_probs, token_top_k
 from rlhf_jax.types import TrainBatch
 
 Micro = dict[str, jax.Array]  # one packed micro-batch: MICRO_KEYS
@@ -36,21 +37,42 @@ MICRO_KEYS = ROW_KEYS + LOGIT_KEYS
 
 
 def scatter_to_grid(values_BL: jax.Array, targets_BL: jax.Array, grid_shape: tuple[int, int], dp: int) -> jax.Array:
-    """Per-entry values -> the (rows, R) grid; shard d's entries fill shard d's block of grid rows.
+    """Per-entry values (one per target, each a scalar or a trailing (...) array) -> the (rows, R, ...) grid; shard
+    d's entries fill shard d's block of grid rows.
 
     ``targets`` are flat indices into the shard's block (``local_row * R + t``), -1 for none.
     The scatter is batched over the shard axis, so it stays local to each shard.
     """
     rows, R = grid_shape
     block = rows // dp * R
-    values = values_BL.reshape(dp, -1)
+    trailing = _trailing(values_BL, targets_BL.size)
+    values = values_BL.reshape(dp, -1, *trailing)
     targets = targets_BL.reshape(dp, -1)
     targets = jnp.where(targets < 0, block, targets)  # out of range: dropped
 
     def one(v, t):
-        return jnp.zeros((block,), v.dtype).at[t].set(v, mode="drop")
+        return jnp.zeros((block, *trailing), v.dtype).at[t].set(v, mode="drop")
 
-    return jax.vmap(one)(values, targets).reshape(rows, R)
+    return jax.vmap(one)(values, targets).reshape(rows, R, *trailing)
+
+
+def gather_from_grid(grid: jax.Array, targets_BL: jax.Array, dp: int) -> jax.Array:
+    """The (dp, C, ...) entries of the (rows, R, ...) grid at the ``targets`` of ``scatter_to_grid`` (an entry with
+    no target reads a cell of its shard's block; it is never scattered back)."""
+    rows, R, *trailing = grid.shape
+    block = rows // dp * R
+    flat = grid.reshape(dp, block, *trailing)
+    where = jnp.clip(targets_BL.reshape(dp, -1), 0, block - 1)
+    return jnp.take_along_axis(flat, where.reshape(where.shape + (1,) * len(trailing)), axis=1)
+
+
+def _trailing(values: jax.Array, entries: int) -> tuple[int, ...]:
+    """The dimensions of ``values`` after the leading ones that hold its ``entries`` entries."""
+    lead, size = 0, 1
+    while size < entries:
+        size *= values.shape[lead]
+        lead += 1
+    return tuple(values.shape[lead:])
 
 
 def packed_hidden(model, micro: Micro, with_router_stats: bool = False):
@@ -99,16 +121,19 @@ def covered_mask(micro: Micro, grid_shape: tuple[int, int], dp: int) -> jax.Arra
 
 
 def forward_log_probs(graphdef, params, grid_acc, micro: Micro, *, temperature: float, dp: int,
-                      sum_pi_squared: bool = False):
+                      sum_pi_squared: bool = False, topk: int = 0):
     """Add this micro-batch's response log-probs into ``grid_acc`` (rows, R) (donated, filled cell by cell); with
-    ``sum_pi_squared`` the grids are a pair, the second for the sums of squared probabilities."""
+    ``sum_pi_squared`` the grids are a pair, the second for the sums of squared probabilities; ``topk`` > 0: a pair
+    of (rows, R, k) grids for the top-k (log-probs, ids) of each position (``steps.response_top_k``)."""
     model = nnx.merge(graphdef, params)
-    if sum_pi_squared:
-        logp, squares = packed_log_probs(model, micro, temperature, False, dp, with_sum_pi_squared=True)
-        return tuple(acc + scatter_to_grid(x, micro["logit_targets"], acc.shape, dp)
-                     for acc, x in zip(grid_acc, (logp, squares)))
-    logp, _ = packed_log_probs(model, micro, temperature, False, dp)
-    return grid_acc + scatter_to_grid(logp, micro["logit_targets"], grid_acc.shape, dp)
+    if topk:
+        top = token_top_k(model, pick(packed_hidden(model, micro), micro, dp), topk)
+    elif sum_pi_squared:
+        top = packed_log_probs(model, micro, temperature, False, dp, with_sum_pi_squared=True)
+    else:
+        logp, _ = packed_log_probs(model, micro, temperature, False, dp)
+        return grid_acc + scatter_to_grid(logp, micro["logit_targets"], grid_acc.shape, dp)
+    return tuple(acc + scatter_to_grid(x, micro["logit_targets"], acc.shape[:2], dp) for acc, x in zip(grid_acc, top))
 
 
 def forward_values(graphdef, params, grid_acc, micro: Micro, *, dp: int):
@@ -132,9 +157,14 @@ def actor_grads(graphdef, spec: ActorLossSpec, params, frozen, grad_acc, micro: 
         out = packed_hidden(model, micro, with_router_stats=moe)
         hidden, stats = out if moe else (out, None)
         picked = pick(hidden, micro, dp)  # (dp, C, E): the states that predict each listed token
-        logp_c, ent_c = token_log_probs(model, picked, micro["logit_token_ids"].reshape(dp, -1), spec.temperature, True)
+        # the teacher's top-k tokens (forward_kl_topk) of each listed state, read back from the grid
+        at = None if grid.teacher_topk_ids is None else gather_from_grid(grid.teacher_topk_ids, micro["logit_targets"],
+                                                                          dp)
+        outs = token_log_probs(model, picked, micro["logit_token_ids"].reshape(dp, -1), spec.temperature, True,
+                               at_ids=at)
         to_grid = lambda x: scatter_to_grid(x, micro["logit_targets"], mask.shape, dp)  # noqa: E731
-        loss, metrics = actor_loss(spec, to_grid(logp_c), to_grid(ent_c), grid, m_mask, den, den_plain, key)
+        logp, ent, *topk = (to_grid(x) for x in outs)
+        loss, metrics = actor_loss(spec, logp, ent, grid, m_mask, den, den_plain, key, *topk)
         if moe:
             loss, metrics = add_router_loss(spec, loss, metrics, stats,
                                             jnp.sum(m_mask) / jnp.maximum(jnp.sum(mask), 1.0))

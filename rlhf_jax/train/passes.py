@@ -29,11 +29,12 @@ from typing import Callable
 
 import jax
 
+from rlhf_jax.algos.distillation import FORWARD_KL_TOPK
 from rlhf_jax.algos.rollout_correction import RolloutCorrection
 from rlhf_jax.batch.packing import row_length
 from rlhf_jax.parallel.backend import compile_backend
 from rlhf_jax.parallel.chips import chip_of
-from rlhf_jax.types import TrainBatch
+from rlhf_jax.types import TOPK_FIELDS, TrainBatch
 
 log = logging.getLogger(__name__)
 
@@ -170,6 +171,9 @@ class StepPasses:
     values: str | None  # "critic": a separate value model; "actor": the value head on the actor's trunk; None
     actor_fields: tuple[str, ...]  # the per-token arrays (TrainBatch fields) the actor update reads
     sum_pi_squared: bool = False  # the old-log-prob pass also returns sum_v pi_v^2 per token (the estimator's)
+    # > 0: the ref pass (the distillation teacher's) returns its top-k tokens and log-probs (N, R, k) at each
+    # response position instead of the sampled tokens' log-probs (forward_kl_topk)
+    teacher_topk: int = 0
 
     critic_fields = ("values", "returns")  # the critic update's
 
@@ -195,15 +199,19 @@ def step_passes(cfg, correction, *, use_kl_loss: bool) -> StepPasses:
     where the sampler's are the old policy's."""
     critic = cfg.critic
     values = ("actor" if critic.shared_trunk else "critic") if critic.enable else None
-    reads_ref = use_kl_loss or cfg.distillation.enabled  # the teacher's log-probs sit in ref_log_probs
-    fields = ("old_log_probs", "advantages") + (("ref_log_probs",) if reads_ref else ()) + (
+    dist = cfg.distillation
+    topk = int(dist.distillation_loss.topk) if dist.enabled and dist.distillation_loss.loss_mode == FORWARD_KL_TOPK \
+        else 0
+    reads_ref = use_kl_loss or (dist.enabled and not topk)  # the teacher's log-probs sit in ref_log_probs
+    fields = ("old_log_probs", "advantages") + (("ref_log_probs",) if reads_ref else ()) + (TOPK_FIELDS if topk
+                                                                                            else ()) + (
         ("rollout_is_weights",) if correction.rollout_is is not None else ()) + (
         ("values", "returns") if values == "actor" else ())
     old = cfg.derived.recompute_old_log_prob or cfg.algorithm.use_kl_in_reward or correction.enabled
     old = old and not cfg.algorithm.rollout_correction.bypass_mode
     squares = bool(cfg.derived.sum_pi_squared)  # the old policy's, from its own pass (never in bypass mode)
     return StepPasses(old_log_prob=bool(old or squares), ref=bool(cfg.derived.need_ref), values=values,
-                      actor_fields=fields, sum_pi_squared=squares)
+                      actor_fields=fields, sum_pi_squared=squares, teacher_topk=topk)
 
 
 # ---------------------------------------------------------------------------- memory
@@ -213,28 +221,32 @@ def pass_batch(cfg, passes: StepPasses, name: str, packed: bool) -> TrainBatch:
     d, R = cfg.derived, cfg.actor_rollout_ref.rollout.response_length
     rows = {"update_actor": d.actor_mini_batch_size, "update_critic": d.critic_mini_batch_size}.get(
         name, d.rollout_batch_size)
-    return TrainBatch.abstract(rows, cfg.data.max_prompt_length, R, passes.fields(name), sequences=not packed)
+    return TrainBatch.abstract(rows, cfg.data.max_prompt_length, R, passes.fields(name), sequences=not packed,
+                               topk=passes.teacher_topk)
 
 
 def compile_pass(name: str, role, plan: PassPlan, batch: TrainBatch, *, dp: int, temperature: float,
-                 loss=None, sum_pi_squared: bool = False):
+                 loss=None, sum_pi_squared: bool = False, teacher_topk: int = 0):
     """Pass ``name`` (run by ``role``; an update trains ``loss``) compiled at its planned layout for the abstract
-    ``batch`` (``pass_batch``); ``sum_pi_squared``: the old-log-prob pass also returns the squared sums."""
+    ``batch`` (``pass_batch``); ``sum_pi_squared``: the old-log-prob pass also returns the squared sums;
+    ``teacher_topk``: the ref pass returns the teacher's top-k (N, R, k) arrays (its outputs in the plan)."""
     rows, R = batch.response_mask.shape
-    squares = {"sum_pi_squared": True} if sum_pi_squared and name == "old_log_prob" else {}
+    # the forward pass's extra outputs (static arguments of its program)
+    extra = ({"sum_pi_squared": True} if sum_pi_squared and name == "old_log_prob" else
+             {"topk": teacher_topk} if teacher_topk and name == "ref" else {})
     if plan.packed:
         # At most every packed position predicts a response token: plan for the largest logit list.
         micro_shape = (dp * plan.rows_per_micro, plan.row_len)
         logits = dp * plan.rows_per_micro * plan.row_len
         if name in ("old_log_prob", "ref"):
             return role.packed_forward_program("logp", micro_shape, logits, (rows, R), dp, temperature=temperature,
-                                               **squares)
+                                               **extra)
         if name == "values":
             return role.packed_forward_program("values", micro_shape, logits, (rows, R), dp)
         return role.packed_grads_program(loss, micro_shape, logits, batch, dp)
     if name in ("old_log_prob", "ref"):
         return role.padded_program("logp", batch.sequences(), n_micro=plan.num_micro, temperature=temperature,
-                                   **squares)
+                                   **extra)
     if name == "values":
         return role.padded_program("values", batch.sequences(), n_micro=plan.num_micro)
     return role.padded_program(loss, batch, n_micro=plan.num_micro)

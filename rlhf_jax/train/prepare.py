@@ -138,7 +138,12 @@ class Preparer:
             metrics.update({k: float(v) for k, v in corr_metrics.items()})
         if keep is not None:  # whole responses leave the loss, the advantages' statistics and every later stage
             batch = batch.replace(response_mask=batch.response_mask * keep[:, None].astype(batch.response_mask.dtype))
-        if self.passes.ref:
+        if self.passes.ref and self.passes.teacher_topk:  # the distillation teacher's top-k (forward_kl_topk)
+            with timer("ref"):
+                top_logp, top_ids = jax.block_until_ready(
+                    layouts["ref"].log_probs(self.ref, batch, self.temperature, topk=self.passes.teacher_topk))
+                batch = batch.replace(teacher_topk_ids=top_ids, teacher_topk_log_probs=top_logp)
+        elif self.passes.ref:
             with timer("ref"):
                 batch = batch.replace(ref_log_probs=jax.block_until_ready(
                     layouts["ref"].log_probs(self.ref, batch, self.temperature)))

@@ -295,4 +295,12 @@ def teacher_model(cfg: ConfigDict, c: Any, actor):
     if vocab is not None and vocab < actor.config.vocab_size:
         raise ValueError(f"{key}: the teacher's vocabulary ({vocab} tokens) is smaller than the student's "
                          f"({actor.config.vocab_size}): distillation needs the student's tokenizer")
+    loss = cfg.distillation.distillation_loss
+    if loss.loss_mode == "forward_kl_topk":  # the student's log-probs are read at the teacher's top-k token ids
+        if vocab is not None and vocab != actor.config.vocab_size:
+            raise ValueError(f"{key}: forward_kl_topk compares distributions over one vocabulary; the teacher's has "
+                             f"{vocab} tokens, the student's {actor.config.vocab_size}")
+        if loss.topk > actor.config.vocab_size:
+            raise ValueError(f"distillation.distillation_loss.topk={loss.topk} exceeds the vocabulary "
+                             f"({actor.config.vocab_size} tokens)")
     return load_policy(cfg, c.model_path, c.mesh, c.rules, role="ref", path=path)

@@ -28,8 +28,8 @@ from flax import nnx
 
 from rlhf_jax import algos
 from rlhf_jax.algos.distillation import DistillSpec
-from rlhf_jax.algos.entropy import auto_chunk_size
 from rlhf_jax.models.moe import load_balancing_loss
+from rlhf_jax.train.token_outputs import token_log_probs, token_top_k
 from rlhf_jax.types import TrainBatch
 
 
@@ -47,35 +47,6 @@ def merge_micro(tree: Any) -> Any:
         return jnp.swapaxes(x, 0, 1).reshape((x.shape[0] * x.shape[1],) + x.shape[2:])
 
     return jax.tree.map(merge, tree)
-
-
-def token_log_probs(model, hidden, ids, temperature: float, with_entropy: bool, with_sum_pi_squared: bool = False):
-    """Log-probs of ``ids`` (and entropies, or ``with_sum_pi_squared`` the sum over the vocabulary of the squared
-    probabilities) from the hidden states that predict them; (b, T) float32.
-
-    Logits are formed chunk by chunk over T so a (b, T, vocab) float32 tensor never
-    exists whole (and is rematerialised in the backward pass).
-    """
-    chunk = auto_chunk_size(hidden.shape[0], hidden.shape[1], model.config.vocab_size)
-
-    def per_chunk(h, tok):
-        z = model.logits_from_hidden(h)
-        if temperature != 1.0:
-            z = z / temperature
-        lse = jax.nn.logsumexp(z, axis=-1)
-        logp = jnp.take_along_axis(z, tok[..., None].astype(jnp.int32), axis=-1)[..., 0] - lse
-        if with_sum_pi_squared:  # the optimal token baseline's path variance reads it (algos.optimal_baseline)
-            p = jnp.exp(z - lse[..., None])
-            return logp, jnp.einsum("...v,...v->...", p, p)
-        if not with_entropy:
-            return logp
-        # sum_v p z as a contraction: XLA:CPU's library fusion runs the same multiply-then-reduce ~5x slower
-        # (it was 0.8 s of a 4 s SmolLM2 update micro-batch).
-        ent = lse - jnp.einsum("...v,...v->...", jnp.exp(z - lse[..., None]), z)
-        return logp, ent
-
-    out = algos.map_sequence_chunks(per_chunk, hidden, ids, chunk_size=chunk)
-    return out if with_entropy or with_sum_pi_squared else (out, None)
 
 
 def response_log_probs(model, input_ids, attention_mask, responses, temperature: float, with_entropy: bool,
@@ -98,21 +69,31 @@ def response_log_probs(model, input_ids, attention_mask, responses, temperature:
     return token_log_probs(model, hidden, responses, temperature, with_entropy, with_sum_pi_squared)
 
 
+def response_top_k(model, input_ids, attention_mask, response_length: int, k: int):
+    """(log-probs, ids) (b, R, k) of the ``k`` most probable tokens at each response position (temperature 1: the
+    distillation teacher's distribution, as verl's teacher scores it)."""
+    hidden = model.hidden_states(input_ids, attention_mask)[:, -response_length - 1 : -1]
+    return token_top_k(model, hidden, k)
+
+
 def response_values(model, input_ids, attention_mask, response_length: int):
     """Critic values of the states before each response token; (b, R) float32 (verl's slicing)."""
     return model.token_values(input_ids, attention_mask)[:, -response_length - 1 : -1]
 
 
 def forward_log_probs(graphdef, params, batch: TrainBatch, *, n_micro: int, temperature: float, with_entropy: bool,
-                      with_sum_pi_squared: bool = False, record_routes: bool = False):
+                      with_sum_pi_squared: bool = False, record_routes: bool = False, topk: int = 0):
     """Log-probs (and entropy, or the sum of squared probabilities) of the whole batch, one micro-batch at a time
     (lax.map); a MoE model replays ``batch.routed_experts`` when given; ``record_routes``: (that, the expert ids
-    used (N, P + R, sparse layers, K))."""
+    used (N, P + R, sparse layers, K)); ``topk`` > 0: instead the top-k (log-probs, ids) (N, R, k) of every
+    response position (a distillation teacher's: it routes its own experts)."""
     model = nnx.merge(graphdef, params)
     micro = split_micro((batch.input_ids, batch.attention_mask, batch.responses, batch.routed_experts), n_micro)
 
     def one(m):
         *seqs, routes = m
+        if topk:
+            return response_top_k(model, seqs[0], seqs[1], seqs[2].shape[1], topk)
         out = response_log_probs(model, *seqs, temperature, with_entropy, with_sum_pi_squared=with_sum_pi_squared,
                                  routes=routes, record_routes=record_routes)
         out, used = out if record_routes else (out, None)
@@ -239,11 +220,12 @@ def apply_update(tx, params, opt_state, grads):
     return keep(new_params, params), keep(new_opt_state, opt_state), grad_norm
 
 
-def actor_loss(spec: ActorLossSpec, logp, ent, m: TrainBatch, m_mask, den, den_plain, key):
+def actor_loss(spec: ActorLossSpec, logp, ent, m: TrainBatch, m_mask, den, den_plain, key, student_topk=None):
     """The actor loss of one micro-batch from its (b, R) log-probs and entropies, with mini-batch denominators.
 
-    ``m`` holds the micro-batch's old_log_probs, advantages (and ref_log_probs); ``m_mask``
-    its response mask. Returns (loss, metrics).
+    ``m`` holds the micro-batch's old_log_probs, advantages (and ref_log_probs, or the teacher's top-k); ``m_mask``
+    its response mask; ``student_topk`` (b, R, k) the log-probs at the teacher's top-k tokens. Returns (loss,
+    metrics).
     """
     old = m.old_log_probs if spec.use_old_log_probs else jax.lax.stop_gradient(logp)
     options = dict(spec.options)
@@ -274,7 +256,9 @@ def actor_loss(spec: ActorLossSpec, logp, ent, m: TrainBatch, m_mask, den, den_p
     if spec.distill is not None:
         d = spec.distill
         d_loss, d_metrics = algos.distillation_loss(d, logp, old, m.ref_log_probs, m_mask, spec.loss_agg_mode,
-                                                    denominator=den_plain, norm_constant=spec.norm_constant)
+                                                    denominator=den_plain, norm_constant=spec.norm_constant,
+                                                    student_topk_log_probs=student_topk,
+                                                    teacher_topk_log_probs=m.teacher_topk_log_probs)
         loss = loss + d.coef * d_loss if d.use_task_rewards else d_loss  # verl: the task's loss is dropped
         aux.update({f"distillation/{k}": v for k, v in d_metrics.items()})
         aux["distillation/loss"] = d_loss
@@ -337,8 +321,9 @@ def actor_update(graphdef, tx, spec: ActorLossSpec, params, frozen, opt_state, m
             out = model.hidden_states(m.input_ids, m.attention_mask, with_router_stats=moe, routes=m.routed_experts)
             hidden, stats = out if moe else (out, None)
             hidden = hidden[:, -R - 1 : -1]  # the states that predict each response token
-            logp, ent = token_log_probs(model, hidden, m.responses, spec.temperature, True)
-            loss, metrics = actor_loss(spec, logp, ent, m, m_mask, den, den_plain, key)
+            logp, ent, *topk = token_log_probs(model, hidden, m.responses, spec.temperature, True,
+                                               at_ids=m.teacher_topk_ids)
+            loss, metrics = actor_loss(spec, logp, ent, m, m_mask, den, den_plain, key, *topk)
             if moe:
                 loss, metrics = add_router_loss(spec, loss, metrics, stats,
                                                 jnp.sum(m_mask) / jnp.maximum(jnp.sum(mask), 1.0))

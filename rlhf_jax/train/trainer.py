@@ -103,12 +103,13 @@ def actor_loss_spec(cfg: ConfigDict, recompute_old: bool, temperature: float, mo
         else (("dro_beta", pl.dro_beta),) if pl.loss_mode == "dro" else (),
     )
     dist = cfg.distillation
-    if dist.enabled:  # ref_log_probs are the teacher's
+    if dist.enabled:  # ref_log_probs (or the teacher_topk_* fields) are the teacher's
         dl = dist.distillation_loss
         spec = dataclasses.replace(spec, distill=algos.DistillSpec(
             loss_mode=dl.loss_mode, use_task_rewards=bool(dl.use_task_rewards), coef=float(dl.distillation_loss_coef),
             loss_max_clamp=dl.loss_max_clamp, use_policy_gradient=bool(dl.use_policy_gradient),
-            clip_ratio_low=float(dl.clip_ratio_low), clip_ratio_high=float(dl.clip_ratio_high)))
+            clip_ratio_low=float(dl.clip_ratio_low), clip_ratio_high=float(dl.clip_ratio_high),
+            log_prob_min_clamp=None if dl.log_prob_min_clamp is None else float(dl.log_prob_min_clamp)))
     corr = cfg.algorithm.rollout_correction
     if corr.bypass_mode:  # old = the sampler's log-probs; the loss applies the correction (algos.bypass)
         spec = dataclasses.replace(spec, loss_mode="bypass_mode", use_old_log_probs=True, options=(
@@ -349,7 +350,7 @@ class Trainer:
         loss = {"update_actor": self.actor_loss, "update_critic": self.critic_loss}.get(name)
         return compile_pass(name, self._role_of(name), plan, pass_batch(self.cfg, self.passes, name, plan.packed),
                             dp=self.cfg.derived.dp_size, temperature=self.actor_loss.spec.temperature, loss=loss,
-                            sum_pi_squared=self.passes.sum_pi_squared)
+                            sum_pi_squared=self.passes.sum_pi_squared, teacher_topk=self.passes.teacher_topk)
 
     # ------------------------------------------------------------------ the loop's other calls
     def validate(self, step: int) -> dict[str, float]:

@@ -39,7 +39,8 @@ def test_the_student_learns_from_the_teachers_log_probs(mode, teacher, tmp_path)
 
 @pytest.mark.parametrize("extra, message", [
     (["distillation.distillation_loss.loss_mode=k1"], "distillation.distillation_loss.loss_mode=k1 as a loss"),
-    (["distillation.distillation_loss.loss_mode=forward_kl_topk"], "loss_mode=forward_kl_topk is not available"),
+    (["distillation.distillation_loss.loss_mode=reverse_kl_topk"], "loss_mode='reverse_kl_topk' is not valid"),
+    (["distillation.distillation_loss.topk=0"], "distillation.distillation_loss.topk"),
     (["actor_rollout_ref.actor.use_kl_loss=True"], "actor_rollout_ref.actor.use_kl_loss=True with distillation"),
 ])
 def test_what_cannot_run_is_refused_in_one_line_before_loading(extra, message, teacher, tmp_path):

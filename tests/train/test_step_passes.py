@@ -69,3 +69,21 @@ def test_the_planned_batch_has_the_fields_the_step_gives_the_update(tmp_path):
         planned = pass_batch(cfg, passes, "update_actor", packed)
         given = step_mb.grid() if packed else step_mb
         assert shape_key(planned) == shape_key(given), (packed, shape_key(planned), shape_key(given))
+
+
+def test_forward_kl_topk_passes_the_teachers_top_k_arrays_to_the_update(tmp_path):
+    """The teacher's pass returns (N, R, k) top-k ids and log-probs in place of ref_log_probs; the planned update
+    batch has them with the shapes and dtypes the step gives it."""
+    settings = {"distillation.enabled": True, "distillation.teacher_models.teacher_model.model_path": str(tmp_path),
+                "distillation.distillation_loss.loss_mode": "forward_kl_topk", "distillation.distillation_loss.topk": 5,
+                "actor_rollout_ref.actor.use_kl_loss": False}
+    cfg, passes = _passes(tmp_path, **settings)
+    assert passes.runs("ref") and passes.teacher_topk == 5
+    fields = passes.fields("update_actor")
+    assert {"teacher_topk_ids", "teacher_topk_log_probs"} <= set(fields) and "ref_log_probs" not in fields
+    R, rows = cfg.actor_rollout_ref.rollout.response_length, cfg.derived.actor_mini_batch_size
+    planned = pass_batch(cfg, passes, "update_actor", packed=True)
+    assert planned.teacher_topk_ids.shape == (rows, R, 5) and planned.teacher_topk_ids.dtype == jnp.int32
+    assert planned.teacher_topk_log_probs.shape == (rows, R, 5) and planned.teacher_topk_log_probs.dtype == jnp.float32
+    _, estimator = _passes(tmp_path, **{**settings, "distillation.distillation_loss.loss_mode": "k3"})
+    assert estimator.teacher_topk == 0 and "ref_log_probs" in estimator.fields("update_actor")
