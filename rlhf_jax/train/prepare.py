@@ -122,7 +122,7 @@ class Preparer:
                 record = self.router_replay == "R2"
                 old = layouts["old_log_prob"].log_probs(self.actor, batch, self.temperature,
                                                         sum_pi_squared=self.passes.sum_pi_squared,
-                                                        record_routes=record)
+                                                        **({"record_routes": True} if record else {}))
                 if record:
                     old, recorded = old
                 if self.passes.sum_pi_squared:

@@ -18,23 +18,32 @@ def teacher(tmp_path_factory):
                               intermediate_size=128, initializer_range=0.2)
 
 
-@pytest.mark.parametrize("mode", ["reward_k1", "loss_k3"])
+LOSSES = {"reward_k1": ["distillation.distillation_loss.loss_mode=k1",
+                        "+distillation.distillation_loss.use_policy_gradient=True",
+                        "distillation.distillation_loss.use_task_rewards=False", "actor_rollout_ref.rollout.n=1"],
+          "loss_k3": ["distillation.distillation_loss.loss_mode=k3",
+                      "distillation.distillation_loss.distillation_loss_coef=0.5"],
+          "loss_topk": ["distillation.distillation_loss.loss_mode=forward_kl_topk",
+                        "distillation.distillation_loss.topk=8", "distillation.distillation_loss.log_prob_min_clamp=-10"]}
+
+
+@pytest.mark.parametrize("mode", sorted(LOSSES))
 def test_the_student_learns_from_the_teachers_log_probs(mode, teacher, tmp_path):
     out = tmp_path / "run"
-    loss = (["distillation.distillation_loss.loss_mode=k1", "+distillation.distillation_loss.use_policy_gradient=True",
-             "distillation.distillation_loss.use_task_rewards=False", "actor_rollout_ref.rollout.n=1"]
-            if mode == "reward_k1" else ["distillation.distillation_loss.loss_mode=k3",
-                                         "distillation.distillation_loss.distillation_loss_coef=0.5"])
+    loss = LOSSES[mode]
     proc = run_main([*ONE_STEP, "distillation.enabled=True", f"distillation.teacher_models.teacher_model.model_path={teacher}",
                      "distillation.n_gpus_per_node=4", "distillation.teacher_models.teacher_model.inference.name=vllm",
                      *loss, f"trainer.default_local_dir={out}"], devices=1)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     (row,) = read_metrics(str(out))
-    assert row["distillation/abs_loss"] > 0.05  # another model: a real divergence
+    # another model: a real divergence (forward_kl_topk's is never negative, its loss is its size)
+    assert row["distillation/loss" if mode == "loss_topk" else "distillation/abs_loss"] > 0.05
     assert math.isfinite(row["distillation/loss"]) and row["actor/grad_norm"] > 0
     assert "timing_s/ref" in row  # the teacher's pass, in the reference's place
     if mode == "reward_k1":
         assert "distillation/pg_clipfrac" in row
+    if mode == "loss_topk":  # the teacher's 8 most probable tokens hold most, not all, of either model's mass
+        assert 0 < row["distillation/teacher_mass"] < 1 and 0 < row["distillation/student_mass"] < 1
 
 
 @pytest.mark.parametrize("extra, message", [
