@@ -8,9 +8,11 @@
 set -euo pipefail
 num_processes=${1:?number of processes}; devices=${2:?devices per process}; shift 2
 port=${RLHF_JAX_PORT:-12355}
+# XLA flags already exported are kept (dumps, collective timeouts, ...), but for the device count given here.
+xla_flags="$(printf '%s' "${XLA_FLAGS:-}" | sed -E 's/--xla_force_host_platform_device_count=[0-9]+//g')"
 pids=()
 for ((i = 0; i < num_processes; i++)); do
-  JAX_PLATFORMS=cpu XLA_FLAGS="--xla_force_host_platform_device_count=${devices}" \
+  JAX_PLATFORMS=cpu XLA_FLAGS="${xla_flags} --xla_force_host_platform_device_count=${devices}" \
   RLHF_JAX_COORDINATOR="127.0.0.1:${port}" RLHF_JAX_NUM_PROCESSES="${num_processes}" RLHF_JAX_PROCESS_ID="$i" \
     python -m rlhf_jax.main "$@" &
   pids+=($!)

@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from rlhf_jax.runtime.checkpoint import Checkpointer
-from tests.train.helpers import cli_args, read_metrics, run_main
+from tests.train.helpers import cli_args, cpu_devices_flags, read_metrics, run_main
 
 ONE_DEVICE = {"mesh.data": 1, "mesh.fsdp": 1, "mesh.tensor": 1}
 
@@ -368,7 +368,7 @@ def test_second_run_on_the_same_directory_refuses(tmp_path, finished_run):
     # Far more steps than the test lasts: the first run must still be training when it is signalled; it saves only
     # at the end, so its one checkpoint is the stop's (save_freq <= 0 would save nothing, as in verl).
     args = cli_args(out, **{"trainer.total_training_steps": 100_000, "trainer.save_freq": 100_000, **ONE_DEVICE})
-    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1")
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=cpu_devices_flags(1))
     first = subprocess.Popen([sys.executable, "-m", "rlhf_jax.main", *args], env=env, cwd=REPO, text=True,
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
     try:
