@@ -14,7 +14,7 @@ import pytest
 
 from rlhf_jax.plan import TARGETS, format_table, plan_run
 from rlhf_jax.plan.targets import target
-from tests.train.helpers import load_recipe
+from tests.train.helpers import cpu_devices_flags, load_recipe
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -83,7 +83,7 @@ def test_7b_full_fine_tuning_on_v5e_8_stops_naming_the_keys():
 
 
 def test_cpu_plan_of_the_smollm2_update_is_within_25_percent_of_a_measured_run(smollm2_dir):
-    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1")
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=cpu_devices_flags(1))
     proc = subprocess.run([sys.executable, "-m", "tests.plan.measure_update", smollm2_dir], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
