@@ -191,7 +191,8 @@ def step_correction(cfg, correction):
 def step_passes(cfg, correction, *, use_kl_loss: bool) -> StepPasses:
     """The passes of a finalized config with the step's rollout ``correction`` (``step_correction``).
     The old log-probs are computed when the loss's ratio needs them (``derived.recompute_old_log_prob``), for the
-    in-reward KL, and for the rollout correction (which compares them with the sampler's); never in bypass mode,
+    in-reward KL, for the rollout correction (which compares them with the sampler's) and for R2 routing replay
+    (whose routes that pass records); never in bypass mode,
     where the sampler's are the old policy's."""
     critic = cfg.critic
     values = ("actor" if critic.shared_trunk else "critic") if critic.enable else None
@@ -199,7 +200,9 @@ def step_passes(cfg, correction, *, use_kl_loss: bool) -> StepPasses:
     fields = ("old_log_probs", "advantages") + (("ref_log_probs",) if reads_ref else ()) + (
         ("rollout_is_weights",) if correction.rollout_is is not None else ()) + (
         ("values", "returns") if values == "actor" else ())
-    old = cfg.derived.recompute_old_log_prob or cfg.algorithm.use_kl_in_reward or correction.enabled
+    # R2 routing replay records the routes its update replays in the old-log-prob pass (a rule refuses bypass mode)
+    replay_r2 = cfg.actor_rollout_ref.actor.router_replay.mode == "R2"
+    old = cfg.derived.recompute_old_log_prob or cfg.algorithm.use_kl_in_reward or correction.enabled or replay_r2
     old = old and not cfg.algorithm.rollout_correction.bypass_mode
     squares = bool(cfg.derived.sum_pi_squared)  # the old policy's, from its own pass (never in bypass mode)
     return StepPasses(old_log_prob=bool(old or squares), ref=bool(cfg.derived.need_ref), values=values,
