@@ -132,8 +132,7 @@ def filter_groups_one_process(cfg: ConfigDict, ctx: Context) -> None:
 @rule("actor_rollout_ref.actor.router_replay.mode", _MT + "enable", "algorithm.filter_groups.enable",
       "mesh.rollout_devices", "actor_rollout_ref.model.lora_rank", "algorithm.rollout_correction.bypass_mode")
 def router_replay_combinations(cfg: ConfigDict, ctx: Context) -> None:
-    """Routing replay needs a MoE base without LoRA; R2's routes come from the old-log-prob pass, R3's from the
-    single-turn sampler on the training mesh."""
+    """Routing replay: no LoRA; R2 records in the old-log-prob pass (no bypass), R3 in the training mesh's sampler."""
     mode = cfg.actor_rollout_ref.actor.router_replay.mode
     if mode == "disabled":
         return

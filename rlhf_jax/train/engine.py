@@ -248,16 +248,12 @@ class Role:
             self._compiled[key] = fn.lower(*example).compile()
         return self._compiled[key]
 
-    def _packed_micro(self, micro_shape: tuple[int, int], logit_size: int, routes: tuple | None = None,
-                      record_routes: bool = False) -> dict:
-        """An abstract packed micro-batch; ``routes`` (sparse layers, K): it carries expert ids to replay;
-        ``record_routes``: the sequence-grid cell of each position (where the ids it uses are written)."""
+    def _packed_micro(self, micro_shape: tuple[int, int], logit_size: int, routes: tuple | None = None) -> dict:
+        """An abstract packed micro-batch; ``routes`` (sparse layers, K): it carries expert ids to replay."""
         shapes = {k: (micro_shape, jnp.int32) for k in packed_steps.ROW_KEYS}
         shapes.update({k: ((logit_size,), jnp.int32) for k in packed_steps.LOGIT_KEYS})
         if routes is not None:
             shapes["routes"] = (tuple(micro_shape) + tuple(routes), jnp.int32)
-        if record_routes:
-            shapes["route_sources"] = (micro_shape, jnp.int32)
         return self._abstract(shapes)
 
     @staticmethod
@@ -265,65 +261,59 @@ class Role:
         """(sparse layers, K) of the expert ids a micro-batch replays, or None."""
         return tuple(micro["routes"].shape[2:]) if "routes" in micro else None
 
-    def _route_grid(self, grid_shape: tuple[int, int], prompt_width: int) -> jax.Array:
-        """(rows, P + R, sparse layers, K) int32 of -1: the expert ids a recording pass fills."""
-        c = self.config
-        shape = (grid_shape[0], prompt_width + grid_shape[1], sum(c.sparse_layers), c.num_experts_per_tok)
-        return jax.device_put(jnp.full(shape, -1, jnp.int32), batch_sharding(self.mesh, 4))
-
     def packed_forward_program(self, kind: str, micro_shape: tuple[int, int], logit_size: int,
                                grid_shape: tuple[int, int], dp: int, routes: tuple | None = None,
-                               route_grid_shape: tuple | None = None, **static) -> Any:
+                               record_routes: bool = False, **static) -> Any:
         """The compiled forward pass ``kind`` ("logp" or "values") over one packed micro-batch of ``micro_shape``
         rows with ``logit_size`` predicted positions; ``routes``: (sparse layers, K) of the expert ids it replays;
-        ``route_grid_shape``: the (rows, P + R, sparse layers, K) expert ids it records (log-probs only)."""
-        record = route_grid_shape is not None
+        ``record_routes``: it also returns the expert ids it used (log-probs only)."""
 
         def make():
             step_fn = packed_steps.forward_log_probs if kind == "logp" else packed_steps.forward_values
             rows = batch_sharding(self.mesh, 2)
-            micro = self._packed_micro(micro_shape, logit_size, routes, record)
+            micro = self._packed_micro(micro_shape, logit_size, routes)
             grid = jax.ShapeDtypeStruct(grid_shape, jnp.float32, sharding=rows)
             if static.get("sum_pi_squared"):  # two grids: log-probs and sums of squared probabilities
                 grid, rows = (grid, grid), (rows, rows)
-            if record:  # and the expert ids each grid cell's token was routed to
-                cells = batch_sharding(self.mesh, 4)
-                grid = (grid, jax.ShapeDtypeStruct(route_grid_shape, jnp.int32, sharding=cells))
-                rows = (rows, cells)
-            fn = jax.jit(self._on_devices(functools.partial(step_fn, self.graphdef, dp=dp, **static,
-                                                            **({"record_routes": True} if record else {}))),
+            record = {"record_routes": True} if record_routes else {}
+            fn = jax.jit(self._on_devices(functools.partial(step_fn, self.graphdef, dp=dp, **static, **record)),
                          in_shardings=(self.state_shardings(), rows, self._batch_shardings(micro)),
-                         out_shardings=rows, donate_argnums=(1,))
+                         out_shardings=(rows, batch_sharding(self.mesh, 4)) if record_routes else rows,
+                         donate_argnums=(1,))
             return fn, (self.state(), grid, micro)
 
         return self._compile(("packed_" + kind, tuple(micro_shape), logit_size, tuple(grid_shape), dp, routes,
-                              route_grid_shape, tuple(sorted(static.items()))), make)
+                              record_routes, tuple(sorted(static.items()))), make)
 
     def _packed_forward(self, kind: str, micros: list[dict], grid_shape: tuple[int, int], dp: int,
-                        prompt_width: int | None = None, **static):
+                        route_grid: jax.Array | None = None, **static):
         grid = jax.device_put(jnp.zeros(grid_shape, jnp.float32), batch_sharding(self.mesh, 2))
         if static.get("sum_pi_squared"):
             grid = (grid, jax.device_put(jnp.zeros(grid_shape, jnp.float32), batch_sharding(self.mesh, 2)))
-        route_grid_shape = None
-        if prompt_width is not None:
-            grid = (grid, self._route_grid(grid_shape, prompt_width))
-            route_grid_shape = tuple(grid[1].shape)
+        record = route_grid is not None
         for micro in micros:
+            inputs = {k: v for k, v in micro.items() if k != "route_sources"}
             program = self.packed_forward_program(kind, micro["input_ids"].shape, micro["logit_positions"].shape[0],
-                                                  grid_shape, dp, self._micro_routes(micro), route_grid_shape,
-                                                  **static)
-            grid = program(self.state(), grid, micro)
-        return grid
+                                                  grid_shape, dp, self._micro_routes(micro), record, **static)
+            grid = program(self.state(), grid, inputs)
+            if record:
+                grid, used = grid
+                route_grid = self._route_scatter(dp)(used, micro["route_sources"], route_grid)
+        return (grid, route_grid) if record else grid
+
+    def _route_scatter(self, dp: int) -> Callable:
+        return self._jit(("scatter_routes", dp), lambda: jax.jit(
+            functools.partial(packed_steps.scatter_routes, dp=dp), out_shardings=batch_sharding(self.mesh, 4),
+            donate_argnums=(2,)))
 
     def log_probs_packed(self, micros: list[dict], grid_shape: tuple[int, int], *, dp: int, temperature: float,
-                         sum_pi_squared: bool = False, record_routes_width: int | None = None):
+                         sum_pi_squared: bool = False, route_grid: jax.Array | None = None):
         """Response log-probs (rows, R) of packed micro-batches (device dicts of (dp*M, L) arrays, with ``routes``
         to replay where they carry them); with ``sum_pi_squared`` (that, the sums of squared probabilities); with
-        ``record_routes_width`` = P (that, the expert ids (rows, P + R, sparse layers, K) used at each position the
-        micro-batches' ``route_sources`` name, -1 elsewhere)."""
+        ``route_grid`` (rows, P + R, sparse layers, K) (that, ``route_grid`` (donated) with the expert ids used at
+        each position the micro-batches' ``route_sources`` name written in)."""
         static = {"sum_pi_squared": True} if sum_pi_squared else {}
-        return self._packed_forward("logp", micros, grid_shape, dp, record_routes_width, temperature=temperature,
-                                    **static)
+        return self._packed_forward("logp", micros, grid_shape, dp, route_grid, temperature=temperature, **static)
 
     def values_packed(self, micros: list[dict], grid_shape: tuple[int, int], *, dp: int):
         return self._packed_forward("values", micros, grid_shape, dp)

@@ -117,9 +117,11 @@ class Packed:
         if not record_routes:
             return role.log_probs_packed(micros, shape, dp=dp, temperature=temperature, sum_pi_squared=sum_pi_squared)
         micros, prompt_rows = micros
-        width = batch.input_ids.shape[1] - shape[1]
+        c, width = role.config, batch.input_ids.shape[1] - shape[1]
+        empty = jax.device_put(np.full((*batch.input_ids.shape, sum(c.sparse_layers), c.num_experts_per_tok), -1,
+                                       np.int32), batch_sharding(self.packer.mesh, 4))
         out, routes = role.log_probs_packed(micros, shape, dp=dp, temperature=temperature,
-                                            sum_pi_squared=sum_pi_squared, record_routes_width=width)
+                                            sum_pi_squared=sum_pi_squared, route_grid=empty)
         return out, _prompt_sharing(self.packer.mesh, dp, width)(routes, prompt_rows)
 
     def values(self, role, batch: TrainBatch) -> jax.Array:

@@ -143,23 +143,19 @@ def covered_mask(micro: Micro, grid_shape: tuple[int, int], dp: int) -> jax.Arra
 def forward_log_probs(graphdef, params, grid_acc, micro: Micro, *, temperature: float, dp: int,
                       sum_pi_squared: bool = False, record_routes: bool = False):
     """Add this micro-batch's response log-probs into ``grid_acc`` (rows, R) (donated, filled cell by cell); with
-    ``sum_pi_squared`` the grids are a pair, the second for the sums of squared probabilities; with
-    ``record_routes`` ``grid_acc`` is (those, the (rows, P + R, sparse layers, K) expert ids), and the ids this
-    micro-batch used are written into the second."""
+    ``sum_pi_squared`` the grids are a pair, the second for the sums of squared probabilities. ``record_routes``:
+    (that, the expert ids used at each packed position (B', L, sparse layers, K)): the caller scatters them onto the
+    sequence grid, whose width (the batch's prompt width) this program's shapes do not depend on."""
     model = nnx.merge(graphdef, params)
-    if record_routes:
-        grid_acc, routes_acc = grid_acc
-        hidden, used = packed_hidden(model, micro, record_routes=True)
-        routes_acc = scatter_routes(used, micro["route_sources"], routes_acc, dp)
-    else:
-        hidden = packed_hidden(model, micro)
+    hidden = packed_hidden(model, micro, record_routes=record_routes)
+    hidden, used = hidden if record_routes else (hidden, None)
     logp, squares = _log_probs_at(model, hidden, micro, temperature, False, dp, sum_pi_squared)
     if sum_pi_squared:
         out = tuple(acc + scatter_to_grid(x, micro["logit_targets"], acc.shape, dp)
                     for acc, x in zip(grid_acc, (logp, squares)))
     else:
         out = grid_acc + scatter_to_grid(logp, micro["logit_targets"], grid_acc.shape, dp)
-    return (out, routes_acc) if record_routes else out
+    return (out, used) if record_routes else out
 
 
 def forward_values(graphdef, params, grid_acc, micro: Micro, *, dp: int):

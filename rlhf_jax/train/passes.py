@@ -170,6 +170,7 @@ class StepPasses:
     values: str | None  # "critic": a separate value model; "actor": the value head on the actor's trunk; None
     actor_fields: tuple[str, ...]  # the per-token arrays (TrainBatch fields) the actor update reads
     sum_pi_squared: bool = False  # the old-log-prob pass also returns sum_v pi_v^2 per token (the estimator's)
+    router_replay: str = "disabled"  # actor_rollout_ref.actor.router_replay.mode (which passes replay or record routes)
 
     critic_fields = ("values", "returns")  # the critic update's
 
@@ -206,7 +207,8 @@ def step_passes(cfg, correction, *, use_kl_loss: bool) -> StepPasses:
     old = old and not cfg.algorithm.rollout_correction.bypass_mode
     squares = bool(cfg.derived.sum_pi_squared)  # the old policy's, from its own pass (never in bypass mode)
     return StepPasses(old_log_prob=bool(old or squares), ref=bool(cfg.derived.need_ref), values=values,
-                      actor_fields=fields, sum_pi_squared=squares)
+                      actor_fields=fields, sum_pi_squared=squares,
+                      router_replay=cfg.actor_rollout_ref.actor.router_replay.mode)
 
 
 # ---------------------------------------------------------------------------- memory
@@ -219,22 +221,31 @@ def pass_batch(cfg, passes: StepPasses, name: str, packed: bool) -> TrainBatch:
     return TrainBatch.abstract(rows, cfg.data.max_prompt_length, R, passes.fields(name), sequences=not packed)
 
 
+REPLAYING_PASSES = {"R3": ("old_log_prob", "ref", "update_actor"), "R2": ("update_actor",)}  # router_replay.mode
+
+
 def compile_pass(name: str, role, plan: PassPlan, batch: TrainBatch, *, dp: int, temperature: float,
-                 loss=None, sum_pi_squared: bool = False):
+                 loss=None, sum_pi_squared: bool = False, router_replay: str = "disabled"):
     """Pass ``name`` (run by ``role``; an update trains ``loss``) compiled at its planned layout for the abstract
-    ``batch`` (``pass_batch``); ``sum_pi_squared``: the old-log-prob pass also returns the squared sums."""
+    ``batch`` (``pass_batch``); ``sum_pi_squared``: the old-log-prob pass also returns the squared sums;
+    ``router_replay``: the packed passes that replay or record MoE routes take or return them (a padded pass is
+    compiled without; its routes are a few int32 per token beside the activations)."""
     rows, R = batch.response_mask.shape
     squares = {"sum_pi_squared": True} if sum_pi_squared and name == "old_log_prob" else {}
     if plan.packed:
         # At most every packed position predicts a response token: plan for the largest logit list.
         micro_shape = (dp * plan.rows_per_micro, plan.row_len)
         logits = dp * plan.rows_per_micro * plan.row_len
+        c = role.config
+        routes = ((sum(c.sparse_layers), c.num_experts_per_tok) if name in REPLAYING_PASSES.get(router_replay, ())
+                  else None)
         if name in ("old_log_prob", "ref"):
-            return role.packed_forward_program("logp", micro_shape, logits, (rows, R), dp, temperature=temperature,
-                                               **squares)
+            record = router_replay == "R2" and name == "old_log_prob"
+            return role.packed_forward_program("logp", micro_shape, logits, (rows, R), dp, routes, record,
+                                               temperature=temperature, **squares)
         if name == "values":
             return role.packed_forward_program("values", micro_shape, logits, (rows, R), dp)
-        return role.packed_grads_program(loss, micro_shape, logits, batch, dp)
+        return role.packed_grads_program(loss, micro_shape, logits, batch, dp, routes)
     if name in ("old_log_prob", "ref"):
         return role.padded_program("logp", batch.sequences(), n_micro=plan.num_micro, temperature=temperature,
                                    **squares)
