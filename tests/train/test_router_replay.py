@@ -108,6 +108,11 @@ def _run(tmp_path, model_dir: str, mode: str, packed: bool) -> dict:
         assert len(updates) == 2  # two mini-batches, one epoch
         if packed:
             seen["update"] = _update_routes(model, updates, N, R)
+            # what the memory plan compiles (for the largest batch) of a pass that replays (R3's reference) or
+            # records (R2's old log-probs) routes: the program that pass runs
+            name = "ref" if mode == "R3" else "old_log_prob"
+            compiled = trainer.compile_pass(name, trainer.plans[name])
+            seen["planned"] = (jax.tree.structure(compiled.args_info[0][2]), compiled.out_info)
         else:  # the routes the padded update's forward uses, on the batch's rows
             seen["update"] = {}
             for replay in (True, False):
@@ -155,6 +160,8 @@ def test_r3_update_routes_every_fed_token_as_the_sampler_did(runs, packed):
     if packed:
         (response, last), (native, _) = run["update"][True], run["update"][False]
         np.testing.assert_array_equal(last, sampled[:, P - 1])  # the prompt's last token
+        micro, _ = run["planned"]  # the planned reference pass takes the micro-batch's routes
+        assert "routes" in str(micro), micro
     else:
         used, native = run["update"][True], run["update"][False]
         width_p = used.shape[1] - R  # the padded batch keeps the prompt's last width_p columns
@@ -178,6 +185,8 @@ def test_r2_packed_records_native_routes_and_the_update_replays_them(runs):
     response, last = run["update"][True]
     np.testing.assert_array_equal(response[fed], recorded[:, P:][fed])
     np.testing.assert_array_equal(last, recorded[:, P - 1])
+    _, (logp, used) = run["planned"]  # the planned old-log-prob pass returns the ids it used at each position
+    assert used.dtype == np.int32 and used.shape[2:] == recorded.shape[2:], (logp, used)
 
 
 def test_r3_lowers_the_sampler_trainer_log_prob_mismatch(runs):
