@@ -27,6 +27,13 @@ depend on what follows it, and each response sees only its prompt and itself.
   its per-entry log-probs (or values) through the targets into the ordinary (N, R)
   layout, where the loss code runs unchanged: losses and their denominators are
   exactly those of the unpacked batch.
+- ``route_sources``: the shard-local cell ``r * (P + R) + column`` of the batch's
+  (N, P + R) sequence grid each packed position holds (-1 on padding; a shared
+  prompt's positions name its unit's first sequence), so per-token model inputs on
+  that grid (a MoE's recorded expert ids) can be gathered into the packed rows and
+  per-position outputs scattered back; ``prompt_rows`` names, for each sequence, the
+  shard-local row whose prompt positions were packed (itself unless its prompt was
+  shared).
 
 Rows are grouped into micro-batches of at most ``max_rows_per_micro`` rows on
 each data-parallel shard (a token budget of ``max_rows_per_micro x row_len``):
@@ -66,6 +73,8 @@ class PackedBatch:
     logit_positions: np.ndarray  # positions of the states that predict a response token
     logit_targets: np.ndarray  # the grid cell each predicts (-1 on padding entries)
     logit_token_ids: np.ndarray  # the token each predicts (0 on padding entries)
+    route_sources: np.ndarray  # (n_micro, dp x rows_per_micro, row_len): the sequence-grid cell of each position
+    prompt_rows: np.ndarray  # (N,) the shard-local row whose prompt positions hold each sequence's prompt
     real_tokens: int  # prompt + response tokens of the batch's sequences
     placed_tokens: int  # tokens laid in the rows (fewer than real_tokens when prompts are shared)
     padded_tokens: int  # cells computed: n_micro x dp x rows_per_micro x row_len
@@ -201,6 +210,9 @@ def pack_batch(
     ids = np.full(shape, pad_token_id, np.int32)
     pos = np.zeros(shape, np.int32)
     seg = np.zeros(shape, np.int32)
+    sources = np.full(shape, -1, np.int32)
+    P, T = prompts.shape[1], prompts.shape[1] + R  # the sequence grid: left-padded prompt, then the response
+    prompt_rows = np.tile(np.arange(per_shard, dtype=np.int32), dp)
     cells = rows_per_micro * row_len
     logits: list[list[list[tuple[int, int, int]]]] = [[[] for _ in range(dp)] for _ in range(n_micro)]
     for s, ((units, sizes), rows) in enumerate(zip(shard_units, shard_rows)):
@@ -213,20 +225,24 @@ def pack_batch(
                     ids[m, out_row, col:col + p] = prompts[first][prompt_mask[first].astype(bool)]
                     pos[m, out_row, col:col + p] = np.arange(p)
                     seg[m, out_row, col:col + p] = base
+                    sources[m, out_row, col:col + p] = (first - s * per_shard) * T + P - p + np.arange(p)
                     prompt_last, col = k * row_len + col + p - 1, col + p
                     for branch, i in enumerate(members, start=1):
                         r = int(r_len[i])
                         ids[m, out_row, col:col + r] = responses[i, :r]
                         pos[m, out_row, col:col + r] = p + np.arange(r)
                         seg[m, out_row, col:col + r] = base | branch
+                        sources[m, out_row, col:col + r] = (i - s * per_shard) * T + P + np.arange(r)
+                        prompt_rows[i] = first - s * per_shard
                         # Response token 0 is predicted by the prompt's last state, token t by the state of t - 1.
                         cell = (i - s * per_shard) * R
                         at = k * row_len + col - 1 + np.arange(r)
                         at[0] = prompt_last
                         logits[m][s].extend(zip(at.tolist(), range(cell, cell + r), responses[i, :r].tolist()))
                         col += r
-    return PackedBatch(ids, pos, seg, *compact_logits(logits, cells), real_tokens=int((p_len + r_len).sum()),
-                       placed_tokens=int((seg > 0).sum()), padded_tokens=int(np.prod(shape)))
+    return PackedBatch(ids, pos, seg, *compact_logits(logits, cells), route_sources=sources, prompt_rows=prompt_rows,
+                       real_tokens=int((p_len + r_len).sum()), placed_tokens=int((seg > 0).sum()),
+                       padded_tokens=int(np.prod(shape)))
 
 
 LOGIT_STEPS = 16  # the list's granularity: sixteenths of a micro-batch's cells

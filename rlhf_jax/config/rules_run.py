@@ -129,21 +129,25 @@ def filter_groups_one_process(cfg: ConfigDict, ctx: Context) -> None:
                          f"this run has {ctx.num_processes}")
 
 
-@rule("actor_rollout_ref.actor.router_replay.mode", "actor_rollout_ref.model.use_remove_padding", _MT + "enable",
-      "algorithm.filter_groups.enable", "mesh.rollout_devices", "actor_rollout_ref.model.lora_rank")
+@rule("actor_rollout_ref.actor.router_replay.mode", _MT + "enable", "algorithm.filter_groups.enable",
+      "mesh.rollout_devices", "actor_rollout_ref.model.lora_rank", "algorithm.rollout_correction.bypass_mode",
+      "distillation.enabled")
 def router_replay_combinations(cfg: ConfigDict, ctx: Context) -> None:
-    """Routing replay runs on padded passes; R3's routes come from the single-turn sampler on the training mesh."""
+    """Routing replay: no LoRA; R2 records in the old-log-prob pass (no bypass), R3 in the training mesh's sampler."""
     mode = cfg.actor_rollout_ref.actor.router_replay.mode
     if mode == "disabled":
         return
     key = f"actor_rollout_ref.actor.router_replay.mode={mode}"
-    if cfg.actor_rollout_ref.model.use_remove_padding:
-        raise ValueError(f"{key} replays routes in padded passes only: set actor_rollout_ref.model.use_remove_padding"
-                         "=False")
     if cfg.actor_rollout_ref.model.lora_rank:
         raise ValueError(f"{key} with actor_rollout_ref.model.lora_rank is not supported (LoRA adapts dense models)")
+    if mode == "R2" and cfg.algorithm.rollout_correction.bypass_mode:
+        raise ValueError(f"{key} with algorithm.rollout_correction.bypass_mode is not supported (R2 records routes "
+                         "in the old-log-prob pass, which bypass mode skips): use mode=R3")
     if mode != "R3":
         return
+    if cfg.distillation.enabled:  # R3 replays in the reference's pass, where the teacher (another model) sits
+        raise ValueError(f"{key} with distillation.enabled is not supported (the teacher would replay the student's "
+                         "routes): use mode=R2")
     for path, on, fix in ((_MT + "enable", cfg.actor_rollout_ref.rollout.multi_turn.enable, "False"),
                           ("algorithm.filter_groups.enable", cfg.algorithm.filter_groups.enable, "False"),
                           ("mesh.rollout_devices", cfg.mesh.rollout_devices, "0")):

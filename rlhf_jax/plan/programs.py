@@ -136,7 +136,8 @@ def compile_training_pass(run: RunParts, name: str, role: Role, plan: PassPlan):
     loss = {"update_actor": run.actor_loss, "update_critic": run.critic_loss}.get(name)
     return compile_pass(name, role, plan, pass_batch(run.cfg, run.passes, name, plan.packed),
                         dp=run.cfg.derived.dp_size, temperature=run.actor_loss.spec.temperature, loss=loss,
-                        sum_pi_squared=run.passes.sum_pi_squared, teacher_topk=run.passes.teacher_topk)
+                        sum_pi_squared=run.passes.sum_pi_squared, teacher_topk=run.passes.teacher_topk,
+                        router_replay=run.passes.router_replay)
 
 
 def device_state(role: Role) -> Any:

@@ -256,20 +256,30 @@ class Role:
             self._compiled[key] = fn.lower(*example).compile()
         return self._compiled[key]
 
-    def _packed_micro(self, micro_shape: tuple[int, int], logit_size: int) -> dict:
+    def _packed_micro(self, micro_shape: tuple[int, int], logit_size: int, routes: tuple | None = None) -> dict:
+        """An abstract packed micro-batch; ``routes`` (sparse layers, K): it carries expert ids to replay."""
         shapes = {k: (micro_shape, jnp.int32) for k in packed_steps.ROW_KEYS}
         shapes.update({k: ((logit_size,), jnp.int32) for k in packed_steps.LOGIT_KEYS})
+        if routes is not None:
+            shapes["routes"] = (tuple(micro_shape) + tuple(routes), jnp.int32)
         return self._abstract(shapes)
 
+    @staticmethod
+    def _micro_routes(micro: dict) -> tuple | None:
+        """(sparse layers, K) of the expert ids a micro-batch replays, or None."""
+        return tuple(micro["routes"].shape[2:]) if "routes" in micro else None
+
     def packed_forward_program(self, kind: str, micro_shape: tuple[int, int], logit_size: int,
-                               grid_shape: tuple[int, int], dp: int, **static) -> Any:
+                               grid_shape: tuple[int, int], dp: int, routes: tuple | None = None,
+                               record_routes: bool = False, **static) -> Any:
         """The compiled forward pass ``kind`` ("logp" or "values") over one packed micro-batch of ``micro_shape``
-        rows with ``logit_size`` predicted positions."""
+        rows with ``logit_size`` predicted positions; ``routes``: (sparse layers, K) of the expert ids it replays;
+        ``record_routes``: it also returns the expert ids it used (log-probs only)."""
 
         def make():
             step_fn = packed_steps.forward_log_probs if kind == "logp" else packed_steps.forward_values
             rows = batch_sharding(self.mesh, 2)
-            micro = self._packed_micro(micro_shape, logit_size)
+            micro = self._packed_micro(micro_shape, logit_size, routes)
             grid = jax.ShapeDtypeStruct(grid_shape, jnp.float32, sharding=rows)
             if static.get("sum_pi_squared"):  # two grids: log-probs and sums of squared probabilities
                 grid, rows = (grid, grid), (rows, rows)
@@ -277,47 +287,63 @@ class Role:
                 rows = (batch_sharding(self.mesh, 3),) * 2
                 grid = tuple(jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=rows[0])
                              for s in topk_grids(grid_shape, static["topk"]))
-            fn = jax.jit(self._on_devices(functools.partial(step_fn, self.graphdef, dp=dp, **static)),
+            record = {"record_routes": True} if record_routes else {}
+            fn = jax.jit(self._on_devices(functools.partial(step_fn, self.graphdef, dp=dp, **static, **record)),
                          in_shardings=(self.state_shardings(), rows, self._batch_shardings(micro)),
-                         out_shardings=rows, donate_argnums=(1,))
+                         out_shardings=(rows, batch_sharding(self.mesh, 4)) if record_routes else rows,
+                         donate_argnums=(1,))
             return fn, (self.state(), grid, micro)
 
-        return self._compile(("packed_" + kind, tuple(micro_shape), logit_size, tuple(grid_shape), dp,
-                              tuple(sorted(static.items()))), make)
+        return self._compile(("packed_" + kind, tuple(micro_shape), logit_size, tuple(grid_shape), dp, routes,
+                              record_routes, tuple(sorted(static.items()))), make)
 
-    def _packed_forward(self, kind: str, micros: list[dict], grid_shape: tuple[int, int], dp: int, **static):
+    def _packed_forward(self, kind: str, micros: list[dict], grid_shape: tuple[int, int], dp: int,
+                        route_grid: jax.Array | None = None, **static):
         grid = jax.device_put(jnp.zeros(grid_shape, jnp.float32), batch_sharding(self.mesh, 2))
         if static.get("sum_pi_squared"):
             grid = (grid, jax.device_put(jnp.zeros(grid_shape, jnp.float32), batch_sharding(self.mesh, 2)))
         if static.get("topk"):
             grid = tuple(jax.device_put(jnp.zeros(s.shape, s.dtype), batch_sharding(self.mesh, 3))
                          for s in topk_grids(grid_shape, static["topk"]))
+        record = route_grid is not None
         for micro in micros:
+            inputs = {k: v for k, v in micro.items() if k != "route_sources"}
             program = self.packed_forward_program(kind, micro["input_ids"].shape, micro["logit_positions"].shape[0],
-                                                  grid_shape, dp, **static)
-            grid = program(self.state(), grid, micro)
-        return grid
+                                                  grid_shape, dp, self._micro_routes(micro), record, **static)
+            grid = program(self.state(), grid, inputs)
+            if record:
+                grid, used = grid
+                route_grid = self._route_scatter(dp)(used, micro["route_sources"], route_grid)
+        return (grid, route_grid) if record else grid
+
+    def _route_scatter(self, dp: int) -> Callable:
+        return self._jit(("scatter_routes", dp), lambda: jax.jit(
+            functools.partial(packed_steps.scatter_routes, dp=dp), out_shardings=batch_sharding(self.mesh, 4),
+            donate_argnums=(2,)))
 
     def log_probs_packed(self, micros: list[dict], grid_shape: tuple[int, int], *, dp: int, temperature: float,
-                         sum_pi_squared: bool = False, topk: int = 0):
-        """Response log-probs (rows, R) of packed micro-batches (device dicts of (dp*M, L) arrays); with
-        ``sum_pi_squared`` (that, the sums of squared probabilities); ``topk`` > 0: the top-k (log-probs, ids)
-        (rows, R, k) instead."""
+                         sum_pi_squared: bool = False, topk: int = 0, route_grid: jax.Array | None = None):
+        """Response log-probs (rows, R) of packed micro-batches (device dicts of (dp*M, L) arrays, with ``routes``
+        to replay where they carry them); with ``sum_pi_squared`` (that, the sums of squared probabilities);
+        ``topk`` > 0: the top-k (log-probs, ids) (rows, R, k) instead; with ``route_grid`` (rows, P + R, sparse
+        layers, K) (that, ``route_grid`` (donated) with the expert ids used at each position the micro-batches'
+        ``route_sources`` name written in)."""
         static = {"sum_pi_squared": True} if sum_pi_squared else {"topk": topk} if topk else {}
-        return self._packed_forward("logp", micros, grid_shape, dp, temperature=temperature, **static)
+        return self._packed_forward("logp", micros, grid_shape, dp, route_grid, temperature=temperature, **static)
 
     def values_packed(self, micros: list[dict], grid_shape: tuple[int, int], *, dp: int):
         return self._packed_forward("values", micros, grid_shape, dp)
 
     def packed_grads_program(self, loss: Loss, micro_shape: tuple[int, int], logit_size: int, grid: TrainBatch,
-                             dp: int) -> Any:
+                             dp: int, routes: tuple | None = None) -> Any:
         """The compiled gradient of ``loss`` on one packed micro-batch, accumulated into a donated buffer;
-        ``grid`` is the mini-batch's (abstract or concrete) per-token arrays."""
+        ``grid`` is the mini-batch's (abstract or concrete) per-token arrays; ``routes``: (sparse layers, K) of
+        the expert ids the micro-batch replays."""
         grid = self._placed(grid)
 
         def make():
             rep = replicated(self.mesh)
-            micro = self._packed_micro(micro_shape, logit_size)
+            micro = self._packed_micro(micro_shape, logit_size, routes)
             extra = (self._key_spec(),) if loss.takes_rng else ()
             fn = jax.jit(reading_on_devices(functools.partial(loss.packed_grads, self.graphdef, loss.spec, dp=dp),
                                             self.param_shardings, self.frozen_shardings),
@@ -326,7 +352,8 @@ class Role:
                          out_shardings=(self.grad_shardings, rep, rep), donate_argnums=(2,))
             return fn, (self.params, self.frozen, place(self.params, self.grad_shardings), micro, grid, *extra)
 
-        return self._compile(("packed_grads", loss, tuple(micro_shape), logit_size, shape_key(grid), dp), make)
+        return self._compile(("packed_grads", loss, tuple(micro_shape), logit_size, shape_key(grid), dp, routes),
+                             make)
 
     def _apply_program(self) -> Callable:
         rep = replicated(self.mesh)
@@ -353,7 +380,7 @@ class Role:
         for i, micro in enumerate(micros):
             extra = (keys[i],) if keys is not None else ()
             program = self.packed_grads_program(loss, micro["input_ids"].shape, micro["logit_positions"].shape[0],
-                                                grid, dp)
+                                                grid, dp, self._micro_routes(micro))
             grads, aux, count = program(self.params, self.frozen, grads, micro, grid, *extra)
             per_micro.append(aux)
             tokens.append(count)

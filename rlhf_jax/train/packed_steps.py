@@ -12,6 +12,13 @@ loss exactly, and the gradients add up to the mini-batch gradient.
 One call handles one micro-batch; the trainer loops over micro-batches in Python
 (their number varies from step to step while their shape does not, so nothing
 recompiles) and accumulates gradients in a donated buffer.
+
+Routing replay (router_replay.mode): a micro-batch may carry ``routes``, the expert ids
+(dp*M, L, sparse layers, K) its MoE layers replay, gathered from the batch's
+(N, P + R, sparse layers, K) grid through ``route_sources`` (``gather_routes``); a
+pass that records routes scatters the ids it used back onto that grid
+(``scatter_routes``, then ``share_prompt_routes`` for prompts packed once for several
+sequences).
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ from rlhf_jax.train.steps import (ActorLossSpec, CriticLossSpec, actor_denominat
 from rlhf_jax.train.token_outputs import token_log_probs, token_top_k
 from rlhf_jax.types import TrainBatch
 
-Micro = dict[str, jax.Array]  # one packed micro-batch: MICRO_KEYS
+Micro = dict[str, jax.Array]  # one packed micro-batch: MICRO_KEYS (and ROUTE_KEYS under routing replay)
 
 
 # A packed micro-batch: (dp*M, L) int32 rows, and (dp*C,) lists of the states that predict a response token: their
@@ -34,6 +41,9 @@ Micro = dict[str, jax.Array]  # one packed micro-batch: MICRO_KEYS
 ROW_KEYS = ("input_ids", "positions", "segment_ids")
 LOGIT_KEYS = ("logit_positions", "logit_targets", "logit_token_ids")
 MICRO_KEYS = ROW_KEYS + LOGIT_KEYS
+# "routes" (dp*M, L, sparse layers, K): expert ids to replay; "route_sources" (dp*M, L): the sequence-grid cell of
+# each position, for a pass that records its routes
+ROUTE_KEYS = ("routes", "route_sources")
 
 
 def scatter_to_grid(values_BL: jax.Array, targets_BL: jax.Array, grid_shape: tuple[int, int], dp: int) -> jax.Array:
@@ -75,10 +85,42 @@ def _trailing(values: jax.Array, entries: int) -> tuple[int, ...]:
     return tuple(values.shape[lead:])
 
 
-def packed_hidden(model, micro: Micro, with_router_stats: bool = False):
-    """Hidden states of the packed rows (and, ``with_router_stats``, the MoE router statistics)."""
+def gather_routes(routes_NTSK: jax.Array, sources_BL: jax.Array, dp: int) -> jax.Array:
+    """The grid's expert ids (N, T, sparse layers, K) at each packed position (B', L, sparse layers, K); -1 (route
+    natively) where the source is -1. Shard d's positions read shard d's block of grid rows (a local gather)."""
+    tail = routes_NTSK.shape[2:]
+    grid = routes_NTSK.reshape(dp, -1, *tail)
+    sources = sources_BL.reshape(dp, -1)
+    picked = jax.vmap(lambda g, s: jnp.take(g, jnp.maximum(s, 0), axis=0))(grid, sources)
+    return jnp.where(sources[..., None, None] >= 0, picked, -1).reshape(*sources_BL.shape, *tail)
+
+
+def scatter_routes(used_BLSK: jax.Array, sources_BL: jax.Array, routes_NTSK: jax.Array, dp: int) -> jax.Array:
+    """``routes_NTSK`` with the expert ids used at each packed position written to its grid cell (each cell is
+    packed at most once; padding positions are dropped)."""
+    grid = routes_NTSK.reshape(dp, -1, *routes_NTSK.shape[2:])
+    sources = sources_BL.reshape(dp, -1)
+    sources = jnp.where(sources < 0, grid.shape[1], sources)  # out of range: dropped
+    used = used_BLSK.reshape(dp, -1, *used_BLSK.shape[2:])
+    grid = jax.vmap(lambda g, s, u: g.at[s].set(u, mode="drop"))(grid, sources, used)
+    return grid.reshape(routes_NTSK.shape)
+
+
+def share_prompt_routes(routes_NTSK: jax.Array, prompt_rows_N: jax.Array, prompt_width: int, dp: int) -> jax.Array:
+    """Each sequence's prompt expert ids copied from the row whose prompt the packing computed (shard-local
+    ``prompt_rows``): equal prompts are packed once per unit, so only its first sequence's cells were written."""
+    N = routes_NTSK.shape[0]
+    grid = routes_NTSK.reshape(dp, N // dp, *routes_NTSK.shape[1:])
+    prompts = jax.vmap(lambda g, r: g[r, :prompt_width])(grid, prompt_rows_N.reshape(dp, -1))
+    return grid.at[:, :, :prompt_width].set(prompts).reshape(routes_NTSK.shape)
+
+
+def packed_hidden(model, micro: Micro, with_router_stats: bool = False, record_routes: bool = False):
+    """Hidden states of the packed rows (and, ``with_router_stats``, the MoE router statistics; ``record_routes``,
+    the expert ids used (B', L, sparse layers, K)); a MoE model replays the micro-batch's ``routes`` if any."""
     return model.hidden_states(micro["input_ids"], positions=micro["positions"], segment_ids=micro["segment_ids"],
-                               with_router_stats=with_router_stats)
+                               with_router_stats=with_router_stats, routes=micro.get("routes"),
+                               record_routes=record_routes)
 
 
 def packed_log_probs(model, micro: Micro, temperature: float, with_entropy: bool, dp: int, with_router_stats=False,
@@ -121,19 +163,25 @@ def covered_mask(micro: Micro, grid_shape: tuple[int, int], dp: int) -> jax.Arra
 
 
 def forward_log_probs(graphdef, params, grid_acc, micro: Micro, *, temperature: float, dp: int,
-                      sum_pi_squared: bool = False, topk: int = 0):
+                      sum_pi_squared: bool = False, topk: int = 0, record_routes: bool = False):
     """Add this micro-batch's response log-probs into ``grid_acc`` (rows, R) (donated, filled cell by cell); with
     ``sum_pi_squared`` the grids are a pair, the second for the sums of squared probabilities; ``topk`` > 0: a pair
-    of (rows, R, k) grids for the top-k (log-probs, ids) of each position (``steps.response_top_k``)."""
+    of (rows, R, k) grids for the top-k (log-probs, ids) of each position (``steps.response_top_k``).
+    ``record_routes``: (that, the expert ids used at each packed position (B', L, sparse layers, K)): the caller
+    scatters them onto the sequence grid, whose width (the batch's prompt width) this program's shapes do not
+    depend on."""
     model = nnx.merge(graphdef, params)
-    if topk:
-        top = token_top_k(model, pick(packed_hidden(model, micro), micro, dp), topk)
-    elif sum_pi_squared:
-        top = packed_log_probs(model, micro, temperature, False, dp, with_sum_pi_squared=True)
+    hidden = packed_hidden(model, micro, record_routes=record_routes)
+    hidden, used = hidden if record_routes else (hidden, None)
+    if topk or sum_pi_squared:
+        parts = (token_top_k(model, pick(hidden, micro, dp), topk) if topk
+                 else _log_probs_at(model, hidden, micro, temperature, False, dp, sum_pi_squared))
+        out = tuple(acc + scatter_to_grid(x, micro["logit_targets"], acc.shape[:2], dp)
+                    for acc, x in zip(grid_acc, parts))
     else:
-        logp, _ = packed_log_probs(model, micro, temperature, False, dp)
-        return grid_acc + scatter_to_grid(logp, micro["logit_targets"], grid_acc.shape, dp)
-    return tuple(acc + scatter_to_grid(x, micro["logit_targets"], acc.shape[:2], dp) for acc, x in zip(grid_acc, top))
+        logp, _ = _log_probs_at(model, hidden, micro, temperature, False, dp)
+        out = grid_acc + scatter_to_grid(logp, micro["logit_targets"], grid_acc.shape, dp)
+    return (out, used) if record_routes else out
 
 
 def forward_values(graphdef, params, grid_acc, micro: Micro, *, dp: int):

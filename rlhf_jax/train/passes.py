@@ -174,6 +174,7 @@ class StepPasses:
     # > 0: the ref pass (the distillation teacher's) returns its top-k tokens and log-probs (N, R, k) at each
     # response position instead of the sampled tokens' log-probs (forward_kl_topk)
     teacher_topk: int = 0
+    router_replay: str = "disabled"  # actor_rollout_ref.actor.router_replay.mode (which passes replay or record routes)
 
     critic_fields = ("values", "returns")  # the critic update's
 
@@ -195,7 +196,8 @@ def step_correction(cfg, correction):
 def step_passes(cfg, correction, *, use_kl_loss: bool) -> StepPasses:
     """The passes of a finalized config with the step's rollout ``correction`` (``step_correction``).
     The old log-probs are computed when the loss's ratio needs them (``derived.recompute_old_log_prob``), for the
-    in-reward KL, and for the rollout correction (which compares them with the sampler's); never in bypass mode,
+    in-reward KL, for the rollout correction (which compares them with the sampler's) and for R2 routing replay
+    (whose routes that pass records); never in bypass mode,
     where the sampler's are the old policy's."""
     critic = cfg.critic
     values = ("actor" if critic.shared_trunk else "critic") if critic.enable else None
@@ -207,11 +209,14 @@ def step_passes(cfg, correction, *, use_kl_loss: bool) -> StepPasses:
                                                                                             else ()) + (
         ("rollout_is_weights",) if correction.rollout_is is not None else ()) + (
         ("values", "returns") if values == "actor" else ())
-    old = cfg.derived.recompute_old_log_prob or cfg.algorithm.use_kl_in_reward or correction.enabled
+    # R2 routing replay records the routes its update replays in the old-log-prob pass (a rule refuses bypass mode)
+    replay_r2 = cfg.actor_rollout_ref.actor.router_replay.mode == "R2"
+    old = cfg.derived.recompute_old_log_prob or cfg.algorithm.use_kl_in_reward or correction.enabled or replay_r2
     old = old and not cfg.algorithm.rollout_correction.bypass_mode
     squares = bool(cfg.derived.sum_pi_squared)  # the old policy's, from its own pass (never in bypass mode)
     return StepPasses(old_log_prob=bool(old or squares), ref=bool(cfg.derived.need_ref), values=values,
-                      actor_fields=fields, sum_pi_squared=squares, teacher_topk=topk)
+                      actor_fields=fields, sum_pi_squared=squares, teacher_topk=topk,
+                      router_replay=cfg.actor_rollout_ref.actor.router_replay.mode)
 
 
 # ---------------------------------------------------------------------------- memory
@@ -225,11 +230,16 @@ def pass_batch(cfg, passes: StepPasses, name: str, packed: bool) -> TrainBatch:
                                topk=passes.teacher_topk)
 
 
+REPLAYING_PASSES = {"R3": ("old_log_prob", "ref", "update_actor"), "R2": ("update_actor",)}  # router_replay.mode
+
+
 def compile_pass(name: str, role, plan: PassPlan, batch: TrainBatch, *, dp: int, temperature: float,
-                 loss=None, sum_pi_squared: bool = False, teacher_topk: int = 0):
+                 loss=None, sum_pi_squared: bool = False, teacher_topk: int = 0, router_replay: str = "disabled"):
     """Pass ``name`` (run by ``role``; an update trains ``loss``) compiled at its planned layout for the abstract
     ``batch`` (``pass_batch``); ``sum_pi_squared``: the old-log-prob pass also returns the squared sums;
-    ``teacher_topk``: the ref pass returns the teacher's top-k (N, R, k) arrays (its outputs in the plan)."""
+    ``teacher_topk``: the ref pass returns the teacher's top-k (N, R, k) arrays (its outputs in the plan);
+    ``router_replay``: the packed passes that replay or record MoE routes take or return them (a padded pass is
+    compiled without; its routes are a few int32 per token beside the activations)."""
     rows, R = batch.response_mask.shape
     # the forward pass's extra outputs (static arguments of its program)
     extra = ({"sum_pi_squared": True} if sum_pi_squared and name == "old_log_prob" else
@@ -238,12 +248,16 @@ def compile_pass(name: str, role, plan: PassPlan, batch: TrainBatch, *, dp: int,
         # At most every packed position predicts a response token: plan for the largest logit list.
         micro_shape = (dp * plan.rows_per_micro, plan.row_len)
         logits = dp * plan.rows_per_micro * plan.row_len
+        c = role.config
+        routes = ((sum(c.sparse_layers), c.num_experts_per_tok) if name in REPLAYING_PASSES.get(router_replay, ())
+                  else None)
         if name in ("old_log_prob", "ref"):
-            return role.packed_forward_program("logp", micro_shape, logits, (rows, R), dp, temperature=temperature,
-                                               **extra)
+            record = router_replay == "R2" and name == "old_log_prob"
+            return role.packed_forward_program("logp", micro_shape, logits, (rows, R), dp, routes, record,
+                                               temperature=temperature, **extra)
         if name == "values":
             return role.packed_forward_program("values", micro_shape, logits, (rows, R), dp)
-        return role.packed_grads_program(loss, micro_shape, logits, batch, dp)
+        return role.packed_grads_program(loss, micro_shape, logits, batch, dp, routes)
     if name in ("old_log_prob", "ref"):
         return role.padded_program("logp", batch.sequences(), n_micro=plan.num_micro, temperature=temperature,
                                    **extra)

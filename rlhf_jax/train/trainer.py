@@ -350,7 +350,8 @@ class Trainer:
         loss = {"update_actor": self.actor_loss, "update_critic": self.critic_loss}.get(name)
         return compile_pass(name, self._role_of(name), plan, pass_batch(self.cfg, self.passes, name, plan.packed),
                             dp=self.cfg.derived.dp_size, temperature=self.actor_loss.spec.temperature, loss=loss,
-                            sum_pi_squared=self.passes.sum_pi_squared, teacher_topk=self.passes.teacher_topk)
+                            sum_pi_squared=self.passes.sum_pi_squared, teacher_topk=self.passes.teacher_topk,
+                            router_replay=self.passes.router_replay)
 
     # ------------------------------------------------------------------ the loop's other calls
     def validate(self, step: int) -> dict[str, float]:

@@ -185,6 +185,12 @@ def test_model_config_read_and_length_limit(tmp_path):
          r"^algorithm\.rollout_correction\.loss_type=reinforce is bypass mode's loss: set .*bypass_mode=true"),
         (lambda c: setattr(c.actor_rollout_ref.actor.policy_loss, "loss_mode", "bypass_mode"),
          r"^actor_rollout_ref\.actor\.policy_loss\.loss_mode=bypass_mode: set algorithm\.rollout_correction\.bypass_mode"),
+        (lambda c: (setattr(c.actor_rollout_ref.actor.router_replay, "mode", "R2"),
+                    setattr(c.algorithm.rollout_correction, "bypass_mode", True)),
+         r"^actor_rollout_ref\.actor\.router_replay\.mode=R2 with algorithm\.rollout_correction\.bypass_mode"),
+        (lambda c: (setattr(c.actor_rollout_ref.actor.router_replay, "mode", "R3"), setattr(c.mesh, "data", 1),
+                    setattr(c.mesh, "fsdp", 4), setattr(c.mesh, "rollout_devices", 4)),
+         r"^actor_rollout_ref\.actor\.router_replay\.mode=R3 with mesh\.rollout_devices is not supported"),
     ],
 )
 def test_rejections_name_the_key(mutate, pattern):
@@ -276,3 +282,11 @@ def test_rollout_dtype_defaults_to_the_compute_dtype_and_is_checked():
     cfg.actor_rollout_ref.rollout.dtype = "fp8"
     with pytest.raises(ValueError, match=r"actor_rollout_ref\.rollout\.dtype='fp8' is not valid"):
         finalize(cfg, num_devices=1)
+
+
+@pytest.mark.parametrize("mode", ["R2", "R3"])
+def test_routing_replay_is_accepted_with_packed_passes(mode):
+    cfg = grpo_like()
+    cfg.actor_rollout_ref.actor.router_replay.mode = mode
+    assert cfg.actor_rollout_ref.model.use_remove_padding  # the default layout
+    finalize(cfg, num_devices=8)

@@ -119,6 +119,44 @@ def test_pack_layout_puts_every_token_where_its_target_says(share):
     assert packed.placed_tokens == packed.real_tokens - (shared if share else 0)
 
 
+@pytest.mark.parametrize("share", [True, False])
+def test_routes_travel_between_the_sequence_grid_and_the_packed_rows(share):
+    """``route_sources`` name the (N, P + R) grid cell of each packed position: per-token expert ids gathered
+    through them (checked against a NumPy gather) and scattered back, shared prompts copied through
+    ``prompt_rows``, give back every real cell and -1 elsewhere."""
+    from rlhf_jax.train.packed_steps import gather_routes, scatter_routes, share_prompt_routes
+
+    host = ragged_batch(2, vocab=50)
+    packed = pack_batch(host["prompts"], host["prompt_mask"], host["responses"], host["response_mask"],
+                        dp=DP, row_len=24, max_rows_per_micro=2, share_prompts=share)
+    T, per_shard, S, K = P + R, N // DP, 2, 3
+    grid_ids = np.concatenate([host["prompts"], host["responses"]], 1)
+    real = np.concatenate([host["prompt_mask"], host["response_mask"]], 1).astype(bool)
+    routes = np.random.default_rng(3).integers(0, 8, (N, T, S, K)).astype(np.int32)
+    for i in range(N):  # equal prompts were routed alike (the sampler computes a prompt once for its samples)
+        same = [j for j in range(i - i % per_shard, i) if (grid_ids[j, :P] == grid_ids[i, :P]).all()]
+        routes[i, :P] = routes[same[0], :P] if same else routes[i, :P]
+    routes[~real] = -1
+    for i in range(N):
+        assert (grid_ids[i, :P] == grid_ids[(i // per_shard) * per_shard + packed.prompt_rows[i], :P]).all()
+    written = jnp.full_like(routes, -1)
+    for m in range(packed.num_micro):
+        sources, ids = packed.route_sources[m].reshape(DP, -1), packed.input_ids[m].reshape(DP, -1)
+        got = gather_routes(jnp.asarray(routes), jnp.asarray(packed.route_sources[m]), DP)
+        flat = np.asarray(got).reshape(DP, -1, S, K)
+        for shard in range(DP):
+            for at, cell in enumerate(sources[shard]):
+                if cell < 0:
+                    assert (flat[shard, at] == -1).all()
+                    continue
+                i, col = shard * per_shard + cell // T, cell % T
+                assert real[i, col] and ids[shard, at] == grid_ids[i, col]
+                np.testing.assert_array_equal(flat[shard, at], routes[i, col])
+        written = scatter_routes(got, jnp.asarray(packed.route_sources[m]), written, DP)
+    written = share_prompt_routes(written, jnp.asarray(packed.prompt_rows), P, DP)
+    np.testing.assert_array_equal(np.asarray(written), routes)
+
+
 def test_micro_layout_uses_few_shapes_and_little_padding():
     assert row_buckets(16) == [1, 2, 3, 4, 6, 8, 12, 16]
     assert row_buckets(20) == [1, 2, 3, 4, 6, 8, 12, 16, 20]
