@@ -46,7 +46,7 @@ READERS: dict[str, tuple[str, ...]] = {
         "algorithm.use_kl_in_reward", _A + "actor.calculate_sum_pi_squared",
     ),
     "rlhf_jax.train.passes": (
-        _A + "model.use_remove_padding", _A + "actor.use_dynamic_bsz", _A + "actor.ppo_max_token_len_per_gpu",
+        _A + "actor.router_replay.mode", _A + "model.use_remove_padding", _A + "actor.use_dynamic_bsz", _A + "actor.ppo_max_token_len_per_gpu",
         _A + "ref.log_prob_use_dynamic_bsz", _A + "ref.log_prob_max_token_len_per_gpu",
         _A + "rollout.log_prob_use_dynamic_bsz", _A + "rollout.log_prob_max_token_len_per_gpu",
         "critic.model.use_remove_padding", "critic.use_dynamic_bsz", "critic.ppo_max_token_len_per_gpu",

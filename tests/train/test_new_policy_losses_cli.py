@@ -117,3 +117,18 @@ def test_bypass_mode_with_another_policy_loss_is_refused_by_name(tmp_path):
     assert proc.stderr.splitlines()[-1] == (
         "error: algorithm.rollout_correction.bypass_mode trains algorithm.rollout_correction.loss_type's loss, not "
         "actor_rollout_ref.actor.policy_loss.loss_mode=gspo: set loss_mode=vanilla")
+
+
+def test_routing_replay_one_step_with_a_mixture_of_experts_actor(tmp_path):
+    """R3 (verl's router_replay.mode): the sampler's expert choices replayed in the training passes, packed rows."""
+    from tests.train.helpers import tiny_hf_checkpoint
+
+    moe = tiny_hf_checkpoint("Qwen3MoeConfig", "Qwen3MoeForCausalLM", str(tmp_path / "moe"), num_experts=8,
+                             num_experts_per_tok=2, moe_intermediate_size=32)
+    out = tmp_path / "run"
+    proc = run_main([*ONE_STEP, f"actor_rollout_ref.model.path={moe}", "actor_rollout_ref.actor.ppo_mini_batch_size=1",
+                     "+actor_rollout_ref.actor.router_replay.mode=R3", f"trainer.default_local_dir={out}"], devices=1)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    (row,) = read_metrics(str(out))
+    assert math.isfinite(row["actor/pg_loss"]) and math.isfinite(row["actor/grad_norm"])
+    assert "timing_s/old_log_prob" in row  # two mini-batches: the old policy's pass ran, replaying the routes
