@@ -42,7 +42,8 @@ def group_stats(scores: Array, seg: Array) -> tuple[Array, Array, Array]:
     return n, mean, std
 
 
-def _require_groups(name: str, group_ids: Array | None) -> Array:
+def require_groups(name: str, group_ids: Array | None) -> Array:
+    """Dense group indices of ``group_ids`` for estimator ``name``, which compares samples of one prompt."""
     if group_ids is None:
         raise ValueError(f"advantage estimator {name!r} needs group_ids (batch,): samples of one prompt share an id")
     return dense_group_index(jnp.asarray(group_ids))
@@ -83,7 +84,7 @@ def gae(*, token_level_rewards: Array, response_mask: Array, values: Array | Non
 def grpo(*, token_level_rewards: Array, response_mask: Array, group_ids: Array | None = None,
          norm_adv_by_std_in_grpo: bool = True, epsilon: float = 1e-6, **_: Any) -> tuple[Array, Array]:
     """(s - mean_g) / (std_g + eps); a group of one uses mean 0, std 1. Without std: Dr.GRPO."""
-    seg = _require_groups("grpo", group_ids)
+    seg = require_groups("grpo", group_ids)
     s = _scores(token_level_rewards)
     n, mean, std = group_stats(s, seg)
     single = n <= 1
@@ -98,7 +99,7 @@ def grpo(*, token_level_rewards: Array, response_mask: Array, group_ids: Array |
 def rloo(*, token_level_rewards: Array, response_mask: Array, group_ids: Array | None = None,
          **_: Any) -> tuple[Array, Array]:
     """s_i - mean of the other samples of the group = (n s_i - sum_g) / (n - 1); n = 1 keeps s_i."""
-    seg = _require_groups("rloo", group_ids)
+    seg = require_groups("rloo", group_ids)
     s = _scores(token_level_rewards)
     n = _group_sum(jnp.ones_like(s), seg)
     total = _group_sum(s, seg)
@@ -118,7 +119,7 @@ def grpo_vectorized(**kwargs: Any) -> tuple[Array, Array]:
 def rloo_vectorized(*, token_level_rewards: Array, response_mask: Array, group_ids: Array | None = None,
                     **_: Any) -> tuple[Array, Array]:
     """verl's vectorised RLOO: RLOO, except that a group of one gets advantage 0 (``rloo`` keeps its score)."""
-    seg = _require_groups("rloo_vectorized", group_ids)
+    seg = require_groups("rloo_vectorized", group_ids)
     s = _scores(token_level_rewards)
     n = _group_sum(jnp.ones_like(s), seg)
     a = jnp.where(n > 1, (n * s - _group_sum(s, seg)) / jnp.maximum(n - 1.0, 1.0), 0.0)
@@ -183,7 +184,7 @@ def reinforce(*, token_level_rewards: Array, response_mask: Array, gamma: float 
 def reinforce_plus_plus_baseline(*, token_level_rewards: Array, response_mask: Array,
                                  group_ids: Array | None = None, **_: Any) -> tuple[Array, Array]:
     """(s - group mean) broadcast over tokens, whitened over the batch's response tokens."""
-    seg = _require_groups("reinforce_plus_plus_baseline", group_ids)
+    seg = require_groups("reinforce_plus_plus_baseline", group_ids)
     s = _scores(token_level_rewards)
     n, mean, _ = group_stats(s, seg)
     a = s - jnp.where(n <= 1, 0.0, mean)
@@ -208,7 +209,7 @@ def remax(*, token_level_rewards: Array, response_mask: Array, reward_baselines:
 def opo(*, token_level_rewards: Array, response_mask: Array, group_ids: Array | None = None,
         **_: Any) -> tuple[Array, Array]:
     """s_i - length-weighted group mean sum(|y| s) / sum(|y|); a group of one has baseline 0."""
-    seg = _require_groups("opo", group_ids)
+    seg = require_groups("opo", group_ids)
     s = _scores(token_level_rewards)
     length = jnp.sum(response_mask, axis=-1).astype(s.dtype)
     n = _group_sum(jnp.ones_like(s), seg)
@@ -222,7 +223,7 @@ def opo(*, token_level_rewards: Array, response_mask: Array, group_ids: Array | 
 def gpg(*, token_level_rewards: Array, response_mask: Array, group_ids: Array | None = None,
         f_norm: float = 1.0, **_: Any) -> tuple[Array, Array]:
     """alpha (s - group mean) / f_norm with alpha = batch / max(1, #nonzero scores)."""
-    seg = _require_groups("gpg", group_ids)
+    seg = require_groups("gpg", group_ids)
     s = _scores(token_level_rewards)
     b = s.shape[0]
     alpha = b / jnp.maximum(jnp.count_nonzero(s), 1).astype(s.dtype)
@@ -240,7 +241,7 @@ def grpo_passk(*, token_level_rewards: Array, response_mask: Array, group_ids: A
     Needs groups of at least 2 samples; a group of one (which verl rejects) gets advantage 0.
     Ties for the best go to the lowest batch index (the value is then 0 anyway).
     """
-    seg = _require_groups("grpo_passk", group_ids)
+    seg = require_groups("grpo_passk", group_ids)
     s = _scores(token_level_rewards)
     b = s.shape[0]
     idx = jnp.arange(b)

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from .aggregation import masked_mean
-from .policy_losses import _agg, _metrics, vanilla
+from .policy_losses import aggregate_policy_loss, policy_metrics, vanilla
 from .registry import register_policy_loss
 from .rollout_correction import RolloutCorrection, rollout_correction
 
@@ -41,7 +41,7 @@ def bypass_mode(*, old_log_prob: Array, log_prob: Array, advantages: Array, resp
                                 response_mask=kept, **kw)
     else:
         kw = {k: v for k, v in kw.items() if k not in ("clip_ratio_low", "clip_ratio_high", "clip_ratio_c")}
-        loss = _agg(-advantages * log_prob, {**kw, "response_mask": kept, "rollout_is_weights": weights})
+        loss = aggregate_policy_loss(-advantages * log_prob, {**kw, "response_mask": kept, "rollout_is_weights": weights})
         zero = jnp.zeros((), jnp.float32)
-        metrics = _metrics(zero, zero, masked_mean(old_log_prob - jax.lax.stop_gradient(log_prob), kept))
+        metrics = policy_metrics(zero, zero, masked_mean(old_log_prob - jax.lax.stop_gradient(log_prob), kept))
     return loss, {**metrics, **corr}

@@ -17,7 +17,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from .advantages import _require_groups
+from .advantages import require_groups
 from .registry import register_adv_estimator
 
 Array = jnp.ndarray
@@ -63,7 +63,7 @@ def optimal_token_baseline(*, token_level_rewards: Array, response_mask: Array, 
                            rollout_is_weights: Array | None = None, **_: Any) -> tuple[Array, Array]:
     """G_t - B_t on the response grid; returns G."""
     _needs("optimal_token_baseline", old_log_probs, sum_pi_squared)
-    seg = _require_groups("optimal_token_baseline", group_ids)
+    seg = require_groups("optimal_token_baseline", group_ids)
     mask = response_mask
     returns, variance = _returns_and_variance(token_level_rewards, mask, old_log_probs, sum_pi_squared,
                                               rollout_is_weights)
@@ -85,7 +85,7 @@ def tir_optimal_token_baseline(*, token_level_rewards: Array, response_mask: Arr
     """G - B with B indexed by each trained token's rank within its response (turns of a multi-turn response line
     up by the tokens the policy wrote, not by grid position); returns G on the grid."""
     _needs("tir_optimal_token_baseline", old_log_probs, sum_pi_squared)
-    seg = _require_groups("tir_optimal_token_baseline", group_ids)
+    seg = require_groups("tir_optimal_token_baseline", group_ids)
     mask = response_mask
     returns, variance = _returns_and_variance(token_level_rewards, mask, old_log_probs, sum_pi_squared,
                                               rollout_is_weights)

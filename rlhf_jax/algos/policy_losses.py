@@ -22,7 +22,8 @@ Array = jnp.ndarray
 sg = jax.lax.stop_gradient
 
 
-def _metrics(clipfrac: Array, clipfrac_lower: Array, ppo_kl: Array) -> dict[str, Array]:
+def policy_metrics(clipfrac: Array, clipfrac_lower: Array, ppo_kl: Array) -> dict[str, Array]:
+    """The metrics every policy loss reports (verl's names), as float32 scalars."""
     return {
         "pg_clipfrac": jnp.asarray(clipfrac, jnp.float32),
         "pg_clipfrac_lower": jnp.asarray(clipfrac_lower, jnp.float32),
@@ -30,7 +31,7 @@ def _metrics(clipfrac: Array, clipfrac_lower: Array, ppo_kl: Array) -> dict[str,
     }
 
 
-def _agg(loss_mat: Array, kw: dict[str, Any]) -> Array:
+def aggregate_policy_loss(loss_mat: Array, kw: dict[str, Any]) -> Array:
     """Aggregate per-token losses; ``rollout_is_weights`` (off-policy correction) scale each token's loss first."""
     weights = kw.get("rollout_is_weights")
     if weights is not None:
@@ -54,12 +55,12 @@ def vanilla(*, old_log_prob: Array, log_prob: Array, advantages: Array, response
     l3 = -advantages * clip_ratio_c
     neg = advantages < 0
     losses = jnp.where(neg, jnp.minimum(l3, lc), lc)
-    metrics = _metrics(
+    metrics = policy_metrics(
         masked_mean((l2 > l1).astype(jnp.float32), response_mask),
         masked_mean(((lc > l3) & neg).astype(jnp.float32), response_mask),
         masked_mean(-delta, response_mask),
     )
-    return _agg(losses, {"response_mask": response_mask, **kw}), metrics
+    return aggregate_policy_loss(losses, {"response_mask": response_mask, **kw}), metrics
 
 
 @register_policy_loss("gspo", agg_mode="seq-mean-token-mean")
@@ -75,9 +76,9 @@ def gspo(*, old_log_prob: Array, log_prob: Array, advantages: Array, response_ma
     l2 = -advantages * jnp.clip(s, 1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
     losses = jnp.maximum(l1, l2)
     kw = {**kw, "loss_agg_mode": "seq-mean-token-mean"}
-    metrics = _metrics(masked_mean((l2 > l1).astype(jnp.float32), response_mask), 0.0,
+    metrics = policy_metrics(masked_mean((l2 > l1).astype(jnp.float32), response_mask), 0.0,
                        masked_mean(-delta, response_mask))
-    return _agg(losses, {"response_mask": response_mask, **kw}), metrics
+    return aggregate_policy_loss(losses, {"response_mask": response_mask, **kw}), metrics
 
 
 @register_policy_loss("gpg")
@@ -85,8 +86,8 @@ def gpg(*, old_log_prob: Array, log_prob: Array, advantages: Array, response_mas
         **kw: Any) -> tuple[Array, dict[str, Array]]:
     """-log pi * A (no ratio, no clipping)."""
     losses = -log_prob * advantages
-    metrics = _metrics(0.0, 0.0, masked_mean(old_log_prob - log_prob, response_mask))
-    return _agg(losses, {"response_mask": response_mask, **kw}), metrics
+    metrics = policy_metrics(0.0, 0.0, masked_mean(old_log_prob - log_prob, response_mask))
+    return aggregate_policy_loss(losses, {"response_mask": response_mask, **kw}), metrics
 
 
 @register_policy_loss("cispo")
@@ -97,9 +98,9 @@ def cispo(*, old_log_prob: Array, log_prob: Array, advantages: Array, response_m
     ratio = jnp.exp(delta)
     clipped = jnp.clip(ratio, 1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
     losses = -sg(clipped) * advantages * log_prob
-    metrics = _metrics(masked_mean((ratio != clipped).astype(jnp.float32), response_mask), 0.0,
+    metrics = policy_metrics(masked_mean((ratio != clipped).astype(jnp.float32), response_mask), 0.0,
                        masked_mean(-delta, response_mask))
-    return _agg(losses, {"response_mask": response_mask, **kw}), metrics
+    return aggregate_policy_loss(losses, {"response_mask": response_mask, **kw}), metrics
 
 
 def _dppo(valid_pos: Array, valid_neg: Array, old_log_prob: Array, log_prob: Array, advantages: Array,
@@ -109,10 +110,10 @@ def _dppo(valid_pos: Array, valid_neg: Array, old_log_prob: Array, log_prob: Arr
     ratio = jnp.exp(delta)
     valid = sg(jnp.where(advantages > 0, valid_pos, valid_neg).astype(log_prob.dtype))
     losses = -advantages * sg(jnp.minimum(ratio, clip_ratio_c)) * log_prob * valid
-    metrics = _metrics(masked_mean(1.0 - valid, response_mask),
+    metrics = policy_metrics(masked_mean(1.0 - valid, response_mask),
                        masked_mean((ratio > clip_ratio_c).astype(log_prob.dtype) * valid, response_mask),
                        masked_mean(-delta, response_mask))
-    return _agg(losses, {"response_mask": response_mask, **kw}), metrics
+    return aggregate_policy_loss(losses, {"response_mask": response_mask, **kw}), metrics
 
 
 @register_policy_loss("dppo_tv")
@@ -147,7 +148,7 @@ def dro(*, old_log_prob: Array, log_prob: Array, advantages: Array, response_mas
         raise ValueError(f"actor_rollout_ref.actor.policy_loss.dro_beta must be > 0 for loss_mode=dro, got {dro_beta}")
     delta = log_prob - old_log_prob
     losses = -(log_prob * advantages - 0.5 * dro_beta * jnp.square(delta))
-    return _agg(losses, {"response_mask": response_mask, **kw}), _metrics(0.0, 0.0, masked_mean(-delta, response_mask))
+    return aggregate_policy_loss(losses, {"response_mask": response_mask, **kw}), policy_metrics(0.0, 0.0, masked_mean(-delta, response_mask))
 
 
 @register_policy_loss("sapo", agg_mode="seq-mean-token-mean")
@@ -163,8 +164,8 @@ def sapo(*, old_log_prob: Array, log_prob: Array, advantages: Array, response_ma
     gates = jax.nn.sigmoid(tau * (jnp.exp(delta) - 1.0)) * (4.0 / tau)
     losses = -gates * advantages
     kw = {**kw, "loss_agg_mode": "seq-mean-token-mean"}
-    metrics = _metrics(0.0, 0.0, masked_mean(-delta, response_mask))
-    return _agg(losses, {"response_mask": response_mask, **kw}), metrics
+    metrics = policy_metrics(0.0, 0.0, masked_mean(-delta, response_mask))
+    return aggregate_policy_loss(losses, {"response_mask": response_mask, **kw}), metrics
 
 
 @register_policy_loss("geo_mean", agg_mode="seq-mean-token-mean")
@@ -192,10 +193,10 @@ def geo_mean(*, old_log_prob: Array, log_prob: Array, advantages: Array, respons
         seq_loss = seq_loss * jnp.exp(jnp.sum(jnp.log(sg(weights) + 1e-10) * response_mask, axis=-1) / length)
     losses = jnp.broadcast_to(seq_loss[:, None], log_prob.shape)
     clipped = (delta != clamped).astype(jnp.float32)
-    metrics = _metrics(masked_mean(clipped * (advantages > 0), response_mask),
+    metrics = policy_metrics(masked_mean(clipped * (advantages > 0), response_mask),
                        masked_mean(clipped * (advantages < 0), response_mask), masked_mean(-delta, response_mask))
     kw = {**kw, "loss_agg_mode": "seq-mean-token-mean"}
-    return _agg(losses, {"response_mask": response_mask, **kw}), metrics
+    return aggregate_policy_loss(losses, {"response_mask": response_mask, **kw}), metrics
 
 
 def _rank_desc(priority: Array) -> Array:
@@ -230,8 +231,8 @@ def clip_cov(*, old_log_prob: Array, log_prob: Array, advantages: Array, respons
     zeroed = eligible & (rank < n_clip)
     corr = jnp.where(zeroed, 0.0, 1.0).astype(l1.dtype)
     losses = jnp.maximum(l1, l2) * corr
-    metrics = _metrics(masked_mean(zeroed.astype(jnp.float32), response_mask), 0.0, masked_mean(-delta, response_mask))
-    return _agg(losses, {"response_mask": response_mask, **kw}), metrics
+    metrics = policy_metrics(masked_mean(zeroed.astype(jnp.float32), response_mask), 0.0, masked_mean(-delta, response_mask))
+    return aggregate_policy_loss(losses, {"response_mask": response_mask, **kw}), metrics
 
 
 @register_policy_loss("kl_cov")
@@ -252,8 +253,8 @@ def kl_cov(*, old_log_prob: Array, log_prob: Array, advantages: Array, response_
     rank = _rank_desc(jnp.where(valid, cov, -jnp.inf).reshape(-1)).reshape(cov.shape)
     top = valid & (rank < k)
     losses = jnp.where(top, l1 + ppo_kl_coef * abs_kl, l1)
-    metrics = _metrics(0.0, 0.0, masked_mean(abs_kl, response_mask))
-    return _agg(losses, {"response_mask": response_mask, **kw}), metrics
+    metrics = policy_metrics(0.0, 0.0, masked_mean(abs_kl, response_mask))
+    return aggregate_policy_loss(losses, {"response_mask": response_mask, **kw}), metrics
 
 
 # ----------------------------------------------------------------------------- dispatch
