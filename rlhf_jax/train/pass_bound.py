@@ -46,6 +46,13 @@ def pass_bound_bytes(model_config, *, rows: int, row_len: int, batch_rows: int, 
     return _F32 * activations + 4 * trained_bytes
 
 
+def role_pass_bound(plan, role, gradient: bool) -> int:
+    """``pass_bound_bytes`` of a memory plan's pass (``train.passes.PassPlan``) run by ``role``; ``gradient``: an
+    update, which trains the role's parameters."""
+    return pass_bound_bytes(role.config, rows=plan.rows_per_micro, row_len=plan.row_len, batch_rows=plan.seqs_per_shard,
+                            trained_bytes=tree_bytes(role.params) if gradient else 0)
+
+
 def needs_compile(bound: int, free: int | None, headroom: float) -> bool:
     """Whether the plan must compile a pass whose bound is ``bound`` to know that it fits ``free`` bytes."""
     return free is None or bound > SKIP_FRACTION * headroom * free

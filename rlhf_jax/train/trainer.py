@@ -36,7 +36,7 @@ from rlhf_jax.parallel.hosts import gather_all
 from rlhf_jax.train.engine import Role
 from rlhf_jax.train.fit_loop import RunLoop
 from rlhf_jax.train.optim import make_optimizer
-from rlhf_jax.train.pass_bound import needs_compile, pass_bound_bytes, tree_bytes
+from rlhf_jax.train.pass_bound import needs_compile, role_pass_bound
 from rlhf_jax.train.passes import (HEADROOM, PassPlan, compile_pass, describe, fit_pass, free_device_memory, gib,
                                    held_bytes, pass_batch, pass_bytes, plan_passes, step_correction, step_passes)
 from rlhf_jax.runtime.oom import memory_hint
@@ -328,9 +328,7 @@ class Trainer:
             if not self.passes.runs(name):
                 continue
             role = self._role_of(name)
-            bound = pass_bound_bytes(role.config, rows=plan.rows_per_micro, row_len=plan.row_len,
-                                     batch_rows=plan.seqs_per_shard,
-                                     trained_bytes=tree_bytes(role.params) if name.startswith("update") else 0)
+            bound = role_pass_bound(plan, role, gradient=name.startswith("update"))
             if needs_compile(bound, free, HEADROOM):
                 hint = memory_hint(cfg, "critic" if role is self.critic else "actor")
                 held = held_bytes(role, name)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from rlhf_jax.train import pass_bound
-from rlhf_jax.train.pass_bound import needs_compile, pass_bound_bytes, tree_bytes
+from rlhf_jax.train.pass_bound import needs_compile, role_pass_bound
 from rlhf_jax.train.passes import HEADROOM, held_bytes, pass_bytes
 from rlhf_jax.train.trainer import Trainer
 from tests.train.helpers import make_config, tiny_hf_checkpoint
@@ -39,9 +39,7 @@ def test_the_bound_is_above_xlas_estimate_of_every_pass(recipe, kind, packed, tm
             continue
         role = trainer._role_of(name)
         need = pass_bytes(trainer.compile_pass(name, plan), held_bytes(role, name))
-        bound = pass_bound_bytes(role.config, rows=plan.rows_per_micro, row_len=plan.row_len,
-                                 batch_rows=plan.seqs_per_shard,
-                                 trained_bytes=tree_bytes(role.params) if name.startswith("update") else 0)
+        bound = role_pass_bound(plan, role, gradient=name.startswith("update"))
         assert 0 < need <= bound, (name, need, bound)
         checked.append(name)
     assert {"old_log_prob", "update_actor"} <= set(checked), checked
@@ -59,8 +57,7 @@ def test_a_pass_far_from_the_free_memory_is_not_compiled_and_one_near_it_is(tmp_
     # With the free memory just above the bound of the update, the plan must compile it to know.
     trainer = Trainer(make_config(str(tmp_path / "near"), "grpo"))
     plan, role = trainer.plans["update_actor"], trainer.actor
-    bound = pass_bound_bytes(role.config, rows=plan.rows_per_micro, row_len=plan.row_len,
-                             batch_rows=plan.seqs_per_shard, trained_bytes=tree_bytes(role.params))
+    bound = role_pass_bound(plan, role, gradient=True)
     assert needs_compile(bound, int(bound / HEADROOM), HEADROOM)
     assert not needs_compile(bound, int(bound / (pass_bound.SKIP_FRACTION * HEADROOM)) + 1, HEADROOM)
     monkeypatch.setattr("rlhf_jax.train.trainer.free_device_memory", lambda: int(bound / HEADROOM))
