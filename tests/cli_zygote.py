@@ -5,7 +5,9 @@ jax, flax, optax, orbax, transformers and torch before doing anything of ours. T
 third-party libraries once (nothing of rlhf_jax's, and no JAX backend: XLA reads its flags and creates its
 devices in each child, as in a fresh process) and then, per request, forks a child that becomes exactly such a
 run: its own working directory, environment, argv, stdin from /dev/null, stdout and stderr into the requester's
-files, ``runpy`` running the module as ``__main__`` and the interpreter's normal exit (atexit handlers included).
+files, ``runpy`` running the module as ``__main__`` and the interpreter's exit up to its finalization (threads
+joined, atexit handlers run, streams flushed; module finalization is skipped, see ``_exit_without_finalizing``: a
+test of what a run prints while the interpreter finalizes needs a fresh process, which ``popen`` arguments give).
 Whatever the imports printed on stderr is written first into every child's stderr, so a test that reads a
 run's whole stderr sees at least what a fresh process would print.
 
@@ -20,6 +22,7 @@ killed by that signal, as ``subprocess`` reports it). The server ends when its s
 
 from __future__ import annotations
 
+import gc
 import importlib
 import json
 import os
@@ -75,12 +78,51 @@ def become_run(request: dict, preface: bytes, requests) -> None:
     os.write(2, preface)
     sys.path[0] = request["cwd"]  # what ``python -m`` puts first
     sys.argv = [request["module"], *request["argv"]]
-    runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
-    sys.exit(0)
+    try:
+        runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+        code = 0
+    except SystemExit as stop:
+        code = _exit_code(stop.code)
+    _exit_without_finalizing(code)
+
+
+def _exit_code(code) -> int:
+    """The status the interpreter gives ``sys.exit(code)`` (printing a non-integer code, as it does)."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return 1
+
+
+def _exit_without_finalizing(code: int) -> None:
+    """End the child as the interpreter's exit does up to its finalization, then leave at once.
+
+    The interpreter's exit waits for non-daemon threads, runs the atexit handlers and flushes the standard
+    streams; then it finalizes every module, which in a child forked from a process holding jax, torch and
+    transformers frees (and so first copies, page by page) the parent's whole heap: ~1.4 s a run here, for
+    nothing a run would observe. An exception other than SystemExit is not caught on the way here: it ends
+    the child through the interpreter's own path, traceback and all.
+    """
+    import atexit
+    import threading
+
+    threading._shutdown()  # what the interpreter's exit does first: join the non-daemon threads
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
 
 
 def serve() -> None:
     preface = preload()
+    # The preloaded objects are the children's, shared page by page until written: keep the collector (whose
+    # reference updates write) from walking them in every child.
+    gc.freeze()
     from jax._src import xla_bridge
 
     assert not xla_bridge._backends, "a preloaded library created a JAX backend; children could not set XLA_FLAGS"

@@ -11,12 +11,15 @@ import textwrap
 import pytest
 
 from rlhf_jax.config import load_config_from_argv
+from tests.train.helpers import run_tool
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 GRPO = os.path.join(REPO, "configs", "grpo.py")
 
 
 def run(args: list[str], cwd: str = REPO) -> subprocess.CompletedProcess:
+    if args[0] == "-m" and cwd == REPO:  # python -m from the repository, which is then first on sys.path
+        return run_tool(args[1], *args[2:], timeout=120)
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
     return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
 

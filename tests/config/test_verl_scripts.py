@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 
 import pytest
 
-from tests.train.helpers import REPO, run_main
+from tests.train.helpers import REPO, run_main, run_tool
 
 SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "verl_scripts")
 ENTRY = "-m verl.trainer.main_ppo"
@@ -56,9 +55,8 @@ def home(tmp_path_factory):
     """A HOME with the parquet files the scripts name, and a bin directory whose python3 records its arguments."""
     home = tmp_path_factory.mktemp("home")
     for name in ("gsm8k", "math", "rlla_4k"):
-        subprocess.run([sys.executable, "-m", "rlhf_jax.data.synthetic", "--task", "arithmetic", "--out",
-                        str(home / "data" / name), "--train-size", "16", "--test-size", "4", "--max-value", "4"],
-                       check=True, capture_output=True, timeout=120)
+        run_tool("rlhf_jax.data.synthetic", "--task", "arithmetic", "--out", str(home / "data" / name), "--train-size",
+                 "16", "--test-size", "4", "--max-value", "4", timeout=120).check_returncode()
     rubric = home / "verl" / "utils" / "reward_score" / "rlla.py"
     rubric.parent.mkdir(parents=True)
     rubric.write_text(RUBRIC)

@@ -1,7 +1,5 @@
 """Synthetic arithmetic / countdown generators: deterministic, verl schema, solvable, CLI."""
 
-import subprocess
-import sys
 
 import pyarrow.parquet as pq
 import pytest
@@ -11,6 +9,7 @@ from rlhf_jax.data.sources import read_files
 from rlhf_jax.data.synthetic import make_arithmetic, make_countdown
 from rlhf_jax.rewards import arithmetic, countdown
 from rlhf_jax.rewards.expression import evaluate
+from tests.train.helpers import run_tool
 
 
 def test_arithmetic_deterministic_and_correct():
@@ -46,9 +45,8 @@ def test_countdown_targets_are_reachable():
 
 def test_cli_writes_verl_parquet(tmp_path):
     out = tmp_path / "arith"
-    cmd = [sys.executable, "-m", "rlhf_jax.data.synthetic", "--task", "arithmetic", "--out", str(out),
-           "--train-size", "30", "--test-size", "5", "--max-value", "99", "--num-terms", "3", "--ops", "+*"]
-    subprocess.run(cmd, check=True, capture_output=True, timeout=120)
+    run_tool("rlhf_jax.data.synthetic", "--task", "arithmetic", "--out", str(out), "--train-size", "30", "--test-size",
+             "5", "--max-value", "99", "--num-terms", "3", "--ops", "+*", timeout=120).check_returncode()
     table = pq.read_table(out / "train.parquet")
     assert table.num_rows == 30
     assert set(table.column_names) >= {"data_source", "prompt", "reward_model", "extra_info"}
@@ -57,7 +55,7 @@ def test_cli_writes_verl_parquet(tmp_path):
     assert int(examples[0].ground_truth) == eval(examples[0].extra_info["expression"])  # noqa: S307
 
     cd = tmp_path / "cd"
-    subprocess.run([sys.executable, "-m", "rlhf_jax.data.synthetic", "--task", "countdown", "--out", str(cd),
-                    "--train-size", "8", "--test-size", "2"], check=True, capture_output=True, timeout=120)
+    run_tool("rlhf_jax.data.synthetic", "--task", "countdown", "--out", str(cd), "--train-size", "8", "--test-size", "2",
+             timeout=120).check_returncode()
     ex = to_examples(read_files(str(cd / "train.parquet")))
     assert isinstance(ex[0].ground_truth, dict) and set(ex[0].ground_truth) == {"target", "numbers"}

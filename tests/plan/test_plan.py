@@ -14,7 +14,7 @@ import pytest
 
 from rlhf_jax.plan import TARGETS, format_table, plan_run
 from rlhf_jax.plan.targets import target
-from tests.train.helpers import cpu_devices_flags, load_recipe
+from tests.train.helpers import cpu_devices_flags, load_recipe, run_tool
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -58,8 +58,7 @@ def test_two_host_slice_compiles():
 def test_unknown_topology_lists_the_known_ones():
     with pytest.raises(ValueError, match="unknown topology 'v9-8'; known: v5e-8, v5p-8"):
         target("v9-8")
-    proc = subprocess.run([sys.executable, "-m", "rlhf_jax.plan", "--topology=v9-8"], cwd=REPO, capture_output=True,
-                          text=True, timeout=120)
+    proc = run_tool("rlhf_jax.plan", "--topology=v9-8", timeout=120)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert lines[-1].startswith("error: unknown topology 'v9-8'; known: ") and "h200-8" in lines[-1]
@@ -67,13 +66,12 @@ def test_unknown_topology_lists_the_known_ones():
 
 def test_7b_full_fine_tuning_on_v5e_8_stops_naming_the_keys():
     """Float32 weights and Adam moments of a 7B model over 8 x 16 GiB: the run stops before anything compiles."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "rlhf_jax.plan", "--config=configs/grpo.py", "--topology=v5e-8",
-         "--config.actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct", "--config.mesh.data=1",
-         "--config.mesh.fsdp=-1", "--config.data.train_batch_size=64", "--config.actor_rollout_ref.rollout.n=8",
-         "--config.actor_rollout_ref.actor.ppo_mini_batch_size=64",
-         "--config.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=64"],
-        cwd=REPO, capture_output=True, text=True, timeout=300)
+    proc = run_tool(
+        "rlhf_jax.plan", "--config=configs/grpo.py", "--topology=v5e-8",
+        "--config.actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct", "--config.mesh.data=1",
+        "--config.mesh.fsdp=-1", "--config.data.train_batch_size=64", "--config.actor_rollout_ref.rollout.n=8",
+        "--config.actor_rollout_ref.actor.ppo_mini_batch_size=64",
+        "--config.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=64", timeout=300)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("error: parameters and optimizer state alone need "), last

@@ -3,13 +3,12 @@
 import json
 import os
 import subprocess
-import sys
 
 import pandas as pd
 import pytest
 
 from rlhf_jax.evaluate import metrics_of, pass_at_k
-from tests.train.helpers import REPO, cli_args, cpu_devices_flags, read_metrics, run_main
+from tests.train.helpers import REPO, cli_args, cpu_devices_flags, read_metrics, run_main, run_tool
 
 DATA = "builtin:arithmetic?max_value=4&test_size=6"
 REWARD = os.path.join(REPO, "tests", "train", "dense_reward.py")  # continuous scores: equality means something
@@ -18,8 +17,7 @@ SETTINGS = {"n": 3, "temperature": 1.0, "top_p": 1.0, "top_k": -1, "batch": 4, "
 
 def _tool(module: str, *args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=cpu_devices_flags(1))
-    return subprocess.run([sys.executable, "-m", module, *args], env=env, cwd=REPO, capture_output=True, text=True,
-                          timeout=600, stdin=subprocess.DEVNULL)
+    return run_tool(module, *args, env=env, timeout=600)
 
 
 def test_generate_then_evaluate_matches_validation(tmp_path):

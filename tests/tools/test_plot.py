@@ -2,12 +2,11 @@
 
 import json
 import struct
-import subprocess
-import sys
 
 import numpy as np
 
 from rlhf_jax.plot import DPI, FIGSIZE_IN, read_metrics, series
+from tests.train.helpers import run_tool
 
 
 def _png_size(path: str) -> tuple[int, int]:
@@ -35,13 +34,12 @@ def _write_metrics(path, steps: int = 12) -> None:
 def test_the_plot_command_writes_a_png_of_the_expected_size(tmp_path):
     _write_metrics(tmp_path / "metrics.jsonl")
     out = tmp_path / "figs" / "curve.png"
-    proc = subprocess.run([sys.executable, "-m", "rlhf_jax.plot", str(tmp_path), "--out", str(out)],
-                          capture_output=True, text=True, timeout=300)
+    proc = run_tool("rlhf_jax.plot", str(tmp_path), "--out", str(out), timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == str(out)
     assert _png_size(str(out)) == (int(FIGSIZE_IN[0] * DPI), int(FIGSIZE_IN[1] * DPI))
     # default output: next to the metrics
-    proc = subprocess.run([sys.executable, "-m", "rlhf_jax.plot", str(tmp_path)], capture_output=True, text=True, timeout=300)
+    proc = run_tool("rlhf_jax.plot", str(tmp_path), timeout=300)
     assert proc.returncode == 0 and (tmp_path / "curve.png").stat().st_size > 10_000
 
 
@@ -56,9 +54,9 @@ def test_the_plotted_series_are_the_logged_values(tmp_path):
 
 
 def test_a_directory_without_metrics_is_one_line(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "rlhf_jax.plot", str(tmp_path)], capture_output=True, text=True, timeout=300)
+    proc = run_tool("rlhf_jax.plot", str(tmp_path), timeout=300)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.startswith("error:") and "metrics.jsonl" in proc.stderr
     (tmp_path / "metrics.jsonl").write_text('{"step": 1}\nnot json\n')
-    proc = subprocess.run([sys.executable, "-m", "rlhf_jax.plot", str(tmp_path)], capture_output=True, text=True, timeout=300)
+    proc = run_tool("rlhf_jax.plot", str(tmp_path), timeout=300)
     assert proc.returncode == 2 and "line 2" in proc.stderr

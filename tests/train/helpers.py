@@ -97,6 +97,15 @@ def run_main(args: list[str], *, devices: int = 8, timeout: float = 600, env: di
                           text=True, timeout=timeout, stdin=subprocess.DEVNULL, **popen)
 
 
+def run_tool(module: str, *args: str, env: dict | None = None, timeout: float = 600, cwd: str = REPO
+             ) -> subprocess.CompletedProcess:
+    """``python -m module args`` (the export, plot, plan, generate ... commands) with the tests' environment plus
+    ``env``, forked from the pre-imported interpreter where the environment allows (tests/cli_zygote.py)."""
+    from tests.cli_zygote import run_module
+
+    return run_module(module, list(args), env=dict(os.environ, **(env or {})), cwd=cwd, timeout=timeout)
+
+
 def read_metrics(out_dir: str) -> list[dict]:
     with open(os.path.join(out_dir, "metrics.jsonl")) as f:
         return [json.loads(line) for line in f]

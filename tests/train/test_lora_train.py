@@ -3,8 +3,6 @@ weights), exports (merged model, PEFT adapter) and continuing from an adapter.""
 
 import gc
 import os
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -17,7 +15,7 @@ from flax import nnx
 
 from rlhf_jax.models import lora
 from rlhf_jax.train.trainer import Trainer
-from tests.train.helpers import REPO, make_config
+from tests.train.helpers import make_config, run_tool
 
 LORA = {"actor_rollout_ref.model.lora_rank": 4, "actor_rollout_ref.model.lora_alpha": 8.0,
         "actor_rollout_ref.actor.use_kl_loss": True, "actor_rollout_ref.actor.optim.lr": 2e-2}
@@ -107,9 +105,8 @@ def test_exports_merged_model_and_peft_adapter(run, tmp_path):
     size = sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(saved) for f in files)
     assert size < 0.5 * sum(x.nbytes for x in jax.tree.leaves(trainer.actor.frozen))
     # The export tool writes the same from the checkpoint (the base weights read from the base model).
-    proc = subprocess.run([sys.executable, "-m", "rlhf_jax.export", "--checkpoint", os.path.join(out, "checkpoints"),
-                           "--out", str(tmp_path / "x")], cwd=REPO, env=dict(os.environ, JAX_PLATFORMS="cpu"),
-                          capture_output=True, text=True, timeout=300)
+    proc = run_tool("rlhf_jax.export", "--checkpoint", os.path.join(out, "checkpoints"), "--out", str(tmp_path / "x"),
+                    env={"JAX_PLATFORMS": "cpu"}, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     tool = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "x")).eval()
     with torch.no_grad():

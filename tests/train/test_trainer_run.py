@@ -3,8 +3,6 @@
 import glob
 import math
 import os
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -14,7 +12,7 @@ import torch
 import transformers
 
 from rlhf_jax.train.trainer import Trainer
-from tests.train.helpers import REPO, cli_args, make_config, read_metrics, run_main
+from tests.train.helpers import cli_args, make_config, read_metrics, run_main, run_tool
 
 DOCUMENTED = [
     "critic/score/mean", "critic/score/max", "critic/score/min", "critic/rewards/mean", "critic/advantages/mean",
@@ -50,7 +48,7 @@ def test_default_recipe_cli_writes_metrics_tensorboard_and_checkpoint(tmp_path):
     assert os.path.isdir(os.path.join(out, "checkpoints", "2"))
     assert os.path.exists(os.path.join(out, "hf", "global_step_2", "model.safetensors"))
     # The plot command on the run's directory, as a user would type it after the run.
-    plot = subprocess.run([sys.executable, "-m", "rlhf_jax.plot", out], capture_output=True, text=True, timeout=300)
+    plot = run_tool("rlhf_jax.plot", out, timeout=300)
     assert plot.returncode == 0, plot.stderr
     assert plot.stdout.strip() == os.path.join(out, "curve.png") and os.path.getsize(plot.stdout.strip()) > 10_000
 
@@ -116,8 +114,7 @@ def test_export_cli_for_any_saved_step(tmp_path, trained):
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     for step_arg, out_name in ((["--step", "1"], "step1"), ([], "latest")):
         out = str(tmp_path / out_name)
-        proc = subprocess.run([sys.executable, "-m", "rlhf_jax.export", "--checkpoint", ckpt_root, "--out", out, *step_arg],
-                              cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+        proc = run_tool("rlhf_jax.export", "--checkpoint", ckpt_root, "--out", out, *step_arg, env=env, timeout=300)
         assert proc.returncode == 0, proc.stderr[-2000:]
     tok = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "latest"))
     ids = np.asarray([tok("1+1=2+2=")["input_ids"]], np.int64)
@@ -128,8 +125,8 @@ def test_export_cli_for_any_saved_step(tmp_path, trained):
         step1_logits = step1(input_ids=torch.tensor(ids)).logits.numpy()
     np.testing.assert_allclose(np.asarray(trainer.actor.model()(jnp.asarray(ids, jnp.int32))), latest_logits, atol=1e-4)
     assert np.abs(latest_logits - step1_logits).max() > 1e-5  # step 1 is a different model
-    bad = subprocess.run([sys.executable, "-m", "rlhf_jax.export", "--checkpoint", ckpt_root, "--out", str(tmp_path / "x"),
-                          "--step", "7"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    bad = run_tool("rlhf_jax.export", "--checkpoint", ckpt_root, "--out", str(tmp_path / "x"), "--step", "7", env=env,
+                   timeout=300)
     assert bad.returncode == 2 and "no step 7" in bad.stderr
 
 
