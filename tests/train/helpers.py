@@ -83,13 +83,14 @@ def cli_args(out_dir: str, recipe: str = "grpo", **overrides) -> list[str]:
     return args
 
 
-def run_main(args: list[str], *, devices: int = 8, timeout: float = 600, env: dict | None = None,
+def run_main(args: list[str], *, devices: int = 8, timeout: float = 600, env: dict | None = None, fresh: bool = False,
              **popen) -> subprocess.CompletedProcess:
     """``python -m rlhf_jax.main args`` on ``devices`` CPU devices; ``env`` adds environment variables. Without
-    ``popen`` arguments the run is a forked child of a pre-imported interpreter (tests/cli_zygote.py)."""
+    ``popen`` arguments the run is a forked child of a pre-imported interpreter (tests/cli_zygote.py); ``fresh``
+    starts a new interpreter instead, for a test of what a run prints until its interpreter has ended."""
     env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=cpu_devices_flags(devices),
                **(env or {}))
-    if not popen:
+    if not popen and not fresh:
         from tests.cli_zygote import run_module
 
         return run_module("rlhf_jax.main", args, env=env, cwd=REPO, timeout=timeout)

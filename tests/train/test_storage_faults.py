@@ -68,7 +68,7 @@ def test_full_disk_during_a_save_stops_in_one_line_and_the_same_command_resumes(
     _mount_tmpfs(ckpt, size_kib)
     try:
         args = cli_args(out, **steps)
-        full = run_main(args, devices=1)
+        full = run_main(args, devices=1, fresh=True)  # nothing after the line, the interpreter's end included
         assert full.returncode == 2, full.stderr[-3000:]
         assert _stderr_lines(full) == [
             f"error: cannot write the checkpoint of step 2 in {ckpt}: No space left on device; the checkpoint of "
@@ -78,7 +78,7 @@ def test_full_disk_during_a_save_stops_in_one_line_and_the_same_command_resumes(
         c.close()
 
         _mount_tmpfs(ckpt, 64 << 10, remount=True)  # space freed
-        again = run_main(args, devices=1)
+        again = run_main(args, devices=1, fresh=True)
         assert again.returncode == 0, again.stderr[-3000:]
         assert _stderr_lines(again) == [], again.stderr[-3000:]
         rows, expected = read_metrics(out), read_metrics(reference)
