@@ -3,7 +3,8 @@
 The training passes go through the memory plan a run makes before its first step (``train/passes.fit_pass``:
 automatic micro-batches shrink until XLA's estimate fits, a size the user set that does not fit is an error naming
 its keys), against the target chip's memory less what the run keeps resident (parameters, optimizer state,
-reference and critic).
+reference and critic). A supervised run (``algorithm.type`` sft or dpo) compiles its trainer's programs instead
+(``supervised.py``), at the sizes the config sets: those trainers plan no micro-batch.
 """
 
 from __future__ import annotations
@@ -110,7 +111,7 @@ def plan_run(cfg: ConfigDict, topology: str | None = None, *, progress: Callable
     cache = jax.config.jax_enable_compilation_cache
     jax.config.update("jax_enable_compilation_cache", cache and local)
     try:
-        with compiling_for(devices[0].platform):
+        with compiling_for(devices[0].platform, len(devices)):
             return _plan(cfg, t, devices, progress, stop_at_first_problem)
     finally:
         jax.config.update("jax_enable_compilation_cache", cache)

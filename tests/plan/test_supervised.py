@@ -8,7 +8,7 @@ import pytest
 from rlhf_jax.plan import format_table, plan_run
 from rlhf_jax.plan.report import memory_of
 from rlhf_jax.train.sft import SFTTrainer
-from tests.train.helpers import load_recipe, make_config, run_tool
+from tests.train.helpers import cpu_devices_flags, load_recipe, make_config, run_tool
 
 PROGRAMS = {"sft": ["sft", "sft_apply", "validation"], "dpo": ["ref", "dpo_update", "val_policy", "val_ref"]}
 
@@ -106,6 +106,18 @@ def test_lora_dpo_reference_shares_the_base_and_is_not_counted_twice():
     alone, and both the reference pass and the update compile for the target."""
     full, lora = load_recipe("dpo"), load_recipe("dpo")
     lora.actor_rollout_ref.model.lora_rank = 4
+    full.data.val_files = lora.data.val_files = ()  # no validation passes: the step's programs only
     plans = {name: plan_run(cfg, "v5e-8") for name, cfg in (("full", full), ("lora", lora))}
     assert plans["lora"].resident_bytes < plans["full"].resident_bytes
-    assert [p.name for p in plans["lora"].programs] == PROGRAMS["dpo"] and plans["lora"].fits
+    assert [p.name for p in plans["lora"].programs] == ["ref", "dpo_update"] and plans["lora"].fits
+
+
+def test_padded_passes_for_a_tpu_slice_plan_from_a_one_device_process():
+    """A plan run where JAX sees one device (the command on a laptop) compiles for the 8 devices of the target: the
+    attention kernels, which run per device only inside a stated layout, are not chosen for DPO's padded passes over
+    128 + 128 tokens (splash's shape) there either."""
+    proc = run_tool("rlhf_jax.plan", "--config=configs/dpo.py", "--topology=v5e-8", "--config.data.max_prompt_length=128",
+                    "--config.data.max_response_length=128", "--config.data.val_files=()",
+                    env={"JAX_PLATFORMS": "cpu", "XLA_FLAGS": cpu_devices_flags(1)}, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "dpo_update" in proc.stdout and "fits" in proc.stdout, proc.stdout
