@@ -34,7 +34,7 @@ def _padded_sft(tmp_path, **overrides):
     """The tiny SFT recipe, padded, with data.max_length=16: one prompt/response bucket (16, 16), so every batch has
     the widest shape the plan compiles for."""
     return make_config(str(tmp_path), recipe="sft", **{
-        "algorithm.type": "sft", "data.max_length": 16, "data.train_batch_size": 8, "data.val_batch_size": 8,
+        "algorithm.type": "sft", "data.max_length": 16, "data.train_batch_size": 8, "data.val_files": (),
         "data.train_files": ("builtin:arithmetic?max_value=4&train_size=32",), "custom_reward_function.path": None,
         "data.micro_batch_size_per_gpu": 1, "actor_rollout_ref.model.use_remove_padding": False, **overrides})
 
