@@ -365,7 +365,8 @@ class Role:
 
     def apply_grads_program(self) -> Any:
         """The packed updates' optimizer step (accumulated gradients in, new parameters and state out), compiled."""
-        return self._apply_program().lower(self.params, self.opt_state, place(self.params, self.grad_shardings)).compile()
+        grads = place(self.params, self.grad_shardings)
+        return self._apply_program().lower(self.params, self.opt_state, grads).compile()
 
     def _zero_grads(self):
         """The gradient accumulator of a packed update, in device memory (made from the shapes alone: an offloaded

@@ -116,8 +116,34 @@ def test_padded_passes_for_a_tpu_slice_plan_from_a_one_device_process():
     """A plan run where JAX sees one device (the command on a laptop) compiles for the 8 devices of the target: the
     attention kernels, which run per device only inside a stated layout, are not chosen for DPO's padded passes over
     128 + 128 tokens (splash's shape) there either."""
-    proc = run_tool("rlhf_jax.plan", "--config=configs/dpo.py", "--topology=v5e-8", "--config.data.max_prompt_length=128",
-                    "--config.data.max_response_length=128", "--config.data.val_files=()",
+    proc = run_tool("rlhf_jax.plan", "--config=configs/dpo.py", "--topology=v5e-8",
+                    "--config.data.max_prompt_length=128", "--config.data.max_response_length=128",
+                    "--config.data.val_files=()",
                     env={"JAX_PLATFORMS": "cpu", "XLA_FLAGS": cpu_devices_flags(1)}, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "dpo_update" in proc.stdout and "fits" in proc.stdout, proc.stdout
+
+
+@pytest.mark.parametrize("max_length", [16, 32, 100, 1024])
+def test_widest_sft_batch_is_the_widest_any_prompt_and_response_give(max_length):
+    """Against every split of data.max_length into a prompt and a response, each bucketed as the loader does."""
+    from rlhf_jax.data.prompts import bucket_length, resolve_buckets
+    from rlhf_jax.train.sft import widest_batch
+
+    cfg = load_recipe("sft")
+    cfg.data.max_length = max_length
+    buckets = resolve_buckets(max_length, None)
+    widths = {(bucket_length(p, buckets), bucket_length(r, buckets)) for p in range(1, max_length)
+              for r in range(1, max_length - p + 1)}
+    widest = max(p + r for p, r in widths)
+    assert widest_batch(cfg) == max((w for w in widths if sum(w) == widest), key=lambda w: w[1])
+
+
+@pytest.mark.parametrize("micro, per_shard", [(32, 4), (32, 5), (4, 32), (6, 7), (1, 8), (12, 12)])
+def test_largest_packed_micro_batch_is_the_largest_the_packer_lays_out(micro, per_shard):
+    from rlhf_jax.batch.packing import micro_layout
+    from rlhf_jax.plan.supervised import largest_micro
+    from rlhf_jax.train.passes import PassPlan
+
+    plan = PassPlan("sft", True, 64, micro, per_shard, (), False)
+    assert largest_micro(plan) == max(micro_layout(rows, micro)[1] for rows in range(1, per_shard + 1))
