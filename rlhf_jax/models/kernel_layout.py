@@ -9,7 +9,7 @@ know the mesh; the program that shards its inputs does, and states it while trac
         out = model(...)
 
 ``kernels_allowed()`` is where the attention entry points ask whether "auto" may pick a kernel: inside a
-layout, or in a process with a single device (nothing to split). Elsewhere they use XLA's own paths,
+layout, or in a program for a single device (nothing to split). Elsewhere they use XLA's own paths,
 which XLA partitions itself.
 """
 
@@ -23,6 +23,8 @@ from typing import Any, Callable
 
 import jax
 from jax.sharding import Mesh, PartitionSpec
+
+from rlhf_jax.parallel.backend import compile_device_count
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,8 +67,9 @@ def current() -> KernelLayout | None:
 
 
 def kernels_allowed() -> bool:
-    """Whether "auto" may choose a kernel: a layout is stated, or this process has one device."""
-    return current() is not None or jax.device_count() == 1
+    """Whether "auto" may choose a kernel: a layout is stated, or the program is for one device (this process's, or
+    the target's the ``plan`` command compiles for)."""
+    return current() is not None or compile_device_count() == 1
 
 
 def per_device(fn: Callable, in_specs: tuple, out_specs: Any) -> Callable:

@@ -12,12 +12,17 @@ from typing import Iterator
 
 import jax
 
-_target: list[str] = []  # the innermost ``compiling_for`` platform
+_target: list[tuple[str, int | None]] = []  # the innermost ``compiling_for`` (platform, device count)
 
 
 def compile_backend() -> str:
     """"cpu", "gpu" or "tpu": the platform programs traced now are meant for."""
-    return _target[-1] if _target else jax.default_backend()
+    return _target[-1][0] if _target else jax.default_backend()
+
+
+def compile_device_count() -> int:
+    """Devices the programs traced now are meant for: the target's, or jax's."""
+    return (_target[-1][1] or jax.device_count()) if _target else jax.device_count()
 
 
 def platform_name(platform: str) -> str:
@@ -26,9 +31,10 @@ def platform_name(platform: str) -> str:
 
 
 @contextlib.contextmanager
-def compiling_for(platform: str) -> Iterator[None]:
-    """Within the block, ``compile_backend()`` is ``platform`` (a device platform such as "tpu" or "cuda")."""
-    _target.append(platform_name(platform))
+def compiling_for(platform: str, devices: int | None = None) -> Iterator[None]:
+    """Within the block, ``compile_backend()`` is ``platform`` (a device platform such as "tpu" or "cuda") and
+    ``compile_device_count()`` is ``devices`` (None: jax's)."""
+    _target.append((platform_name(platform), devices))
     try:
         yield
     finally:

@@ -74,6 +74,25 @@ def _trainable(cfg: ConfigDict, model: nnx.Module):
     return freeze.check(spec, nnx.split(model)[1], model.config.num_hidden_layers)
 
 
+def abstract_actor(cfg: ConfigDict, hf: dict, mesh, rules, task: str, updates_per_step: int) -> Role:
+    """The trained policy over abstract parameters, as ``train/setup.actor_role`` builds it: its optimizer and
+    schedule, the LoRA / freeze filter and the offload flags."""
+    arr = cfg.actor_rollout_ref
+    model = abstract_model(model_config(cfg, hf, "actor"), task, mesh, rules)
+    steps = max(1, int(cfg.derived.total_training_steps))
+    tx, lr_fn = make_optimizer(arr.actor.optim, arr.actor.grad_clip, steps, updates_per_step)
+    return Role(model, mesh, tx, lr_fn, _trainable(cfg, model), **offload_flags(cfg, "actor"))
+
+
+def abstract_reference(cfg: ConfigDict, hf: dict, actor: Role, mesh, rules) -> Role:
+    """The frozen reference, as ``train/setup.reference_role`` builds it: under LoRA the base model over the actor's
+    frozen arrays, else its own abstract copy."""
+    if actor.config.lora:
+        return Role(nnx.merge(lora.plain_graphdef(actor.config, actor.task), actor.frozen), mesh)
+    model = abstract_model(model_config(cfg, hf, "ref"), TASK_CAUSAL_LM, mesh, rules)
+    return Role(model, mesh, offload=bool(cfg.actor_rollout_ref.ref.fsdp_config.param_offload))
+
+
 def sampling_params(cfg: ConfigDict, hf: dict) -> SamplingParams:
     """The training rollout's settings; stop tokens from config.json (no tokenizer is read)."""
     eos = hf.get("eos_token_id")
@@ -92,15 +111,9 @@ def build_run(cfg: ConfigDict, devices: list) -> RunParts:
     mesh, rollout_mesh, rules = meshes(cfg, devices)
     steps = max(1, int(d.total_training_steps))
     shared = bool(cfg.critic.enable and cfg.critic.shared_trunk)
-    actor_cfg = model_config(cfg, hf, "actor")
-    actor_model = abstract_model(actor_cfg, TASK_CAUSAL_LM_VALUE if shared else TASK_CAUSAL_LM, mesh, rules)
-    tx, lr_fn = make_optimizer(arr.actor.optim, arr.actor.grad_clip, steps, d.actor_updates_per_step)
-    actor = Role(actor_model, mesh, tx, lr_fn, _trainable(cfg, actor_model), **offload_flags(cfg, "actor"))
-    ref = None
-    if d.need_ref:  # under LoRA the base model over the actor's frozen arrays (train/setup.reference_role)
-        ref_model = (nnx.merge(lora.plain_graphdef(actor.config, actor.task), actor.frozen) if actor.config.lora
-                     else abstract_model(model_config(cfg, hf, "ref"), TASK_CAUSAL_LM, mesh, rules))
-        ref = Role(ref_model, mesh, offload=bool(arr.ref.fsdp_config.param_offload) and not actor.config.lora)
+    actor = abstract_actor(cfg, hf, mesh, rules, TASK_CAUSAL_LM_VALUE if shared else TASK_CAUSAL_LM,
+                           d.actor_updates_per_step)
+    ref = abstract_reference(cfg, hf, actor, mesh, rules) if d.need_ref else None
     critic = None
     if cfg.critic.enable and not shared:
         critic_hf = hf_config(cfg.critic.model.path) if cfg.critic.model.path else hf

@@ -118,7 +118,8 @@ def format_table(plan) -> str:
                      "copied to the devices inside each program that reads them)")
     lines.append("micro-batches: " + "; ".join(f"{k} {v}" for k, v in plan.micro_batches.items()))
     verdict = "fits" if plan.fits else "does NOT fit"
+    split = (f"sampling {_t(plan.sampling_s)} + training {_t(plan.training_s)} (every response at full length; "
+             if getattr(plan, "samples", True) else "all training, no sampler (every sequence at full length; ")
     lines.append(f"{verdict}: peak {_g(plan.peak_bytes)} of {_g(plan.usable_bytes)} GiB per device; roofline step "
-                 f"{_t(plan.step_s)} = sampling {_t(plan.sampling_s)} + training {_t(plan.training_s)} "
-                 "(every response at full length; FLOPs/bytes per device, 'model' = the model's arithmetic)")
+                 f"{_t(plan.step_s)} = {split}FLOPs/bytes per device, 'model' = the model's arithmetic)")
     return "\n".join(lines)

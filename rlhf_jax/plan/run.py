@@ -3,7 +3,8 @@
 The training passes go through the memory plan a run makes before its first step (``train/passes.fit_pass``:
 automatic micro-batches shrink until XLA's estimate fits, a size the user set that does not fit is an error naming
 its keys), against the target chip's memory less what the run keeps resident (parameters, optimizer state,
-reference and critic).
+reference and critic). A supervised run (``algorithm.type`` sft or dpo) compiles its trainer's programs instead
+(``supervised.py``), at the sizes the config sets: those trainers plan no micro-batch.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from rlhf_jax.config import finalize
 from rlhf_jax.parallel.backend import compiling_for
 from rlhf_jax.plan import arithmetic as ar
 from rlhf_jax.plan import programs as pg
+from rlhf_jax.plan import supervised as sv
 from rlhf_jax.plan.abstract import count_params
 from rlhf_jax.plan.report import ProgramCost, program_cost
 from rlhf_jax.parallel.chips import Chip, chip_of
@@ -49,6 +51,7 @@ class RunPlan:
     training_s: float | None
     problems: list[str]  # one line each: what does not fit and the keys to change
     host_bytes: int = 0  # per device: the shards of offloaded parameters and optimizer state, in host memory
+    samples: bool = True  # the run samples (RL); a supervised run's step is all training
 
     @property
     def fits(self) -> bool:
@@ -60,6 +63,8 @@ class RunPlan:
 
     @property
     def step_s(self) -> float | None:
+        if not self.samples:
+            return self.training_s
         return None if self.sampling_s is None or self.training_s is None else self.sampling_s + self.training_s
 
     @property
@@ -98,10 +103,6 @@ def plan_run(cfg: ConfigDict, topology: str | None = None, *, progress: Callable
     What cannot fit raises ``MemoryError`` with one line naming the keys to change, at the first problem (before
     the remaining programs compile); with ``stop_at_first_problem=False`` every program is compiled and the
     problems are listed in ``RunPlan.problems``."""
-    kind = cfg.algorithm.get("type", None)
-    if kind in ("sft", "dpo"):
-        raise ValueError(f"algorithm.type={kind}: the plan covers the RL loop's programs; SFT and DPO steps are not "
-                         "planned yet")
     local = topology in (None, "local")
     t = local_target() if local else target(topology)
     devices = jax.devices() if local else target_devices(t)
@@ -110,7 +111,7 @@ def plan_run(cfg: ConfigDict, topology: str | None = None, *, progress: Callable
     cache = jax.config.jax_enable_compilation_cache
     jax.config.update("jax_enable_compilation_cache", cache and local)
     try:
-        with compiling_for(devices[0].platform):
+        with compiling_for(devices[0].platform, len(devices)):
             return _plan(cfg, t, devices, progress, stop_at_first_problem)
     finally:
         jax.config.update("jax_enable_compilation_cache", cache)
@@ -129,7 +130,7 @@ class _State:
     """What the parts of one plan share."""
 
     cfg: ConfigDict
-    run: pg.RunParts
+    run: pg.RunParts | sv.SupervisedRun
     target: Target
     chip: Chip | None  # None: no peak figures (CPU)
     usable: int
@@ -146,7 +147,9 @@ class _State:
 
 
 def _plan(cfg: ConfigDict, t: Target, devices: list, progress, stop: bool) -> RunPlan:
-    run = _timed(progress, "abstract models", lambda: pg.build_run(cfg, devices))
+    supervised = cfg.algorithm.type in sv.KINDS
+    run = _timed(progress, "abstract models", lambda: sv.build(cfg, devices, t.hosts) if supervised
+                 else pg.build_run(cfg, devices))
     resident_trees = [run.actor.params, run.actor.frozen, run.actor.opt_state]
     if run.ref is not None and not run.actor.config.lora:
         resident_trees.append(run.ref.params)
@@ -159,15 +162,39 @@ def _plan(cfg: ConfigDict, t: Target, devices: list, progress, stop: bool) -> Ru
         if st.resident > HEADROOM * st.usable:
             st.problem(f"parameters and optimizer state alone need {gib(st.resident)} per device, more than the "
                        f"{gib(HEADROOM * st.usable)} usable: {RESIDENT_KEYS}")
-        plans, training_s = _training(st)  # the largest programs first: a run that cannot fit stops soonest
-        sampling_s = _rollout(st)
+        if supervised:
+            plans, training_s, sampling_s = run.passes, _supervised(st), None
+        else:
+            plans, training_s = _training(st)  # the largest programs first: a run that cannot fit stops soonest
+            sampling_s = _rollout(st)
     except _Stop as e:
         raise MemoryError(str(e)) from None
     order = ["lora_merge", "rollout_copy", "sampler"]
     programs = sorted(st.programs, key=lambda p: order.index(p.name) if p.name in order else len(order))
     return RunPlan(t, len(devices), str(run.hf.get("_name_or_path") or cfg.actor_rollout_ref.model.path),
                    count_params(run.actor.state()), programs, plans, st.resident, st.usable, sampling_s, training_s,
-                   st.problems, in_host)
+                   st.problems, in_host, samples=not supervised)
+
+
+def _supervised(st: _State) -> float | None:
+    """The programs of a supervised run (plan/supervised.py) compiled in order; returns the step's roofline time. A
+    program that does not fit beside the resident arrays is a problem naming its keys (the trainers plan no
+    micro-batch: the sizes are the config's)."""
+    free = st.usable - st.resident
+    training_s = 0.0 if st.chip is not None else None
+    for p in st.run.programs:
+        cost = _cost_or_refusal(lambda p=p: _timed(st.progress, f"compiling {p.name}", p.compile), p.name, st.chip,
+                                calls=p.calls, looped=p.looped, resident_bytes=st.resident, resident_arg_bytes=p.held,
+                                model_flops=p.flops, model_bytes=p.nbytes, note=p.note)
+        st.programs.append(cost)
+        if training_s is not None and p.in_step:
+            training_s += cost.roofline_s or 0.0
+        need = cost.peak_bytes - st.resident  # as train/passes.pass_bytes counts it
+        if need > HEADROOM * free:
+            st.problem(f"the {p.name} program needs about {gib(need)} per device beside the resident arrays (XLA's "
+                       f"estimate: {p.note}), more than the {gib(HEADROOM * free)} usable: lower {p.keys}, "
+                       f"{memory_hint(st.cfg, 'actor')}")
+    return training_s
 
 
 def _rollout(st: _State) -> float | None:

@@ -70,6 +70,32 @@ def pad_right(rows: list[np.ndarray], length: int, pad_token_id: int) -> tuple[n
     return out, mask
 
 
+def dpo_spec(cfg: ConfigDict) -> DPOSpec:
+    """The DPO loss settings of ``algorithm.dpo``."""
+    dc = cfg.algorithm.dpo
+    return DPOSpec(float(dc.beta), float(dc.label_smoothing), dc.loss_type, float(dc.kl_loss_coef), dc.kl_loss_type)
+
+
+def pair_widths(cfg: ConfigDict, longest_prompt: int, longest_response: int) -> tuple[int, int]:
+    """(prompt, response) columns of every batch of pairs whose longest prompt and response are these: fixed for
+    the run, so each pass compiles once."""
+    buckets = resolve_buckets(cfg.data.max_prompt_length, cfg.data.prompt_length_buckets)
+    return bucket_length(longest_prompt, buckets), trimmed_width(longest_response, cfg.data.max_response_length)
+
+
+def validation_rows(cfg: ConfigDict, processes: int) -> int:
+    """Each process pads a validation batch of pairs to a multiple of this many rows (its shards)."""
+    return max(int(cfg.derived.dp_size) // processes, 1)
+
+
+def update_program(actor: Role, cfg: ConfigDict, spec: DPOSpec, widths: tuple[int, int]) -> Any:
+    """The DPO update of one mini-batch of pairs of ``widths`` columns, compiled (``derived.actor_grad_accum_steps``
+    micro-batches)."""
+    d = cfg.derived
+    specs = pair_specs(d.actor_mini_batch_size, *widths, kl=spec.kl_coef > 0)
+    return actor.update_program("dpo_update", dpo_update, spec, specs, n_micro=d.actor_grad_accum_steps)
+
+
 class DPOTrainer:
     """The DPO trainer (the ``fit_loop.Trainer`` protocol)."""
 
@@ -84,9 +110,7 @@ class DPOTrainer:
                             checkpoint_contents=(tuple(ckpt.save_contents), tuple(ckpt.load_contents), None, None))
         self.actor = actor_role(cfg, c, self.loop.total_steps, d.actor_updates_per_step)
         self.ref = reference_role(cfg, c, self.actor)
-        dc = cfg.algorithm.dpo
-        self.spec = DPOSpec(float(dc.beta), float(dc.label_smoothing), dc.loss_type, float(dc.kl_loss_coef),
-                            dc.kl_loss_type)
+        self.spec = dpo_spec(cfg)
         self.pad_id = pad_token_id_of(self.tok)
         self.loader = PromptLoader(self.train_data.prompts, cfg.data.train_batch_size, pad_token_id=self.pad_id,
                                    max_prompt_length=cfg.data.max_prompt_length, shuffle=cfg.data.shuffle,
@@ -99,9 +123,7 @@ class DPOTrainer:
     # ------------------------------------------------------------------ batches
     def _widths(self, data: PreferenceDataset) -> tuple[int, int]:
         """(prompt, response) columns of every batch of ``data``: fixed for the run, so each pass compiles once."""
-        longest_prompt, longest_response = data.longest()
-        buckets = resolve_buckets(self.cfg.data.max_prompt_length, self.cfg.data.prompt_length_buckets)
-        return bucket_length(longest_prompt, buckets), trimmed_width(longest_response, self.cfg.data.max_response_length)
+        return pair_widths(self.cfg, *data.longest())
 
     def _host_pairs(self, data: PreferenceDataset, rows: np.ndarray, which: str) -> dict[str, np.ndarray]:
         """The process-local batch of pairs ``rows`` of ``data`` (see dpo_steps.py for the layout)."""
@@ -123,16 +145,13 @@ class DPOTrainer:
         total = jnp.sum(logp * one.response_mask.astype(logp.dtype), axis=-1)
         return (total, logp.astype(jnp.float32)) if tokens else total
 
-    def _batch_specs(self) -> dict[str, tuple[tuple[int, ...], Any]]:
-        return pair_specs(self.cfg.derived.actor_mini_batch_size, *self.widths["train"], kl=self.spec.kl_coef > 0)
-
     # ------------------------------------------------------------------ memory plan
     def plan_memory(self) -> tuple[str, ...]:
         """Compile the update before the first step and stop, naming the keys, when XLA's estimate does not fit."""
         if self._update_program is not None:
             return ()
         n_micro = self.cfg.derived.actor_grad_accum_steps
-        program = self.actor.update_program("dpo_update", dpo_update, self.spec, self._batch_specs(), n_micro=n_micro)
+        program = update_program(self.actor, self.cfg, self.spec, self.widths["train"])
         need, free = compiled_bytes(program), free_device_memory()
         if need is not None and free is not None and need > HEADROOM * free:
             raise MemoryError(
@@ -187,7 +206,7 @@ class DPOTrainer:
         loader = PromptLoader(self.val_data.prompts, cfg.data.val_batch_size or len(self.val_data),
                               pad_token_id=self.pad_id, max_prompt_length=cfg.data.max_prompt_length, shuffle=False,
                               num_epochs=1, drop_remainder=False)
-        rows_per_shard = max(cfg.derived.dp_size // jax.process_count(), 1)
+        rows_per_shard = validation_rows(cfg, jax.process_count())
         totals: dict[str, float] = {}
         count = 0.0
         for pb in loader:

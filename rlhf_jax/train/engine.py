@@ -234,8 +234,8 @@ class Role:
         update of a ``Loss``."""
         batch = self._placed(batch)
         if kind == "logp":
-            return self._logp_fn(batch, n_micro, temperature, False, sum_pi_squared, topk).lower(self.state(),
-                                                                                                  batch).compile()
+            fn = self._logp_fn(batch, n_micro, temperature, False, sum_pi_squared, topk=topk)
+            return fn.lower(self.state(), batch).compile()
         if kind == "values":
             return self._values_fn(batch, n_micro).lower(self.state(), batch).compile()
         extra = (self._key_spec(),) if kind.takes_rng else ()
@@ -362,6 +362,11 @@ class Role:
                                self.opt_shardings),
             in_shardings=(self.param_shardings, self.opt_shardings, self.grad_shardings),
             out_shardings=(self.param_shardings, self.opt_shardings, rep), donate_argnums=(0, 1)))
+
+    def apply_grads_program(self) -> Any:
+        """The packed updates' optimizer step (accumulated gradients in, new parameters and state out), compiled."""
+        grads = place(self.params, self.grad_shardings)
+        return self._apply_program().lower(self.params, self.opt_state, grads).compile()
 
     def _zero_grads(self):
         """The gradient accumulator of a packed update, in device memory (made from the shapes alone: an offloaded

@@ -31,7 +31,7 @@ from rlhf_jax import models
 from rlhf_jax.config import finalize, with_dataset_size
 from rlhf_jax.models.hub import resolve_model_path
 from rlhf_jax.data import dataset_from_config, loader_from_config
-from rlhf_jax.data.prompts import pad_token_id_of
+from rlhf_jax.data.prompts import pad_token_id_of, resolve_buckets
 from rlhf_jax.data.sft import SFTBatch, max_length_of, sft_dataset_from_config, sft_loader
 from rlhf_jax.batch.packing import row_length
 from rlhf_jax.models import lora
@@ -83,16 +83,21 @@ def _wants_accuracy(cfg: ConfigDict, tokenizer) -> Any:
     return prompts
 
 
+def check_context(cfg: ConfigDict, hf: dict) -> None:
+    """Stop when data.max_length exceeds the context of the model whose config.json is ``hf``."""
+    context = int(hf.get("max_position_embeddings") or 0)
+    if context and max_length_of(cfg.data) > context:
+        raise ValueError(f"data.max_length={max_length_of(cfg.data)} exceeds the model's context of {context} "
+                         "positions (max_position_embeddings); lower it")
+
+
 def prepare_sft(cfg: ConfigDict) -> SFTComponents:
     """Paths, tokenizer, SFT data (every row checked before a model loads), the finalized config and the mesh."""
     cfg = ConfigDict(cfg.to_dict()) if cfg.is_locked else cfg
     cfg.unlock()
     model_path = resolve_model_path(cfg.actor_rollout_ref.model.path, cfg.actor_rollout_ref.model.revision)
     checked = finalize(cfg, num_devices=jax.device_count(), num_processes=jax.process_count())  # once, before data
-    context = int(models.load_hf_config(model_path).get("max_position_embeddings") or 0)
-    if context and max_length_of(checked.data) > context:
-        raise ValueError(f"data.max_length={max_length_of(checked.data)} exceeds the model's context of {context} "
-                         "positions (max_position_embeddings); lower it")
+    check_context(checked, models.load_hf_config(model_path))
     tokenizer_path = resolve_model_path(cfg.data.tokenizer) if cfg.data.tokenizer else model_path
     tokenizer = load_tokenizer(tokenizer_path, cfg.data.chat_template)
     tools = tool_schemas(checked)  # the multi-turn rollout's tools, rendered into SFT conversations alike
@@ -121,6 +126,41 @@ def micro_batches(cfg: ConfigDict) -> int:
     return per_shard // micro
 
 
+def sft_pass_plan(cfg: ConfigDict) -> PassPlan:
+    """The update's layout. Packed rows (model.use_remove_padding, the default): no FLOPs on padding; exact (same
+    loss and gradient). ``data.micro_batch_size_per_gpu`` rows (packed) or sequences (padded) a micro-batch per
+    shard; -1: as few micro-batches as the batch allows."""
+    batch, dp = int(cfg.data.train_batch_size), int(cfg.derived.dp_size)
+    micro = int(cfg.data.micro_batch_size_per_gpu)
+    per_shard, n_micro = batch // dp, micro_batches(cfg)
+    packed = bool(cfg.actor_rollout_ref.model.use_remove_padding)
+    rows = (micro if micro > 0 else batch) if packed else per_shard // n_micro
+    return PassPlan("sft", packed, row_length(max_length_of(cfg.data)), rows, per_shard,
+                    ("data.micro_batch_size_per_gpu",), auto=micro == -1)
+
+
+def widest_batch(cfg: ConfigDict) -> tuple[int, int]:
+    """(prompt, response) columns of the widest batch the loader can give (``SFTLoader``: each side bucketed on its
+    own): the buckets of a prompt and a response that together fit data.max_length with the most columns, then the
+    most response columns (the vocabulary projection's)."""
+    length = max_length_of(cfg.data)
+    buckets = resolve_buckets(length, None)
+    least = {b: (buckets[i - 1] + 1 if i else 1) for i, b in enumerate(buckets)}  # the shortest side needing b
+    pairs = [(p, r) for p in buckets for r in buckets if least[p] + least[r] <= length]
+    return max(pairs, key=lambda pr: (pr[0] + pr[1], pr[1]))
+
+
+def validation_rows(cfg: ConfigDict, processes: int) -> int:
+    """Each process pads a validation batch to a multiple of this many rows (its shards times the micro-batch)."""
+    return max(int(cfg.derived.dp_size) // processes, 1) * max(int(cfg.data.micro_batch_size_per_gpu), 1)
+
+
+def validation_micro_batches(cfg: ConfigDict, local_rows: int, processes: int) -> int:
+    """Micro-batches of the validation pass over a batch of ``local_rows`` rows on each process."""
+    micro = int(cfg.data.micro_batch_size_per_gpu)
+    return local_rows // max(int(cfg.derived.dp_size) // processes, 1) // micro if micro > 0 else 1
+
+
 class SFTTrainer:
     """The SFT trainer (the ``fit_loop.Trainer`` protocol)."""
 
@@ -134,7 +174,7 @@ class SFTTrainer:
                             checkpoint_contents=(tuple(ckpt.save_contents), tuple(ckpt.load_contents), None, None))
         self.actor = actor_role(cfg, c, self.loop.total_steps, 1)
         self.loader = sft_loader(cfg.data, c.tokenizer, c.train, "train", num_epochs=None)
-        self.plan = self._plan(cfg)
+        self.plan = sft_pass_plan(cfg)
         self.rollouts = self.validator = None
         if c.val_dataset is not None:  # single-turn greedy answers, scored by the run's reward functions
             spec = self.actor.config.lora
@@ -150,18 +190,6 @@ class SFTTrainer:
                 c.val_dataset, c.val_sampling, stop, self.loop.logger, cfg.trainer.log_val_generations,
                 cfg.trainer.validation_data_dir, self.loop.is_main)
         self._planned = False
-
-    def _plan(self, cfg: ConfigDict) -> PassPlan:
-        """The update's layout. Packed rows (model.use_remove_padding, the default): no FLOPs on padding; exact
-        (same loss and gradient). ``data.micro_batch_size_per_gpu`` rows (packed) or sequences (padded) a
-        micro-batch per shard; -1: as few micro-batches as the batch allows."""
-        batch, dp = int(cfg.data.train_batch_size), int(cfg.derived.dp_size)
-        micro = int(cfg.data.micro_batch_size_per_gpu)
-        per_shard, n_micro = batch // dp, micro_batches(cfg)
-        packed = bool(cfg.actor_rollout_ref.model.use_remove_padding)
-        rows = (micro if micro > 0 else batch) if packed else per_shard // n_micro
-        return PassPlan("sft", packed, row_length(max_length_of(cfg.data)), rows, per_shard,
-                        ("data.micro_batch_size_per_gpu",), auto=micro == -1)
 
     def plan_memory(self) -> tuple[str, ...]:
         """SFT compiles its step on first use; the micro-batch size is data.micro_batch_size_per_gpu (no plan)."""
@@ -216,16 +244,15 @@ class SFTTrainer:
         """val/loss: the token mean of the trained tokens' negative log-likelihood over the validation set."""
         if self.c.val is None:
             return {}
-        dp_local = max(int(self.cfg.derived.dp_size) // jax.process_count(), 1)
-        micro = int(self.cfg.data.micro_batch_size_per_gpu)
-        loader = sft_loader(self.cfg.data, self.c.tokenizer, self.c.val, "val", row_multiple=dp_local * max(micro, 1))
+        processes = jax.process_count()
+        loader = sft_loader(self.cfg.data, self.c.tokenizer, self.c.val, "val",
+                            row_multiple=validation_rows(self.cfg, processes))
         totals = np.zeros(2)
         for b in loader:
             if self.stop.agreed():
                 return {}
             batch = self._device_batch(b)
-            per_shard = b.prompts.shape[0] // dp_local
-            n_micro = per_shard // micro if micro > 0 else 1
+            n_micro = validation_micro_batches(self.cfg, b.prompts.shape[0], processes)
             logp = self.actor.log_probs(batch, n_micro=n_micro, temperature=1.0)
             mask = batch.response_mask.astype(jnp.float32)
             totals += [float(-jnp.sum(logp * mask)), float(jnp.sum(mask))]  # global arrays: sums over every process
