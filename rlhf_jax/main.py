@@ -38,6 +38,9 @@ def main(argv: list[str] | None = None, *, restart: bool = False) -> int:
     except (KeyError, ValueError, FileNotFoundError, AttributeError) as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
+    from rlhf_jax.runtime import cpu_collectives
+
+    cpu_collectives.ensure()  # before JAX's backend starts: threads for a mesh simulated on CPU devices
     from rlhf_jax.parallel.distributed import maybe_initialize
 
     maybe_initialize()  # a no-op unless a launcher set up several processes (launch/)

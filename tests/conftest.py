@@ -10,9 +10,10 @@ import os
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
-# XLA:CPU aborts the process when a collective's participants have not all arrived within 40 s. Eight fake devices
-# share two cores with the other processes of a test run, and under that load a participant thread can wait its turn
-# that long (seen as rare "Termination timeout ... all reduce" aborts mid-suite): give them 10 minutes.
+# XLA:CPU aborts the process when a collective's participants have not all arrived within 40 s. The rare
+# "Termination timeout ... all reduce" aborts seen mid-suite were a deadlock of XLA:CPU's thread pool, now avoided
+# (rlhf_jax/runtime/cpu_collectives.py, below); eight fake devices sharing two cores with the other processes of a
+# test run can still be slow to gather, so they get 10 minutes.
 if "xla_cpu_collective_call_terminate_timeout_seconds" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] += " --xla_cpu_collective_call_terminate_timeout_seconds=600"
 # Most of a test's time is XLA:CPU compiling small programs, and most of that is LLVM optimizing the generated code
@@ -21,6 +22,11 @@ if "xla_cpu_collective_call_terminate_timeout_seconds" not in os.environ.get("XL
 # numerics are XLA's own at any level; benchmarks and real runs keep the default.
 if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] += " --xla_backend_optimization_level=0"
+# The eight devices' collectives need threads to spare in XLA:CPU's pool, or a dispatch loop that runs ahead of
+# execution deadlocks them (rlhf_jax/runtime/cpu_collectives.py); subprocesses inherit the setting.
+from rlhf_jax.runtime import cpu_collectives  # noqa: E402  (imports no JAX)
+
+cpu_collectives.ensure()
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # Many tests, and the command-line runs they start (subprocesses inherit this environment), compile the same small
 # programs: a persistent compilation cache lets each compile once per test run. The cache is a fresh directory
