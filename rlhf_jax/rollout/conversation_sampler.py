@@ -52,9 +52,9 @@ class ConversationSampler:
         self.decoded_tokens = 0  # tokens drawn by decode turns
         self.trace_count = 0
         self._shards_of: dict[Mesh, BatchShards] = {}  # one object per mesh: it is a static argument of the jits
-        # Callers on several threads (workflow clients) take this around their device work: multi-device programs
-        # dispatched from several threads at once can reach their collectives in a different order on different
-        # devices and wait for each other forever (seen on XLA:CPU with 8 devices); the counters above need it too.
+        # Callers on several threads (workflow clients) take this around their device work, which keeps the
+        # counters above consistent and batches their requests. (The waits seen on XLA:CPU with 8 devices when
+        # several threads dispatched at once were its thread pool running out: runtime/cpu_collectives.py.)
         self.device_lock = threading.Lock()
 
     @classmethod
