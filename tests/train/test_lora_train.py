@@ -100,10 +100,12 @@ def test_exports_merged_model_and_peft_adapter(run, tmp_path):
     with torch.no_grad():
         np.testing.assert_allclose(merged(input_ids=torch.tensor(ids)).logits.numpy(), ours, atol=1e-4)
         np.testing.assert_allclose(adapted(input_ids=torch.tensor(ids)).logits.numpy(), ours, atol=1e-4)
-    # The checkpoint holds the adapters, not the base weights (about twice the adapters' bytes with Orbax's metadata).
+    # The checkpoint holds the adapters, not the base weights: less than the base weights' bytes alone. (Orbax's
+    # metadata makes it about twice the adapters' bytes, more when its writes split into more files under load.)
     saved = os.path.join(out, "checkpoints", "3", "actor_params")
     size = sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(saved) for f in files)
-    assert size < 0.5 * sum(x.nbytes for x in jax.tree.leaves(trainer.actor.frozen))
+    adapters = sum(x.nbytes for x in jax.tree.leaves(trainer.actor.params))
+    assert size < sum(x.nbytes for x in jax.tree.leaves(trainer.actor.frozen)) and size < 6 * adapters, (size, adapters)
     # The export tool writes the same from the checkpoint (the base weights read from the base model).
     proc = run_tool("rlhf_jax.export", "--checkpoint", os.path.join(out, "checkpoints"), "--out", str(tmp_path / "x"),
                     env={"JAX_PLATFORMS": "cpu"}, timeout=300)
