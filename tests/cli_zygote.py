@@ -22,7 +22,6 @@ killed by that signal, as ``subprocess`` reports it). The server ends when its s
 
 from __future__ import annotations
 
-import gc
 import importlib
 import json
 import os
@@ -120,9 +119,6 @@ def _exit_without_finalizing(code: int) -> None:
 
 def serve() -> None:
     preface = preload()
-    # The preloaded objects are the children's, shared page by page until written: keep the collector (whose
-    # reference updates write) from walking them in every child.
-    gc.freeze()
     from jax._src import xla_bridge
 
     assert not xla_bridge._backends, "a preloaded library created a JAX backend; children could not set XLA_FLAGS"
