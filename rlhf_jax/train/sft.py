@@ -150,15 +150,19 @@ def widest_batch(cfg: ConfigDict) -> tuple[int, int]:
     return max(pairs, key=lambda pr: (pr[0] + pr[1], pr[1]))
 
 
+def _local_shards(cfg: ConfigDict, processes: int) -> int:
+    return max(int(cfg.derived.dp_size) // processes, 1)
+
+
 def validation_rows(cfg: ConfigDict, processes: int) -> int:
     """Each process pads a validation batch to a multiple of this many rows (its shards times the micro-batch)."""
-    return max(int(cfg.derived.dp_size) // processes, 1) * max(int(cfg.data.micro_batch_size_per_gpu), 1)
+    return _local_shards(cfg, processes) * max(int(cfg.data.micro_batch_size_per_gpu), 1)
 
 
 def validation_micro_batches(cfg: ConfigDict, local_rows: int, processes: int) -> int:
     """Micro-batches of the validation pass over a batch of ``local_rows`` rows on each process."""
     micro = int(cfg.data.micro_batch_size_per_gpu)
-    return local_rows // max(int(cfg.derived.dp_size) // processes, 1) // micro if micro > 0 else 1
+    return local_rows // _local_shards(cfg, processes) // micro if micro > 0 else 1
 
 
 class SFTTrainer:
