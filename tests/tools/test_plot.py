@@ -5,7 +5,7 @@ import struct
 
 import numpy as np
 
-from rlhf_jax.plot import DPI, FIGSIZE_IN, read_metrics, series
+from rlhf_jax.plot import DPI, FIGSIZE_IN, panel_lines, read_metrics, series
 from tests.train.helpers import run_tool
 
 
@@ -60,3 +60,43 @@ def test_a_directory_without_metrics_is_one_line(tmp_path):
     (tmp_path / "metrics.jsonl").write_text('{"step": 1}\nnot json\n')
     proc = run_tool("rlhf_jax.plot", str(tmp_path), timeout=300)
     assert proc.returncode == 2 and "line 2" in proc.stderr
+
+
+def _write_run(path, seed: int, steps: int = 8) -> None:
+    rng = np.random.default_rng(seed)
+    path.mkdir()
+    with open(path / "metrics.jsonl", "w") as f:
+        for step in range(0, steps + 1):
+            record = {"step": step}
+            if step % 4 == 0:
+                record["val-core/gsm8k/reward/mean@1"] = float(rng.uniform())
+            if step > 0 and step != 3 + seed:  # each run misses a different step of the training reward
+                record["critic/score/mean"] = float(rng.uniform())
+            f.write(json.dumps(record) + "\n")
+
+
+def test_several_runs_draw_one_line_each_and_their_mean(tmp_path):
+    runs = [tmp_path / f"seed{seed}" for seed in range(3)]
+    for seed, run in enumerate(runs):
+        _write_run(run, seed)
+    loaded = [(run.name, read_metrics(str(run / "metrics.jsonl"))) for run in runs]
+    val = panel_lines(loaded, ("val-core/",))
+    assert [line.label for line in val] == ["seed0", "seed1", "seed2", "mean of 3"]
+    assert [line.is_mean for line in val] == [False, False, False, True]
+    expected = np.mean([line.values for line in val[:3]], axis=0)  # every run has steps 0, 4, 8
+    assert val[3].steps == [0, 4, 8] and np.allclose(val[3].values, expected, rtol=1e-12)
+    reward = panel_lines(loaded, ("critic/score/mean",))
+    mean = reward[-1]
+    assert mean.is_mean and mean.steps == [1, 2, 6, 7, 8]  # steps 3, 4 and 5 are each missing from one run
+    for i, step in enumerate(mean.steps):
+        values = [dict(zip(line.steps, line.values))[step] for line in reward[:3]]
+        assert abs(mean.values[i] - sum(values) / 3) < 1e-12
+    # the command: several directories, one picture in their common parent
+    proc = run_tool("rlhf_jax.plot", *map(str, runs), timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == str(tmp_path / "curves.png")
+    assert _png_size(str(tmp_path / "curves.png")) == (int(FIGSIZE_IN[0] * DPI), int(FIGSIZE_IN[1] * DPI))
+    # one run among them without metrics: one line naming it
+    (tmp_path / "empty").mkdir()
+    proc = run_tool("rlhf_jax.plot", str(runs[0]), str(tmp_path / "empty"), timeout=300)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "empty" in proc.stderr
