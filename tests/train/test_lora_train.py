@@ -167,8 +167,9 @@ def test_lora_actor_in_ppo_with_padded_passes(tmp_path):
 
 
 def test_lora_on_moe_trains_only_the_adapters(tmp_path):
-    """A Qwen3-MoE actor (a dense layer, a sparse one) under LoRA all-linear: one GRPO step moves the attention,
-    router and per-expert adapters and no base weight; the sampler's merged weights fold every expert's delta."""
+    """A Qwen3-MoE actor (a dense layer, a sparse one) under LoRA all-linear, replaying the sampler's routes (R3):
+    one GRPO step moves the attention, router and per-expert adapters and no base weight; the sampler's merged
+    weights fold every expert's delta."""
     from tests.train.helpers import tiny_hf_checkpoint
 
     model_dir = tiny_hf_checkpoint("Qwen3MoeConfig", "Qwen3MoeForCausalLM", str(tmp_path / "moe"), num_experts=8,
@@ -176,9 +177,11 @@ def test_lora_on_moe_trains_only_the_adapters(tmp_path):
                                    mlp_only_layers=[1], initializer_range=0.1)
     trainer = Trainer(make_config(str(tmp_path / "run"), "grpo", **{**LORA,
         "actor_rollout_ref.model.path": model_dir, "actor_rollout_ref.actor.use_kl_loss": False,
-        "trainer.total_training_steps": 1, "mesh.data": 1, "mesh.expert": 2}))
+        "trainer.total_training_steps": 1, "mesh.data": 1, "mesh.expert": 2,
+        "actor_rollout_ref.actor.router_replay.mode": "R3"}))
     before = _host(trainer.actor.state())
-    trainer.fit()
+    last = trainer.fit()
+    assert np.isfinite(last["actor/pg_loss"])
     after = _host(trainer.actor.state())
     for p in before:
         if not lora.is_adapter(p):
