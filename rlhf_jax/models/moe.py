@@ -4,6 +4,8 @@ Each token is routed to its ``num_experts_per_tok`` most probable experts, or re
 sorted by expert so that each expert's tokens form one contiguous group, and every projection is one
 ``jax.lax.ragged_dot`` over those groups: every pair is computed (no capacity, nothing dropped) and no
 FLOPs go to experts a token did not pick. Qwen2-MoE adds a dense shared expert scaled by a sigmoid gate.
+Under LoRA each expert has its own adapters, run as two more grouped products over the same groups; the router
+and the shared-expert gate have plain ones (which modules PEFT adapts in each family: ``models/lora_targets.py``).
 
 The block also returns the router's statistics over the real (unpadded) tokens, from which
 ``load_balancing_loss`` forms transformers' auxiliary loss and the trainer its per-expert load metrics.
