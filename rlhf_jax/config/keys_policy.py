@@ -87,8 +87,8 @@ MODEL = (
         "the reference is the base model with the adapters off.", check=at_least(0, " (0 = no LoRA)")),
     Key(A + "model.lora_alpha", 16.0, "LoRA scaling: adapters are scaled by lora_alpha / lora_rank (PEFT's meaning)."),
     Key(A + "model.target_modules", ("all-linear",),
-        "Projections that get adapters: all-linear (every q/k/v/o and gate/up/down projection) or names among "
-        "q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj.", type=tuple),
+        "Modules that get adapters, as PEFT reads them: all-linear or names (q_proj ... down_proj; MoE: gate, "
+        "shared_expert_gate). On MoE models see docs/models.md.", type=tuple),
     Key(A + "model.lora_adapter_path", None,
         "A PEFT adapter directory (adapter_config.json + adapter_model.safetensors) to start from; its r, "
         "lora_alpha and target_modules must equal the keys above.", type=str),

@@ -130,16 +130,14 @@ def filter_groups_one_process(cfg: ConfigDict, ctx: Context) -> None:
 
 
 @rule("actor_rollout_ref.actor.router_replay.mode", _MT + "enable", "algorithm.filter_groups.enable",
-      "mesh.rollout_devices", "actor_rollout_ref.model.lora_rank", "algorithm.rollout_correction.bypass_mode",
+      "mesh.rollout_devices", "algorithm.rollout_correction.bypass_mode",
       "distillation.enabled")
 def router_replay_combinations(cfg: ConfigDict, ctx: Context) -> None:
-    """Routing replay: no LoRA; R2 records in the old-log-prob pass (no bypass), R3 in the training mesh's sampler."""
+    """Routing replay: R2 records in the old-log-prob pass (no bypass), R3 in the training mesh's sampler."""
     mode = cfg.actor_rollout_ref.actor.router_replay.mode
     if mode == "disabled":
         return
     key = f"actor_rollout_ref.actor.router_replay.mode={mode}"
-    if cfg.actor_rollout_ref.model.lora_rank:
-        raise ValueError(f"{key} with actor_rollout_ref.model.lora_rank is not supported (LoRA adapts dense models)")
     if mode == "R2" and cfg.algorithm.rollout_correction.bypass_mode:
         raise ValueError(f"{key} with algorithm.rollout_correction.bypass_mode is not supported (R2 records routes "
                          "in the old-log-prob pass, which bypass mode skips): use mode=R3")

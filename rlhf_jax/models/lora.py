@@ -6,7 +6,9 @@ A projection ``W`` (our layout: input dims..., output dims...) with an adapter c
 (Kaiming-uniform, bound ``1 / sqrt(fan_in)``) and ``B`` at zero, so a fresh adapter changes
 nothing. The adapters live next to the weight they modify as ``<proj>_lora_a`` / ``<proj>_lora_b``
 and carry its logical axes (rank axis replicated), so they shard like it; ``lora_layers`` creates them inside the
-layers and computes their low-rank path.
+layers and computes their low-rank path. Stacked expert weights (X, in, out) get per-expert adapters ``A`` (X, in, R)
+and ``B`` (X, R, out...), expert axis leading (``models/moe.py``); which modules a ``target_modules`` list adapts in
+each family, and how PEFT names them, is ``models/lora_targets.py``.
 
 ``merged_state`` folds the adapters into the weights (``W + scale * A B``) and returns the plain
 model's state: what the sampler and the Hugging Face export use.
@@ -24,39 +26,20 @@ from flax import nnx
 
 from rlhf_jax.models.hf_import import build_abstract
 from rlhf_jax.models.lora_layers import SUFFIX_A, SUFFIX_B
+from rlhf_jax.models.lora_targets import ALL_LINEAR, ALL_TARGETS, PROJECTIONS, resolve_targets  # noqa: F401
 from rlhf_jax.models.sharding import variable_sharding
 from rlhf_jax.parallel.mesh import DEFAULT_RULES
-
-PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-ALL_LINEAR = "all-linear"
 
 
 @dataclasses.dataclass(frozen=True)
 class LoraSpec:
     rank: int
     alpha: float
-    targets: tuple[str, ...]  # projection names, a subset of PROJECTIONS
+    targets: tuple[str, ...]  # our target names (models/lora_targets.py), in ALL_TARGETS order
 
     @property
     def scale(self) -> float:
         return float(self.alpha) / self.rank
-
-
-def resolve_targets(target_modules, key: str = "target_modules") -> tuple[str, ...]:
-    """``all-linear`` (every projection of the decoder layers, PEFT's meaning: not the output head) or a list of
-    projection names; an unknown name is an error naming ``key``."""
-    names = (target_modules,) if isinstance(target_modules, str) else tuple(target_modules or ())
-    if not names:
-        raise ValueError(f"{key} is empty: give all-linear or projection names ({', '.join(PROJECTIONS)})")
-    if ALL_LINEAR in names:
-        if len(names) > 1:
-            raise ValueError(f"{key}={list(names)}: all-linear stands alone")
-        return PROJECTIONS
-    unknown = [n for n in names if n not in PROJECTIONS]
-    if unknown:
-        raise ValueError(f"{key}: no module named {', '.join(map(repr, unknown))} in the decoder; "
-                         f"choose all-linear or from {', '.join(PROJECTIONS)}")
-    return tuple(n for n in PROJECTIONS if n in names)
 
 
 def is_adapter(path: tuple) -> bool:
@@ -78,17 +61,40 @@ def path_key(path: tuple) -> str:
     return "/".join(map(str, path))
 
 
+def expert_delta(a: jax.Array, b: jax.Array, scale: float) -> jax.Array:
+    """``scale * A_x B_x`` for every expert x: A (X, in, r), B (X, r, out dims...) -> (X, in, out dims...), float32."""
+    return jnp.einsum("xir,xr...->xi...", a.astype(jnp.float32), b.astype(jnp.float32)) * scale
+
+
+def _deltas(flat: dict, spec: LoraSpec):
+    """(weight path, float32 delta) of every adapted weight. The experts' fused gate_up adapter has outputs (2, F):
+    its delta's [..., 0, :] goes to ``gate_proj``, [..., 1, :] to ``up_proj``."""
+    for path, a in flat.items():
+        leaf = str(path[-1])
+        if not leaf.endswith(SUFFIX_A):
+            continue
+        name = leaf[: -len(SUFFIX_A)]
+        b = flat[path[:-1] + (name + SUFFIX_B,)].get_value()
+        if len(path) > 1 and str(path[-2]) == "experts":
+            d = expert_delta(a.get_value(), b, spec.scale)
+            if name == "gate_up_proj":
+                yield path[:-1] + ("gate_proj",), d[:, :, 0]
+                yield path[:-1] + ("up_proj",), d[:, :, 1]
+            else:
+                yield path[:-1] + (name,), d
+        else:
+            yield path[:-1] + (name,), delta(a.get_value(), b, spec.scale)
+
+
 def merged_weights(state: nnx.State, spec: LoraSpec) -> dict[str, jax.Array]:
-    """``W + scale * A B`` (in the weight's dtype) of every adapted weight, by ``path_key``. A pure function: jitted,
-    it computes only the adapted weights (a jitted function that returned the untouched ones would copy them)."""
+    """``W + scale * A B`` (in the weight's dtype) of every adapted weight, by ``path_key``; per expert for the
+    experts' stacked weights. A pure function: jitted, it computes only the adapted weights (a jitted function that
+    returned the untouched ones would copy them)."""
     flat = dict(nnx.to_flat_state(state))
     out = {}
-    for path, var in flat.items():
-        a = flat.get(path[:-1] + (str(path[-1]) + SUFFIX_A,))
-        if a is not None and not is_adapter(path):
-            b = flat[path[:-1] + (str(path[-1]) + SUFFIX_B,)]
-            w = var.get_value()
-            out[path_key(path)] = (w.astype(jnp.float32) + delta(a.get_value(), b.get_value(), spec.scale)).astype(w.dtype)
+    for path, d in _deltas(flat, spec):
+        w = flat[path].get_value()
+        out[path_key(path)] = (w.astype(jnp.float32) + d).astype(w.dtype)
     return out
 
 
@@ -125,8 +131,6 @@ def with_adapters(model: nnx.Module, spec: LoraSpec, mesh, rules=None, seed: int
     cfg = model.config
     if cfg.lora is not None:
         raise ValueError("the model has adapters already")
-    if cfg.num_experts:
-        raise ValueError("LoRA on Mixture-of-Experts models is not supported (actor_rollout_ref.model.lora_rank)")
     lora_cfg = cfg.replace(lora=spec)
     graphdef, abstract = nnx.split(build_abstract(lora_cfg, model.task))
     _, base = nnx.split(model)
@@ -136,7 +140,8 @@ def with_adapters(model: nnx.Module, spec: LoraSpec, mesh, rules=None, seed: int
     for path, var in nnx.to_flat_state(abstract):
         if is_adapter(path):
             shape, dtype = var.get_value().shape, var.get_value().dtype
-            host = fresh_adapter(rng, shape, str(path[-1]).endswith(SUFFIX_A)).astype(dtype)
+            host = fresh_adapter(rng, shape, str(path[-1]).endswith(SUFFIX_A), var.get_metadata().get("logical_axes"))
+            host = host.astype(dtype)
             value = jax.make_array_from_callback(shape, variable_sharding(var, mesh, rules), lambda idx, h=host: h[idx])
             out.append((path, var.replace(value=value)))
         else:
@@ -144,9 +149,12 @@ def with_adapters(model: nnx.Module, spec: LoraSpec, mesh, rules=None, seed: int
     return nnx.merge(graphdef, nnx.from_flat_state(out))
 
 
-def fresh_adapter(rng: np.random.Generator, shape: tuple[int, ...], is_a: bool) -> np.ndarray:
-    """PEFT's initialisation on the host: A Kaiming-uniform (bound 1 / sqrt(fan_in)), B zero."""
+def fresh_adapter(rng: np.random.Generator, shape: tuple[int, ...], is_a: bool, axes=None) -> np.ndarray:
+    """PEFT's initialisation on the host: A Kaiming-uniform (bound 1 / sqrt(fan_in), the fan-in of one expert for
+    stacked expert adapters, whose leading logical axis is ``expert``), B zero."""
     if not is_a:
         return np.zeros(shape, np.float32)
-    bound = 1.0 / math.sqrt(math.prod(shape[:-1]))
+    axes = tuple(axes) if axes else (None,) * len(shape)
+    fan_in = math.prod(n for n, axis in zip(shape[:-1], axes[:-1]) if axis != "expert")
+    bound = 1.0 / math.sqrt(fan_in)
     return rng.uniform(-bound, bound, shape).astype(np.float32)

@@ -12,6 +12,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from rlhf_jax.models.lora_targets import rank_of
+
 SUFFIX_A, SUFFIX_B = "_lora_a", "_lora_b"
 
 
@@ -32,6 +34,33 @@ def add_adapters(module: nnx.Module, cfg, rngs: nnx.Rngs | None, shapes: dict) -
         setattr(module, name + SUFFIX_A, nnx.Param(a, logical_axes=tuple(in_axes) + (None,)))
         b = jnp.zeros((spec.rank,) + out_shape, cfg.param_dtype)
         setattr(module, name + SUFFIX_B, nnx.Param(b, logical_axes=(None,) + tuple(out_axes)))
+
+
+def add_expert_adapters(module: nnx.Module, cfg, rngs: nnx.Rngs | None, shapes: dict) -> None:
+    """Per-expert adapters of ``module``'s targeted stacked expert projections: ``A`` (X, in, R) and ``B``
+    (X, R, out dims...), the expert axis leading as on the weights (so expert parallelism shards them alike).
+
+    ``shapes``: target name -> (attribute name, X, in size, output shape, in logical axis, output logical axes).
+    """
+    spec = cfg.lora
+    if spec is None:
+        return
+    for target, (name, X, fan_in, out_shape, in_axis, out_axes) in shapes.items():
+        if target not in spec.targets:
+            continue
+        rank, bound = rank_of(target, spec.rank), 1.0 / math.sqrt(fan_in)  # PEFT's bound: per expert's fan-in
+        a = jax.random.uniform(rngs.params(), (X, fan_in, rank), cfg.param_dtype, -bound, bound)
+        setattr(module, name + SUFFIX_A, nnx.Param(a, logical_axes=("expert", in_axis, None)))
+        b = jnp.zeros((X, rank) + tuple(out_shape), cfg.param_dtype)
+        setattr(module, name + SUFFIX_B, nnx.Param(b, logical_axes=("expert", None) + tuple(out_axes)))
+
+
+def expert_factors(module: nnx.Module, cfg, name: str) -> tuple[jax.Array, jax.Array] | None:
+    """(A, B) of expert projection ``name`` in the compute dtype, None without an adapter."""
+    if cfg.lora is None or not hasattr(module, name + SUFFIX_A):
+        return None
+    dt = cfg.dtype
+    return getattr(module, name + SUFFIX_A)[...].astype(dt), getattr(module, name + SUFFIX_B)[...].astype(dt)
 
 
 def low_rank(module: nnx.Module, cfg, name: str, x: jax.Array, in_ndim: int,

@@ -4,6 +4,8 @@ Each token is routed to its ``num_experts_per_tok`` most probable experts, or re
 sorted by expert so that each expert's tokens form one contiguous group, and every projection is one
 ``jax.lax.ragged_dot`` over those groups: every pair is computed (no capacity, nothing dropped) and no
 FLOPs go to experts a token did not pick. Qwen2-MoE adds a dense shared expert scaled by a sigmoid gate.
+Under LoRA each expert has its own adapters, run as two more grouped products over the same groups; the router
+and the shared-expert gate have plain ones (which modules PEFT adapts in each family: ``models/lora_targets.py``).
 
 The block also returns the router's statistics over the real (unpadded) tokens, from which
 ``load_balancing_loss`` forms transformers' auxiliary loss and the trainer its per-expert load metrics.
@@ -25,8 +27,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from rlhf_jax.models import lora_layers
 from rlhf_jax.models.config import ModelConfig
 from rlhf_jax.models.layers import ACTIVATION_FNS, MLP, param
+from rlhf_jax.models.lora_targets import EXPERT_DOWN, EXPERT_GATE_UP, ROUTER, SHARED_GATE
 
 
 @jax.tree_util.register_dataclass
@@ -71,17 +75,34 @@ def router_stats(probs_NX: jax.Array, ids_NK: jax.Array, valid_N: jax.Array) -> 
     return RouterStats(jax.lax.stop_gradient(counts), jnp.sum(probs_NX * valid[:, None], axis=0), jnp.sum(valid))
 
 
-def grouped_experts(x_NE, ids_NK, weights_NK, gate_XEF, up_XEF, down_XFE, act, dtype) -> jax.Array:
-    """sum_k weights[n, k] * expert_{ids[n, k]}(x[n]) for every token, dropless, (N, E)."""
+def grouped_experts(x_NE, ids_NK, weights_NK, gate_XEF, up_XEF, down_XFE, act, dtype, adapters=None,
+                    scale: float = 1.0) -> jax.Array:
+    """sum_k weights[n, k] * expert_{ids[n, k]}(x[n]) for every token, dropless, (N, E).
+
+    ``adapters``: LoRA factors per expert, ``{"gate_up_proj": (A (X, E, R), B (X, R, 2, F)), "down_proj": (A (X, F,
+    r), B (X, r, E))}`` (either may be absent): each adds ``scale * (x A_x) B_x`` to its projection, as two grouped
+    products over the same groups (no per-token W + A B is formed).
+    """
     N, K = ids_NK.shape
     X = gate_XEF.shape[0]
+    adapters = adapters or {}
     flat = ids_NK.reshape(-1)
     order = jnp.argsort(flat, stable=True)  # pairs grouped by expert
     sizes = jnp.bincount(flat, length=X).astype(jnp.int32)
     xs = jnp.take(x_NE, order // K, axis=0)  # (N*K, E)
     gate = jax.lax.ragged_dot(xs, gate_XEF.astype(dtype), sizes)
     up = jax.lax.ragged_dot(xs, up_XEF.astype(dtype), sizes)
-    ys = jax.lax.ragged_dot(act(gate) * up, down_XFE.astype(dtype), sizes)  # (N*K, E), sorted
+    if "gate_up_proj" in adapters:
+        a, b = adapters["gate_up_proj"]
+        h = jax.lax.ragged_dot(xs, a.astype(dtype), sizes) * jnp.asarray(scale, dtype)  # (N*K, R)
+        gate = gate + jax.lax.ragged_dot(h, b[:, :, 0].astype(dtype), sizes)
+        up = up + jax.lax.ragged_dot(h, b[:, :, 1].astype(dtype), sizes)
+    hidden = act(gate) * up
+    ys = jax.lax.ragged_dot(hidden, down_XFE.astype(dtype), sizes)  # (N*K, E), sorted
+    if "down_proj" in adapters:
+        a, b = adapters["down_proj"]
+        h = jax.lax.ragged_dot(hidden, a.astype(dtype), sizes) * jnp.asarray(scale, dtype)
+        ys = ys + jax.lax.ragged_dot(h, b.astype(dtype), sizes)
     inverse = jnp.argsort(order)  # back to (token, choice) order: a gather, not a scatter-add
     ys = jnp.take(ys, inverse, axis=0).reshape(N, K, -1)
     return jnp.einsum("nke,nk->ne", ys, weights_NK.astype(dtype))
@@ -92,9 +113,20 @@ class Experts(nnx.Module):
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs | None):
         X, E, F, pd = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size, cfg.param_dtype
+        self.cfg = cfg
         self.gate_proj = param(rngs, (X, E, F), ("expert", "embed", "mlp"), pd)
         self.up_proj = param(rngs, (X, E, F), ("expert", "embed", "mlp"), pd)
         self.down_proj = param(rngs, (X, F, E), ("expert", "mlp", "embed"), pd)
+        # LoRA as PEFT's ParamWrapper on transformers' fused gate_up_proj (gate and up share one rank-2r adapter,
+        # B's outputs (2, F): gate, up) and on down_proj; see models/lora_targets.py.
+        lora_layers.add_expert_adapters(self, cfg, rngs, {
+            EXPERT_GATE_UP: ("gate_up_proj", X, E, (2, F), "embed", (None, "mlp")),
+            EXPERT_DOWN: ("down_proj", X, F, (E,), "mlp", ("embed",))})
+
+    def adapters(self) -> dict:
+        """The LoRA factors ``grouped_experts`` takes (empty without adapters)."""
+        found = {name: lora_layers.expert_factors(self, self.cfg, name) for name in ("gate_up_proj", "down_proj")}
+        return {name: ab for name, ab in found.items() if ab is not None}
 
 
 class SparseMoeBlock(nnx.Module):
@@ -108,6 +140,15 @@ class SparseMoeBlock(nnx.Module):
         if cfg.shared_expert_intermediate_size:
             self.shared_expert = MLP(cfg, width=cfg.shared_expert_intermediate_size, rngs=rngs)
             self.shared_expert_gate = param(rngs, (cfg.hidden_size, 1), ("embed", None), cfg.param_dtype)
+        lora_layers.add_adapters(self, cfg, rngs, {
+            ROUTER: ((cfg.hidden_size,), (cfg.num_experts,), ("embed",), (None,)),
+            SHARED_GATE: ((cfg.hidden_size,), (1,), ("embed",), (None,))})
+
+    def _linear(self, x_NE: jax.Array, name: str) -> jax.Array:
+        """``x`` through the router or the shared-expert gate, with its LoRA path when adapted."""
+        y = x_NE @ getattr(self, name)[...].astype(self.cfg.dtype)
+        adapter = lora_layers.low_rank(self, self.cfg, name, x_NE, 1)
+        return y if adapter is None else y + adapter
 
     def __call__(self, x_BTE: jax.Array, valid_BT: jax.Array | None = None, routes_BTK: jax.Array | None = None):
         """(output (B, T, E), RouterStats over the tokens where ``valid_BT`` holds or None without it, the expert
@@ -116,15 +157,15 @@ class SparseMoeBlock(nnx.Module):
         B, T, E = x_BTE.shape
         K = cfg.num_experts_per_tok
         x = x_BTE.reshape(B * T, E)
-        logits = x @ self.gate[...].astype(dt)
+        logits = self._linear(x, ROUTER)
         forced = None if routes_BTK is None else routes_BTK.reshape(B * T, K)
         probs, weights, ids = route(logits, K, cfg.norm_topk_prob, forced)
         # transformers casts the routing weights back to the hidden dtype before weighting the experts.
         ex = self.experts
         out = grouped_experts(x, ids, weights.astype(dt), ex.gate_proj[...], ex.up_proj[...], ex.down_proj[...],
-                              ACTIVATION_FNS[cfg.hidden_act], dt)
+                              ACTIVATION_FNS[cfg.hidden_act], dt, ex.adapters(), cfg.lora.scale if cfg.lora else 1.0)
         if cfg.shared_expert_intermediate_size:
-            shared_gate = jax.nn.sigmoid(x @ self.shared_expert_gate[...].astype(dt))
+            shared_gate = jax.nn.sigmoid(self._linear(x, SHARED_GATE))
             out = out + shared_gate * self.shared_expert(x)
         stats = None if valid_BT is None else router_stats(probs, ids, valid_BT.reshape(B * T))
         return out.reshape(B, T, E), stats, ids.reshape(B, T, K).astype(jnp.int32)

@@ -51,10 +51,8 @@ def model_config(cfg: ConfigDict, hf: dict, role: str):
     remat = role_cfg.remat_policy if role != "ref" and role_cfg.enable_gradient_checkpointing else "none"
     out = models.from_hf_dict(hf, dtype=DTYPES[m.compute_dtype], param_dtype=DTYPES[m.dtype], remat=remat,
                               attn_impl=m.attn_implementation)
-    spec = lora_spec(cfg) if role == "actor" else None
+    spec = lora_spec(cfg, out) if role == "actor" else None
     if spec is not None:
-        if out.num_experts:
-            raise ValueError("actor_rollout_ref.model.lora_rank: LoRA on Mixture-of-Experts models is not supported")
         out = out.replace(lora=spec)
     return out
 

@@ -183,15 +183,16 @@ def sampler_graphdef(cfg: ConfigDict, model_config, task: str, graphdef=None):
 LORA_KEY = "actor_rollout_ref.model."
 
 
-def lora_spec(cfg: ConfigDict):
-    """The actor's ``models.lora.LoraSpec`` (None when ``lora_rank`` is 0)."""
+def lora_spec(cfg: ConfigDict, model_cfg=None):
+    """The actor's ``models.lora.LoraSpec`` (None when ``lora_rank`` is 0); ``target_modules`` means what PEFT makes
+    of it on ``model_cfg``'s family (a ``ModelConfig``; None: a dense decoder)."""
     from rlhf_jax.models import lora
 
     m = cfg.actor_rollout_ref.model
     if not m.lora_rank:
         return None
     return lora.LoraSpec(int(m.lora_rank), float(m.lora_alpha),
-                         lora.resolve_targets(m.target_modules, key=LORA_KEY + "target_modules"))
+                         lora.resolve_targets(m.target_modules, key=LORA_KEY + "target_modules", model_cfg=model_cfg))
 
 
 def actor_trainable(cfg: ConfigDict, model_path: str):
@@ -204,22 +205,20 @@ def actor_trainable(cfg: ConfigDict, model_path: str):
     from rlhf_jax.train import freeze
 
     freeze_spec = freeze.FreezeSpec.from_config(cfg.actor_rollout_ref.actor.freeze)
-    spec = lora_spec(cfg)
-    if spec is None and not freeze_spec.active:
+    if not cfg.actor_rollout_ref.model.lora_rank and not freeze_spec.active:
         return None
     model_cfg = models.from_hf_dict(models.load_hf_config(model_path))
+    spec = lora_spec(cfg, model_cfg)
     if spec is not None:
         if freeze_spec.active:
             raise ValueError(f"{LORA_KEY}lora_rank={spec.rank} trains only the adapters: unset "
                              f"{freeze.KEY}* (the base weights are frozen already)")
-        if model_cfg.num_experts:
-            raise ValueError(f"{LORA_KEY}lora_rank: LoRA on Mixture-of-Experts models is not supported")
         if model_cfg.model_type == "phi3":
             raise ValueError(f"{LORA_KEY}lora_rank: LoRA on Phi-3 (fused qkv_proj / gate_up_proj) is not supported")
         adapter = cfg.actor_rollout_ref.model.lora_adapter_path
         if adapter:
             try:
-                found = lora_peft.spec_from_config(lora_peft.read_config(adapter))
+                found = lora_peft.spec_from_config(lora_peft.read_config(adapter), model_cfg)
             except ValueError as e:
                 raise ValueError(f"{LORA_KEY}lora_adapter_path: {e}") from None
             if found != spec:
@@ -238,7 +237,7 @@ def load_actor(cfg: ConfigDict, model_path: str, mesh, rules):
 
     shared = cfg.critic.enable and cfg.critic.shared_trunk
     model = load_policy(cfg, model_path, mesh, rules, task=TASK_CAUSAL_LM_VALUE if shared else None)
-    spec = lora_spec(cfg)
+    spec = lora_spec(cfg, model.config)
     if spec is None:
         return model
     model = lora.with_adapters(model, spec, mesh, rules, seed=int(cfg.trainer.seed))

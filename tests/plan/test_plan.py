@@ -14,7 +14,7 @@ import pytest
 
 from rlhf_jax.plan import TARGETS, format_table, plan_run
 from rlhf_jax.plan.targets import target
-from tests.train.helpers import cpu_devices_flags, load_recipe, run_tool
+from tests.train.helpers import cpu_devices_flags, load_recipe, make_config, run_tool
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -150,3 +150,15 @@ def test_offloaded_parameters_and_optimizer_state_are_planned_as_host_memory():
 def test_offload_compiles_for_a_gpu_node():
     plan = plan_run(_offloaded(True), "h100-8")  # compile-only GPU devices have no host memory kind: planned as device
     assert [p.name for p in plan.programs] == ["sampler", "ref", "update_actor"] and plan.fits
+
+
+def test_lora_on_a_moe_model_plans_locally(hf_checkpoint, tmp_path):
+    """LoRA on a tiny Qwen3-MoE (8 CPU devices: fsdp 2 x tensor 2 x expert 2): the merge of the per-expert adapters,
+    the sampler and the adapters' update compile."""
+    path, _ = hf_checkpoint("qwen3_moe")
+    cfg = make_config(str(tmp_path), "grpo", **{"actor_rollout_ref.model.path": path,
+                                                "actor_rollout_ref.model.lora_rank": 4, "mesh.data": 1, "mesh.expert": 2})
+    plan = plan_run(cfg, "local")
+    names = [p.name for p in plan.programs]
+    assert names[0] == "lora_merge" and "update_actor" in names, names
+    assert plan.fits and all(p.argument_bytes > 0 for p in plan.programs)

@@ -164,3 +164,39 @@ def test_lora_actor_in_ppo_with_padded_passes(tmp_path):
     assert not jax.tree.leaves(trainer.critic.frozen) and not any(lora.is_adapter(p) for p in critic_before)
     critic_after = _host(trainer.critic.state())
     assert any(not np.array_equal(critic_after[p], v) for p, v in critic_before.items())
+
+
+def test_lora_on_moe_trains_only_the_adapters(tmp_path):
+    """A Qwen3-MoE actor (a dense layer, a sparse one) under LoRA all-linear, replaying the sampler's routes (R3):
+    one GRPO step moves the attention, router and per-expert adapters and no base weight; the sampler's merged
+    weights fold every expert's delta."""
+    from tests.train.helpers import tiny_hf_checkpoint
+
+    model_dir = tiny_hf_checkpoint("Qwen3MoeConfig", "Qwen3MoeForCausalLM", str(tmp_path / "moe"), num_experts=8,
+                                   num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True,
+                                   mlp_only_layers=[1], initializer_range=0.1)
+    trainer = Trainer(make_config(str(tmp_path / "run"), "grpo", **{**LORA,
+        "actor_rollout_ref.model.path": model_dir, "actor_rollout_ref.actor.use_kl_loss": False,
+        "trainer.total_training_steps": 1, "mesh.data": 1, "mesh.expert": 2,
+        "actor_rollout_ref.actor.router_replay.mode": "R3"}))
+    before = _host(trainer.actor.state())
+    last = trainer.fit()
+    assert np.isfinite(last["actor/pg_loss"])
+    after = _host(trainer.actor.state())
+    for p in before:
+        if not lora.is_adapter(p):
+            np.testing.assert_array_equal(after[p], before[p], err_msg=str(p))
+    moved = {".".join(map(str, p[3:])) for p in before if str(p[-1]).endswith("_lora_b")
+             and not np.array_equal(after[p], before[p])}
+    assert {"self_attn.q_proj_lora_b", "mlp.gate_lora_b", "mlp.experts.gate_up_proj_lora_b",
+            "mlp.experts.down_proj_lora_b"} <= moved, moved
+    assert not any("mlp.gate_proj" in m for m in moved)  # layer 1's dense MLP has no adapter (PEFT's meaning)
+    sampler = dict(nnx.to_flat_state(trainer.rollouts._sampler_params()))
+    base = dict(nnx.to_flat_state(trainer.actor.frozen))
+    experts = ("model", "layers", 0, "mlp", "experts")
+    a, b = (trainer.actor.model().model.layers[0].mlp.experts.gate_up_proj_lora_a[...],
+            trainer.actor.model().model.layers[0].mlp.experts.gate_up_proj_lora_b[...])
+    expected = np.asarray(base[experts + ("up_proj",)].get_value()) + trainer.actor.config.lora.scale * np.einsum(
+        "xer,xrf->xef", np.asarray(a), np.asarray(b)[:, :, 1])
+    np.testing.assert_allclose(np.asarray(sampler[experts + ("up_proj",)].get_value()), expected, atol=1e-6)
+    trainer.close()
