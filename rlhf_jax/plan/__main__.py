@@ -39,6 +39,9 @@ def main(argv: list[str] | None = None) -> int:
             from rlhf_jax.plan.targets import target
 
             target(name)  # an unknown name fails here, before anything is imported or compiled
+            # Compiling needs no accelerator: without one, the CUDA plugin's version check (run when JAX starts,
+            # whatever the target) would print a traceback of a missing driver.
+            os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
         from rlhf_jax.config import load_config_from_argv
 
         cfg = load_config_from_argv(argv, default=DEFAULT_RECIPE if os.path.exists(DEFAULT_RECIPE) else None)
