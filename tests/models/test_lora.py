@@ -99,23 +99,34 @@ def test_peft_saved_adapter_loads_with_equal_logits(hf_checkpoint, tmp_path, tar
     np.testing.assert_array_less(np.abs(_logits(model, ids, mask) - expected)[real].max(), 1e-4)
 
 
-def test_our_adapter_loads_into_peft_with_equal_logits(hf_checkpoint, tmp_path):
+# (checkpoint, target_modules, mesh): a dense model on (data, fsdp, tensor), Mixture-of-Experts ones with their
+# experts sharded (what PEFT adapts in each family: models/lora_targets.py).
+PEFT_CASES = [("qwen2", ["q_proj", "k_proj", "o_proj", "gate_proj", "down_proj"], dict(data=2, fsdp=2, tensor=2)),
+              ("qwen3_moe", "all-linear", dict(data=1, fsdp=2, tensor=2, expert=2)),
+              ("qwen3_moe", ["k_proj", "down_proj"], dict(data=1, fsdp=2, tensor=2, expert=2)),
+              ("qwen3_moe", ["gate_proj", "up_proj", "gate"], dict(data=1, fsdp=2, tensor=2, expert=2)),
+              ("qwen2_moe", "all-linear", dict(data=1, fsdp=2, tensor=2, expert=2))]
+
+
+@pytest.mark.parametrize("kind, targets, axes", PEFT_CASES)
+def test_our_adapter_loads_into_peft_with_equal_logits(hf_checkpoint, tmp_path, kind, targets, axes):
     import peft
 
-    path, torch_model = hf_checkpoint("qwen2")
-    mesh = make_mesh(2, 2, 2)
-    spec = lora.LoraSpec(4, 6.0, lora.resolve_targets(["q_proj", "k_proj", "o_proj", "gate_proj", "down_proj"]))
-    model = _randomize_adapters(lora.with_adapters(from_pretrained(path, mesh=mesh), spec, mesh), seed=7)
+    path, torch_model = hf_checkpoint(kind)
+    mesh = make_mesh(axes["data"], axes["fsdp"], axes["tensor"], expert=axes.get("expert", 1))
+    base = from_pretrained(path, mesh=mesh)
+    spec = lora.LoraSpec(4, 6.0, lora.resolve_targets(targets, model_cfg=base.config))
+    model = _randomize_adapters(lora.with_adapters(base, spec, mesh), seed=7)
     adapter_dir = lora_peft.save_adapter(model, str(tmp_path / "ours"), base_model=path)
     peft_model = peft.PeftModel.from_pretrained(copy.deepcopy(torch_model), adapter_dir).eval()
     ids, mask = left_padded_batch(np.random.default_rng(8), 128, LENGTHS)
     real = mask.astype(bool)
     expected = _torch_logits(peft_model, ids, mask)
     assert np.abs(expected - _torch_logits(torch_model, ids, mask))[real].max() > 1e-2
+    # 1e-4: the base models agree to that (test_parity.py, test_moe.py)
     np.testing.assert_array_less(np.abs(_logits(model, ids, mask) - expected)[real].max(), 1e-4)
     # And back: our reader gives the same adapter arrays.
-    again = lora_peft.load_adapter(lora.with_adapters(from_pretrained(path, mesh=mesh), spec, mesh, seed=3),
-                                   adapter_dir)
+    again = lora_peft.load_adapter(lora.with_adapters(base, spec, mesh, seed=3), adapter_dir)
     for (p, a), (_, b) in zip(nnx.to_flat_state(nnx.state(model)), nnx.to_flat_state(nnx.state(again))):
         np.testing.assert_array_equal(np.asarray(a.get_value()), np.asarray(b.get_value()), err_msg=str(p))
 

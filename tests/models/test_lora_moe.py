@@ -9,7 +9,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
-from flax import nnx
 
 from rlhf_jax.models import from_hf_dict, from_pretrained, load_hf_config, lora, lora_peft, moe
 from rlhf_jax.parallel import make_mesh
@@ -99,26 +98,7 @@ def test_peft_saved_adapter_loads_with_equal_logits(hf_checkpoint, tmp_path, kin
     np.testing.assert_array_less(np.abs(_logits(model, ids, mask) - expected)[real].max(), 1e-4)  # the base models agree to 1e-4 (test_moe.py)
 
 
-@pytest.mark.parametrize("kind, targets", [("qwen3_moe", "all-linear"), ("qwen3_moe", ["k_proj", "down_proj"]),
-                                           ("qwen3_moe", ["gate_proj", "up_proj", "gate"]), ("qwen2_moe", "all-linear")])
-def test_our_adapter_loads_into_peft_with_equal_logits(hf_checkpoint, tmp_path, kind, targets):
-    import peft
-
-    path, torch_model = hf_checkpoint(kind)
-    mesh = make_mesh(1, 2, 2, expert=2)
-    base = from_pretrained(path, mesh=mesh)
-    spec = lora.LoraSpec(4, 6.0, lora.resolve_targets(targets, model_cfg=base.config))
-    model = _randomize_adapters(lora.with_adapters(base, spec, mesh), seed=7)
-    adapter_dir = lora_peft.save_adapter(model, str(tmp_path / "ours"), base_model=path)
-    peft_model = peft.PeftModel.from_pretrained(copy.deepcopy(torch_model), adapter_dir).eval()
-    ids, mask = left_padded_batch(np.random.default_rng(8), 128, LENGTHS)
-    real = mask.astype(bool)
-    expected = _torch_logits(peft_model, ids, mask)
-    assert np.abs(expected - _torch_logits(torch_model, ids, mask))[real].max() > 1e-1
-    np.testing.assert_array_less(np.abs(_logits(model, ids, mask) - expected)[real].max(), 1e-4)  # the base models agree to 1e-4 (test_moe.py)
-    again = lora_peft.load_adapter(lora.with_adapters(base, spec, mesh, seed=3), adapter_dir)
-    for (p, a), (_, b) in zip(nnx.to_flat_state(nnx.state(model)), nnx.to_flat_state(nnx.state(again))):
-        np.testing.assert_array_equal(np.asarray(a.get_value()), np.asarray(b.get_value()), err_msg=str(p))
+# Our adapters loading into PEFT: tests/models/test_lora.py (PEFT_CASES).
 
 
 def _silu(x):
