@@ -16,7 +16,7 @@ import jax
 from flax import nnx
 from ml_collections import ConfigDict
 
-from rlhf_jax.algos.rollout_correction import RolloutCorrection, correction_from_config
+from rlhf_jax.algos.rollout_correction import correction_from_config
 from rlhf_jax.models import TASK_CAUSAL_LM, TASK_CAUSAL_LM_VALUE, TASK_TOKEN_VALUE, lora
 from rlhf_jax.parallel import make_mesh
 from rlhf_jax.plan.abstract import abstract_model, hf_config, model_config, relocated
@@ -160,16 +160,18 @@ def device_state(role: Role) -> Any:
 
 
 def merge_program(run: RunParts):
-    """Under LoRA: the compiled merge of the adapters into the adapted weights before each rollout (else None)."""
+    """Under LoRA: (the lowered merge of the adapters into the adapted weights before each rollout, the sampler's
+    state with the merged weights, the merged weights alone); (None, None, None) without LoRA. The caller compiles
+    the merge: a compiler may refuse it for want of memory (the base weights and their merged copy side by side)."""
     spec = run.actor.config.lora
     if spec is None:
-        return None, None
+        return None, None, None
     state = device_state(run.actor)
     shardings = {lora.path_key(p): v.get_value() for p, v in nnx.to_flat_state(to_device(run.actor.frozen_shardings))}
     shapes = jax.eval_shape(functools.partial(lora.merged_weights, spec=spec), state)
     fn = jax.jit(functools.partial(lora.merged_weights, spec=spec), out_shardings={k: shardings[k] for k in shapes})
     merged = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=shardings[k]) for k, v in shapes.items()}
-    return fn.lower(state).compile(), lora.merged_state(state, spec, merged)
+    return fn.lower(state), lora.merged_state(state, spec, merged), merged
 
 
 def sampler_weights(run: RunParts, merged_state: Any) -> Any:

@@ -201,17 +201,21 @@ def _rollout(st: _State) -> float | None:
     """The LoRA merge, the weight copy onto rollout devices and the sampler; returns the sampling roofline time."""
     run, cfg, chip = st.run, st.cfg, st.chip
     d, arr = cfg.derived, cfg.actor_rollout_ref
-    merge, merged_state = (_timed(st.progress, "compiling the LoRA merge", lambda: pg.merge_program(run))
-                           if run.actor.config.lora else (None, None))
+    merge, merged_state, merged = pg.merge_program(run)
     weights = pg.sampler_weights(run, merged_state)
     weight_bytes = float(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(weights)))
     merged_bytes = 0
     if merge is not None:
-        cost = program_cost("lora_merge", merge, chip, resident_bytes=st.resident,
-                            resident_arg_bytes=per_device_bytes(run.actor.state()),
-                            note="adapters merged into the weights before each rollout")
+        cost = _cost_or_refusal(lambda: _timed(st.progress, "compiling the LoRA merge", merge.compile), "lora_merge",
+                                chip, resident_bytes=st.resident, resident_arg_bytes=per_device_bytes(run.actor.state()),
+                                note="adapters merged into the weights before each rollout")
         st.programs.append(cost)
-        merged_bytes = cost.output_bytes  # the merged weights are new arrays
+        merged_bytes = per_device_bytes([merged])  # the merged weights are new arrays
+        if cost.peak_bytes > HEADROOM * st.usable:
+            st.problem(f"the LoRA merge needs about {gib(cost.peak_bytes)} per device (the weights and their merged "
+                       f"copy for the sampler), more than the {gib(HEADROOM * st.usable)} usable: set "
+                       "actor_rollout_ref.model.dtype=bfloat16, shard over more devices (mesh.fsdp), or sample on "
+                       "devices of their own (mesh.rollout_devices)")
     prompts = pg.sampler_prompts(run)
     compile_sampler = lambda: _timed(st.progress, "compiling the sampler (prefill + decode loops)",  # noqa: E731
                                      lambda: pg.sampler_program(run, weights, prompts))
