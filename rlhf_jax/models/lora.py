@@ -61,6 +61,11 @@ def path_key(path: tuple) -> str:
     return "/".join(map(str, path))
 
 
+def is_expert_weight(weight_path: tuple) -> bool:
+    """True for a stacked expert weight (``.../experts/<proj>``), whose adapters are per expert."""
+    return len(weight_path) > 1 and str(weight_path[-2]) == "experts"
+
+
 def expert_delta(a: jax.Array, b: jax.Array, scale: float) -> jax.Array:
     """``scale * A_x B_x`` for every expert x: A (X, in, r), B (X, r, out dims...) -> (X, in, out dims...), float32."""
     return jnp.einsum("xir,xr...->xi...", a.astype(jnp.float32), b.astype(jnp.float32)) * scale
@@ -75,7 +80,7 @@ def _deltas(flat: dict, spec: LoraSpec):
             continue
         name = leaf[: -len(SUFFIX_A)]
         b = flat[path[:-1] + (name + SUFFIX_B,)].get_value()
-        if len(path) > 1 and str(path[-2]) == "experts":
+        if is_expert_weight(path):
             d = expert_delta(a.get_value(), b, spec.scale)
             if name == "gate_up_proj":
                 yield path[:-1] + ("gate_proj",), d[:, :, 0]

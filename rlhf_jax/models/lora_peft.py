@@ -40,14 +40,10 @@ def _module_name(weight_path: tuple, cfg) -> str:
     return name[: -len(".weight")]
 
 
-def _is_expert(weight_path: tuple) -> bool:
-    return len(weight_path) > 1 and str(weight_path[-2]) == "experts"
-
-
 def _peft_module(weight_path: tuple, spec, cfg) -> str:
     """Where PEFT keeps the adapter of ``weight_path``: the module's name, or for a stacked expert parameter the
     experts module's, inside ``base_layer`` for gate_up_proj when down_proj's wrapper encloses it."""
-    if not _is_expert(weight_path):
+    if not lora.is_expert_weight(weight_path):
         return _module_name(weight_path, cfg)
     module = ".".join(map(str, weight_path[:-1]))
     return module + ".base_layer" if weight_path[-1] == "gate_up_proj" and EXPERT_DOWN in spec.targets else module
@@ -150,7 +146,7 @@ def save_adapter(model: nnx.Module, out_dir: str, base_model: str | None = None)
     tensors = {}
     for weight_path, a, b in _adapted(nnx.state(model, nnx.Param)):
         module = _peft_module(weight_path, spec, model.config)
-        lora_a, lora_b = _to_peft(to_host(a.get_value()), to_host(b.get_value()), _is_expert(weight_path))
+        lora_a, lora_b = _to_peft(to_host(a.get_value()), to_host(b.get_value()), lora.is_expert_weight(weight_path))
         tensors[f"{PREFIX}{module}.lora_A.weight"] = np.ascontiguousarray(lora_a)
         tensors[f"{PREFIX}{module}.lora_B.weight"] = np.ascontiguousarray(lora_b)
     if jax.process_index() != 0:
@@ -183,7 +179,7 @@ def load_adapter(model: nnx.Module, path: str) -> nnx.Module:
                 raise ValueError(f"{path}: {WEIGHTS_FILE} lacks {name}")
         try:
             hosts = _from_peft(np.asarray(file.get(pair[0])), np.asarray(file.get(pair[1])), a.get_value().shape,
-                               b.get_value().shape, _is_expert(weight_path))
+                               b.get_value().shape, lora.is_expert_weight(weight_path))
         except ValueError as e:
             raise ValueError(f"{path}: {module}: {e}") from None
         for var, host in zip((a, b), hosts):
