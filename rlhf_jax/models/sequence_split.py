@@ -21,6 +21,8 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import functools
+import logging
 import math
 from typing import Any
 
@@ -29,6 +31,8 @@ import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from rlhf_jax.parallel.mesh import DEFAULT_RULES, Rules, logical_to_spec
+
+log = logging.getLogger(__name__)
 
 
 def _axes(entry: Any) -> tuple[str, ...]:
@@ -106,9 +110,21 @@ def current() -> SequenceSplit | None:
 
 
 def split_length(x_BT: jax.Array) -> jax.Array:
-    """A (B, T, ...) activation (hidden states, positions, segment ids) split along T over the context axis."""
+    """A (B, T, ...) activation (hidden states, positions, segment ids) split along T over the context axis (kept
+    whole where the split does not divide T: rows are padded to widths that powers of two divide, so rarely)."""
     split = current()
-    return x_BT if split is None else split._constrain(x_BT, split.rows, split.length)
+    if split is None:
+        return x_BT
+    if x_BT.shape[1] % split.ways:
+        _warn_indivisible(x_BT.shape[1], split.ways)
+        return x_BT
+    return split._constrain(x_BT, split.rows, split.length)
+
+
+@functools.cache
+def _warn_indivisible(length: int, ways: int) -> None:
+    log.warning("rows of %d tokens do not split over mesh.context=%d: that pass keeps whole sequences per device",
+                length, ways)
 
 
 def ulysses_inputs(q_BTHD, k_BSKD, v_BSKD, extras: tuple) -> tuple:
@@ -129,7 +145,10 @@ def ulysses_inputs(q_BTHD, k_BSKD, v_BSKD, extras: tuple) -> tuple:
 def ulysses_output(out_BTHD: jax.Array) -> jax.Array:
     """Attention's (B, T, H, D) output back to the length split (heads on tensor only)."""
     split = current()
-    return out_BTHD if split is None else split._constrain(out_BTHD, split.rows, split.length, split.heads)
+    if split is None:
+        return out_BTHD
+    length = split.length if out_BTHD.shape[1] % split.ways == 0 else None
+    return split._constrain(out_BTHD, split.rows, length, split.heads)
 
 
 def traced_with_split(fn, mesh: Mesh, rules: Rules = DEFAULT_RULES):
