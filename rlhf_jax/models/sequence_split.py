@@ -134,8 +134,13 @@ def ulysses_inputs(q_BTHD, k_BSKD, v_BSKD, extras: tuple) -> tuple:
     if split is None:
         return q_BTHD, k_BSKD, v_BSKD, extras
     repeats = split.kv_repeats(q_BTHD.shape[2], k_BSKD.shape[2])
+    # q, k and v are computed on each device's tokens and then exchanged (all-to-all): stated, since XLA would
+    # otherwise gather the whole sequence's hidden states to project them (and keep them for the backward pass)
+    length = split.length if q_BTHD.shape[1] % split.ways == 0 else None
+    q_BTHD = split._constrain(q_BTHD, split.rows, length, split.heads)
     if repeats > 1:  # repeat each kv head in place: head j*r + i is head j, so query head h still reads its own
         k_BSKD, v_BSKD = jnp.repeat(k_BSKD, repeats, axis=2), jnp.repeat(v_BSKD, repeats, axis=2)
+    k_BSKD, v_BSKD = (split._constrain(x, split.rows, length, split.heads) for x in (k_BSKD, v_BSKD))
     heads = _entry(_axes(split.heads) + _axes(split.length))
     q, k, v = (split._constrain(x, split.rows, None, heads) for x in (q_BTHD, k_BSKD, v_BSKD))
     extras = tuple(None if e is None else split._constrain(e, split.rows, None) for e in extras)
