@@ -43,7 +43,7 @@ def _one(value: Any) -> bool:
     return value in (None, 1)
 
 
-def _positive(value: Any) -> bool:
+def accepts_positive_size(value: Any) -> bool:
     """A parallel size a role may state: any positive count (or null)."""
     return value is None or (isinstance(value, int) and value >= 1)
 
@@ -195,8 +195,8 @@ IGNORED: tuple[Ignored, ...] = (
             _off),
     Ignored("*.megatron", f"Megatron parallelism: {_MESH}"),
     Ignored("*.use_torch_compile", "every step is compiled with jax.jit"),
-    Ignored("critic.*ulysses_sequence_parallel_size", _ROLE_SPLIT, _positive),
-    Ignored("actor_rollout_ref.ref.*ulysses_sequence_parallel_size", _ROLE_SPLIT, _positive),
+    Ignored("critic.*ulysses_sequence_parallel_size", _ROLE_SPLIT, accepts_positive_size),
+    Ignored("actor_rollout_ref.ref.*ulysses_sequence_parallel_size", _ROLE_SPLIT, accepts_positive_size),
     Ignored("reward_model.ulysses_sequence_parallel_size", "the reward model scores whole sequences on each device",
             _one),
     Ignored("*.enable_activation_offload", "activation offload is not implemented: set enable_gradient_checkpointing "
