@@ -186,3 +186,19 @@ def test_padded_sft_step_with_context_2_equals_one_device(hf_checkpoint):
     (m1, g1, _), (m2, g2, role) = results
     assert m2["train/loss"] == pytest.approx(m1["train/loss"], rel=1e-5)
     assert_grads_close(g1, g2, role.params)
+
+
+def test_a_run_whose_heads_the_split_cannot_divide_stops_before_loading(tmp_path):
+    """Loading a role checks the checkpoint's heads against mesh.context x mesh.tensor (SmolLM2's 9 heads)."""
+    import json
+
+    from rlhf_jax.train.setup import _check_mesh_axes
+    from tests.train.helpers import make_config
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "num_attention_heads": 9}))
+    cfg = make_config(str(tmp_path / "run"), **{"mesh.context": 3, "mesh.tensor": 1})
+    _check_mesh_axes(cfg, str(tmp_path))
+    cfg.mesh.context = 2
+    with pytest.raises(ValueError, match=r"mesh.context=2 x mesh.tensor=1 does not divide the model's 9 attention"):
+        _check_mesh_axes(cfg, str(tmp_path))
+
