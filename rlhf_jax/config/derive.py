@@ -20,7 +20,7 @@ from rlhf_jax import algos
 DERIVED_DOCS: dict[str, str] = {
     "derived.num_devices": "Devices in the mesh.",
     "derived.num_processes": "JAX processes (hosts).",
-    "derived.mesh_shape": "(data, fsdp, tensor, expert) axis sizes with -1 resolved.",
+    "derived.mesh_shape": "(data, fsdp, tensor, expert, context) axis sizes with -1 resolved.",
     "derived.dp_size": "Data-parallel shards = mesh data x fsdp x expert (the batch is split over all three).",
     "derived.rollout_batch_size": "Sequences per step = data.train_batch_size x rollout.n.",
     "derived.rollout_batch_size_per_shard": "Sequences per step on one data-parallel shard.",
@@ -87,7 +87,7 @@ def _warmup(steps: int, ratio: float, total: int) -> int:
 def derive_batches(
     cfg: ConfigDict,
     *,
-    mesh: tuple[int, int, int, int],
+    mesh: tuple[int, int, int, int, int],
     num_devices: int,
     num_processes: int,
     train_dataset_size: int | None,
@@ -100,7 +100,7 @@ def derive_batches(
     if not rl:  # one sequence per example, one optimizer step per batch: the RL splits do not apply
         n = 1
     dp = mesh[0] * mesh[1] * mesh[3]
-    cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor, cfg.mesh.expert = mesh
+    cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor, cfg.mesh.expert, cfg.mesh.context = mesh
     d = ConfigDict()
     d.num_devices, d.num_processes, d.mesh_shape, d.dp_size = num_devices, num_processes, tuple(mesh), dp
     d.prompts_per_process = _divides(

@@ -9,7 +9,7 @@ from typing import Any
 
 from rlhf_jax.config import schema
 from rlhf_jax.config.derive import DERIVED_DOCS
-from rlhf_jax.config.verl_compat import ALIASES, IGNORED
+from rlhf_jax.config.verl_compat import ALIASES, IGNORED, accepts_positive_size
 from rlhf_jax.config.verl_defaults import DIFFERENCES
 from rlhf_jax.config.verl_releases import releases_of
 
@@ -54,7 +54,7 @@ def render_markdown() -> str:
               "A verl YAML may contain these; the importer logs one warning per key. Where a condition is",
               "given, other values are an error, because the feature is not implemented.", "",
               "| key pattern | why |", "|---|---|"]
-    lines += [f"| `{i.pattern}` | {_cell(i.reason)}{' (only when off)' if i.accept else ''} |" for i in IGNORED]
+    lines += [f"| `{i.pattern}` | {_cell(i.reason)}{_condition(i.accept)} |" for i in IGNORED]
     lines += ["", "## verl's other names of schema keys", "",
               "Set in a verl YAML, these set the schema key (a copy that must agree: the file's value must equal",
               "the key's, or the fallback's where the key is unset).", "",
@@ -165,3 +165,8 @@ def describe(path: str) -> str:
     """One line for ``path``: ``key = default  # doc`` (a ``--help``-like entry)."""
     key = schema.get_key(path)
     return f"{key.path} = {key.default!r}  # {key.doc}"
+
+
+def _condition(accept) -> str:
+    """When an ignored verl key is accepted: any value, any positive size, or only while its feature is off."""
+    return "" if accept is None else " (any positive size)" if accept is accepts_positive_size else " (only when off)"

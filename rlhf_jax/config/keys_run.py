@@ -18,7 +18,7 @@ from rlhf_jax.config.keys_shaping import SHAPING
 from rlhf_jax.config.names import (ANSWER_MATCH_MODES, FILTER_GROUP_METRICS, LOGGERS, PROMPT_TRUNCATION, REMAT_POLICIES,
                                    RESUME_MODES, REWARD_MANAGERS, TRAINER_TYPES)
 
-MESH_AXES = ("data", "fsdp", "tensor", "expert")
+MESH_AXES = ("data", "fsdp", "tensor", "expert", "context")
 # trainer.logger entries that are optional packages: name -> (module, pip command)
 OPTIONAL_TRACKERS = {"wandb": ("wandb", "pip install wandb"), "mlflow": ("mlflow", "pip install mlflow")}
 
@@ -357,10 +357,13 @@ MESH = (
     Key("mesh.expert", 1,
         "Devices on the expert-parallel axis (a MoE model's experts split over it); the batch is split over it "
         "too, like data. -1 = the rest."),
+    Key("mesh.context", 1,
+        "Devices on the context (sequence) axis: the training passes split each sequence over it (Ulysses "
+        "attention); it must divide the attention heads with mesh.tensor. -1 = the rest."),
     Key("mesh.rollout_devices", 0, "Sample on this many devices of their own (the last ones; their own data-parallel "
         "mesh) while the other devices train; the actor's weights move there after each update. 0 = every device does both."),
     Key("mesh.logical_axis_rules",
-        (("batch", ("data", "fsdp", "expert")), ("embed", "fsdp"), ("mlp", "tensor"), ("heads", "tensor"),
+        (("batch", ("data", "fsdp", "expert")), ("length", "context"), ("embed", "fsdp"), ("mlp", "tensor"), ("heads", "tensor"),
          ("kv_heads", "tensor"), ("vocab", "tensor"), ("expert", "expert")),
         "(logical axis name, mesh axis or axes or None) pairs; names not listed are replicated.", check=AXIS_RULES),
 )

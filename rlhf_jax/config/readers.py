@@ -32,7 +32,7 @@ READERS: dict[str, tuple[str, ...]] = {
         _A + "actor.fsdp_config.param_offload", _A + "actor.fsdp_config.optimizer_offload",
         "critic.model.fsdp_config.param_offload", "critic.model.fsdp_config.optimizer_offload",
     ),
-    "rlhf_jax.config.validate": ("mesh.data", "mesh.fsdp", "mesh.tensor", "mesh.expert"),
+    "rlhf_jax.config.validate": ("mesh.data", "mesh.fsdp", "mesh.tensor", "mesh.expert", "mesh.context"),
     # read as the default of other keys (same_as): the sampler's length, the clip bounds
     "rlhf_jax.config.keys_policy": ("data.max_response_length", _A + "actor.clip_ratio"),
     "rlhf_jax.config.defaults": ("trainer.remove_previous_ckpt_in_save",),

@@ -53,9 +53,11 @@ def check_keys(cfg: ConfigDict) -> None:
             raise ValueError(problem)
 
 
-def resolve_mesh(data: int, fsdp: int, tensor: int, num_devices: int, expert: int = 1) -> tuple[int, int, int, int]:
-    """(data, fsdp, tensor, expert) sizes with the one -1 (if any) filled so that they multiply to ``num_devices``."""
-    sizes = {"data": data, "fsdp": fsdp, "tensor": tensor, "expert": expert}
+def resolve_mesh(data: int, fsdp: int, tensor: int, num_devices: int, expert: int = 1,
+                 context: int = 1) -> tuple[int, int, int, int, int]:
+    """(data, fsdp, tensor, expert, context) sizes with the one -1 (if any) filled so that they multiply to
+    ``num_devices``."""
+    sizes = {"data": data, "fsdp": fsdp, "tensor": tensor, "expert": expert, "context": context}
     for name, size in sizes.items():
         if size == 0 or size < -1:
             raise ValueError(f"mesh.{name}={size} must be a positive size or -1 (the rest)")
@@ -66,13 +68,13 @@ def resolve_mesh(data: int, fsdp: int, tensor: int, num_devices: int, expert: in
     if free:
         if num_devices % fixed:
             raise ValueError(f"mesh.{free[0]}=-1: {num_devices} devices are not divisible by the other axes' "
-                             f"product {fixed}; change mesh.data/fsdp/tensor/expert")
+                             f"product {fixed}; change mesh.data/fsdp/tensor/expert/context")
         sizes[free[0]] = num_devices // fixed
     elif fixed != num_devices:
-        raise ValueError(f"mesh.data x mesh.fsdp x mesh.tensor x mesh.expert = {data} x {fsdp} x {tensor} x {expert} = "
-                         f"{fixed}, but there are "
+        raise ValueError(f"mesh.data x mesh.fsdp x mesh.tensor x mesh.expert x mesh.context = {data} x {fsdp} x "
+                         f"{tensor} x {expert} x {context} = {fixed}, but there are "
                          f"{num_devices} devices; make them multiply to {num_devices} or set one axis to -1")
-    return sizes["data"], sizes["fsdp"], sizes["tensor"], sizes["expert"]
+    return sizes["data"], sizes["fsdp"], sizes["tensor"], sizes["expert"], sizes["context"]
 
 
 def _check_model_limits(cfg: ConfigDict, derived: ConfigDict) -> None:
@@ -120,7 +122,8 @@ def finalize(
     run_rules(out, ctx, RULES)
     train_devices = placement.train_devices(out, placement.used_devices(out, num_devices, num_processes),
                                             num_processes)
-    mesh = resolve_mesh(out.mesh.data, out.mesh.fsdp, out.mesh.tensor, train_devices, out.mesh.expert)
+    mesh = resolve_mesh(out.mesh.data, out.mesh.fsdp, out.mesh.tensor, train_devices, out.mesh.expert,
+                        out.mesh.context)
     derived = derive_batches(out, mesh=mesh, num_devices=train_devices, num_processes=num_processes,
                              train_dataset_size=train_dataset_size)
     _check_model_limits(out, derived)

@@ -43,6 +43,11 @@ def _one(value: Any) -> bool:
     return value in (None, 1)
 
 
+def accepts_positive_size(value: Any) -> bool:
+    """A parallel size a role may state: any positive count (or null)."""
+    return value is None or (isinstance(value, int) and value >= 1)
+
+
 def _unset(*names: str) -> Callable[[Any], bool]:
     """A mapping whose ``names`` are all null (a custom class or service that is not configured)."""
     return lambda value: value is None or (isinstance(value, dict) and all(value.get(n) is None for n in names))
@@ -110,6 +115,10 @@ ALIASES: tuple[Alias, ...] = (
     # verl's newer profiler section names the steps and the directory.
     Alias("global_profiler.steps", "trainer.profile_steps"),
     Alias("global_profiler.save_path", "trainer.profile_dir"),
+    # Ulysses sequence parallelism: one mesh splits every role's passes along the sequence over mesh.context (the
+    # reference's and the critic's sizes are read as the actor's: see IGNORED)
+    Alias("actor_rollout_ref.actor.ulysses_sequence_parallel_size", "mesh.context"),
+    Alias("actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size", "mesh.context"),
     # The critic and the reward model read responses with the policy's tokenizer here (verl's default too).
     Alias("critic.model.tokenizer_path", "data.tokenizer", assign=False, fallback="actor_rollout_ref.model.path"),
 )
@@ -127,6 +136,8 @@ _OFFLOAD_POLICY = ("FSDP2's CPU offload policy (the optimizer step on the host) 
                    "programs")
 _RM_POOL = ("no separate reward-model pool: the reward model runs on the training mesh (set "
             "reward_model.enable_resource_pool=false; its devices are those of trainer.n_gpus_per_node)")
+_ROLE_SPLIT = ("every role's passes are split over mesh.context, as the actor's "
+               "(actor_rollout_ref.actor.ulysses_sequence_parallel_size)")
 _ENGINE = "the sampler is the built-in JAX decode loop that reads the actor's parameters directly"
 
 IGNORED: tuple[Ignored, ...] = (
@@ -184,7 +195,10 @@ IGNORED: tuple[Ignored, ...] = (
             _off),
     Ignored("*.megatron", f"Megatron parallelism: {_MESH}"),
     Ignored("*.use_torch_compile", "every step is compiled with jax.jit"),
-    Ignored("*.ulysses_sequence_parallel_size", f"Ulysses sequence parallelism: {_MESH}", _one),
+    Ignored("critic.*ulysses_sequence_parallel_size", _ROLE_SPLIT, accepts_positive_size),
+    Ignored("actor_rollout_ref.ref.*ulysses_sequence_parallel_size", _ROLE_SPLIT, accepts_positive_size),
+    Ignored("reward_model.ulysses_sequence_parallel_size", "the reward model scores whole sequences on each device",
+            _one),
     Ignored("*.enable_activation_offload", "activation offload is not implemented: set enable_gradient_checkpointing "
             "(remat) to save activation memory", _off),
     Ignored("*.use_fused_kernels", "XLA fuses kernels"),

@@ -24,6 +24,9 @@ itself padding (its own slot invalid, or segment 0) gets zeros from them, wherea
 ``dense`` and ``blockwise`` follow the rule above for it too. Being self-attention,
 the kernels read the query segment ids for both sides (they are the same tokens).
 
+Under a sequence split (``sequence_split``, the training passes with mesh.context > 1) self-attention runs on
+whole sequences with the heads split over tensor x context (Ulysses); the caller's activations stay split by length.
+
 The one-token decode step over the KV cache is ``decode_attention.py``; which of its
 implementations runs is chosen here too (``select_decode_implementation``).
 """
@@ -39,7 +42,7 @@ import jax
 import jax.numpy as jnp
 
 from rlhf_jax.config.names import ATTN_IMPLEMENTATIONS
-from rlhf_jax.models import attention_kernels, decode_kernels, kernel_layout
+from rlhf_jax.models import attention_kernels, decode_kernels, kernel_layout, sequence_split
 from rlhf_jax.models.dots import einsum_f32
 from rlhf_jax.models.blockwise import DEFAULT_BLOCK, blockwise_attention, soft_cap, visible
 
@@ -191,6 +194,11 @@ def attention(q_BTHD, k_BSKD, v_BSKD, *, q_slots_BT=None, key_valid_BS=None, q_s
     if sliding_window is not None and sliding_window < 1:
         raise ValueError(f"sliding_window must be >= 1, got {sliding_window}")
     scale = D**-0.5 if scale is None else scale
+    # a sequence split over the context axis (training passes): attend over whole sequences, heads split instead
+    split = q_slots_BT is None and sequence_split.current() is not None
+    if split:
+        q_BTHD, k_BSKD, v_BSKD, (key_valid_BS, q_segment_ids_BT, kv_segment_ids_BS) = sequence_split.ulysses_inputs(
+            q_BTHD, k_BSKD, v_BSKD, (key_valid_BS, q_segment_ids_BT, kv_segment_ids_BS))
     call = CallShape(T, S, D, jnp.dtype(q_BTHD.dtype).name, q_slots_BT is None, q_segment_ids_BT is not None)
     requested = implementation
     if requested == "auto" and not kernel_layout.kernels_allowed():
@@ -204,9 +212,11 @@ def attention(q_BTHD, k_BSKD, v_BSKD, *, q_slots_BT=None, key_valid_BS=None, q_s
     run = functools.partial(_attend, window=sliding_window, scale=scale, softcap=softcap, block_size=block_size)
     args = (q_BTHD, k_BSKD, v_BSKD, q_slots_BT, key_valid, q_segment_ids_BT, kv_segment_ids_BS)
     if len({chosen for chosen, _ in choices.values()}) == 1:  # the same everywhere: no platform switch
-        return run(here[0], *args)
-    return jax.lax.platform_dependent(*args, default=functools.partial(run, _xla_choice(call)),
-                                      **{p: functools.partial(run, c) for p, (c, _) in choices.items()})
+        out = run(here[0], *args)
+    else:
+        out = jax.lax.platform_dependent(*args, default=functools.partial(run, _xla_choice(call)),
+                                         **{p: functools.partial(run, c) for p, (c, _) in choices.items()})
+    return sequence_split.ulysses_output(out) if split else out
 
 
 def _choose(requested: str, backend: str, call: CallShape, softcap: float | None) -> tuple[str, str]:

@@ -31,6 +31,7 @@ from rlhf_jax.models.attention import soft_cap
 from rlhf_jax.models.layers import MLP, Attention, norm, param
 from rlhf_jax.models.moe import SparseMoeBlock
 from rlhf_jax.models.remat import checkpointed
+from rlhf_jax.models.sequence_split import split_length
 
 KVCache = list  # one (k, v) pair per layer: k (B, K, D, S), v (B, K, S, D) (K kv heads, S slots)
 
@@ -129,7 +130,9 @@ class Decoder(nnx.Module):
             x = x * jnp.asarray(self.cfg.embedding_scale, table.dtype)
         x = x.astype(self.cfg.dtype)
         recorded = []
-        if cache is None:
+        if cache is None:  # a whole-sequence pass: under a context split, tokens stay split along T between layers
+            x, positions_BT, key_valid_BS = split_length(x), split_length(positions_BT), split_length(key_valid_BS)
+            segment_ids_BT = None if segment_ids_BT is None else split_length(segment_ids_BT)
             stats = None
             sparse_index = 0
             for layer in self.layers:
@@ -143,7 +146,7 @@ class Decoder(nnx.Module):
                 else:
                     out = _checkpointed_layer(layer, self.cfg.remat, record_routes, x, *args)
                     out = out if layer.sparse else (out,)
-                x = out[0]
+                x = split_length(out[0])
                 if layer.sparse:
                     sparse_index += 1
                     stats = out[1] if stats is None else stats + out[1]

@@ -2,12 +2,15 @@
 
 Parameters and activations name their dimensions logically (``embed``, ``mlp``,
 ``heads``, ...). A rule table maps each logical name to mesh axes; the mesh
-has four named axes:
+has five named axes:
 
 - ``data``: pure data parallelism (parameters replicated);
 - ``fsdp``: data parallelism with parameters sharded along their ``embed`` dimension;
 - ``expert``: expert parallelism: a Mixture-of-Experts layer's experts (their leading ``expert``
   dimension) are split over it; outside the expert weights it is data parallelism;
+- ``context``: context (sequence) parallelism: the training passes' activations are split along the sequence
+  (``length``) over it; attention re-splits them by heads (``models/sequence_split.py``). Parameters are
+  replicated over it, as over ``data``;
 - ``tensor``: tensor parallelism (attention heads, MLP width and vocabulary split).
 
 The batch is split over ``data``, ``fsdp`` and ``expert`` together. An axis of size 1 drops out of
@@ -26,13 +29,13 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 log = logging.getLogger(__name__)
 
-MESH_AXES = ("data", "fsdp", "expert", "tensor")  # device order: tensor innermost
+MESH_AXES = ("data", "fsdp", "expert", "context", "tensor")  # device order: tensor innermost, then context
 BATCH_AXES = ("data", "fsdp", "expert")
 
 # logical name -> mesh axis, tuple of mesh axes, or None (replicated)
 DEFAULT_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ("batch", ("data", "fsdp", "expert")),
-    ("length", None),
+    ("length", "context"),
     ("embed", "fsdp"),
     ("vocab", "tensor"),
     ("heads", "tensor"),
@@ -65,17 +68,18 @@ def resolve_axis_sizes(sizes: Mapping[str, int], num_devices: int) -> dict[str, 
         sizes[unknown[0]] = num_devices // known
     elif known != num_devices:
         raise ValueError(
-            f"mesh: data*fsdp*expert*tensor = {known} but {num_devices} devices are available; "
+            f"mesh: data*fsdp*expert*context*tensor = {known} but {num_devices} devices are available; "
             "set one axis to -1 to use the rest"
         )
     return sizes
 
 
-def make_mesh(data: int = 1, fsdp: int = -1, tensor: int = 1, expert: int = 1,
+def make_mesh(data: int = 1, fsdp: int = -1, tensor: int = 1, expert: int = 1, context: int = 1,
               devices: Sequence[jax.Device] | None = None) -> Mesh:
-    """A (data, fsdp, expert, tensor) mesh over ``devices`` (default: all devices of all processes)."""
+    """A (data, fsdp, expert, context, tensor) mesh over ``devices`` (default: all devices of all processes)."""
     devices = list(devices) if devices is not None else jax.devices()
-    sizes = resolve_axis_sizes({"data": data, "fsdp": fsdp, "tensor": tensor, "expert": expert}, len(devices))
+    sizes = resolve_axis_sizes({"data": data, "fsdp": fsdp, "tensor": tensor, "expert": expert, "context": context},
+                               len(devices))
     shape = tuple(sizes[a] for a in MESH_AXES)
     try:
         from jax.experimental import mesh_utils

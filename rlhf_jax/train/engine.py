@@ -25,6 +25,7 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh
 
+from rlhf_jax.models.sequence_split import traced_with_split
 from rlhf_jax.parallel import batch_sharding, replicated
 from rlhf_jax.train import packed_steps, steps
 from rlhf_jax.train.losses import Loss
@@ -119,10 +120,11 @@ class Role:
         """Take a (restored) optimizer state, placed where the role keeps it."""
         self.opt_state = jax.device_put(opt_state, self.opt_shardings)
 
-    def _on_devices(self, step_fn: Callable) -> Callable:
-        """``step_fn(state, ...)`` as a program input: the state's host-memory arrays are copied to the devices
-        inside the program, the first thing it does."""
-        return reading_on_devices(step_fn, self.state_shardings())
+    def _on_devices(self, step_fn: Callable, *shardings: Any) -> Callable:
+        """``step_fn(state, ...)`` as a program input: the state's (or the arguments of ``shardings``') host-memory
+        arrays are copied to the devices inside the program, the first thing it does; traced under the mesh's
+        sequence split (``models.sequence_split``: activations split along the sequence over ``context``)."""
+        return reading_on_devices(traced_with_split(step_fn, self.mesh), *(shardings or (self.state_shardings(),)))
 
     def _batch_shardings(self, batch: Any) -> Any:
         """Row shardings of every array of a batch (a TrainBatch, or a dict of arrays)."""
@@ -186,8 +188,8 @@ class Role:
         return self._jit(
             (name, spec, n_micro, shape_key(mb)),
             lambda: jax.jit(
-                reading_on_devices(functools.partial(step_fn, self.graphdef, self.tx, spec, n_micro=n_micro),
-                                   self.param_shardings, self.frozen_shardings, self.opt_shardings),
+                self._on_devices(functools.partial(step_fn, self.graphdef, self.tx, spec, n_micro=n_micro),
+                                 self.param_shardings, self.frozen_shardings, self.opt_shardings),
                 in_shardings=(self.param_shardings, self.frozen_shardings, self.opt_shardings,
                               self._batch_shardings(mb)) + (rep,) * n_extra,
                 out_shardings=(self.param_shardings, self.opt_shardings, rep),
@@ -345,8 +347,8 @@ class Role:
             rep = replicated(self.mesh)
             micro = self._packed_micro(micro_shape, logit_size, routes)
             extra = (self._key_spec(),) if loss.takes_rng else ()
-            fn = jax.jit(reading_on_devices(functools.partial(loss.packed_grads, self.graphdef, loss.spec, dp=dp),
-                                            self.param_shardings, self.frozen_shardings),
+            fn = jax.jit(self._on_devices(functools.partial(loss.packed_grads, self.graphdef, loss.spec, dp=dp),
+                                          self.param_shardings, self.frozen_shardings),
                          in_shardings=(self.param_shardings, self.frozen_shardings, self.grad_shardings,
                                        self._batch_shardings(micro), self._batch_shardings(grid)) + (rep,) * len(extra),
                          out_shardings=(self.grad_shardings, rep, rep), donate_argnums=(2,))

@@ -17,6 +17,7 @@ from ml_collections import ConfigDict
 from rlhf_jax import models
 from rlhf_jax.config import finalize, names, with_dataset_size
 from rlhf_jax.models.hub import resolve_model_path
+from rlhf_jax.models.sequence_split import check_heads
 from rlhf_jax.parallel import make_mesh
 from rlhf_jax.rollout import SamplingParams, eos_token_ids_from_dir
 
@@ -141,13 +142,18 @@ def _note_fallback_scorer(cfg: ConfigDict, *datasets) -> None:
                     ", ".join(unknown), cfg.reward_model.answer_match)
 
 
-def _check_expert_axis(cfg: ConfigDict, model_path: str) -> None:
-    """mesh.expert must split a Mixture-of-Experts model's experts evenly (otherwise they would be replicated)."""
+def _check_mesh_axes(cfg: ConfigDict, model_path: str) -> None:
+    """mesh.expert must split a Mixture-of-Experts model's experts evenly (otherwise they would be replicated), and
+    mesh.context x mesh.tensor the attention heads (Ulysses attention splits them over both)."""
     hf = models.load_hf_config(model_path)
     experts, ways = int(hf.get("num_experts") or hf.get("num_local_experts") or 0), int(cfg.mesh.expert)
     if experts and ways > 1 and experts % ways:
         raise ValueError(f"mesh.expert={ways} does not divide the {experts} experts of {model_path}; "
                          f"choose a divisor of {experts}")
+    text = hf.get("text_config") if isinstance(hf.get("text_config"), dict) else hf
+    heads = int(text.get("num_attention_heads") or 0)
+    if heads:
+        check_heads(heads, int(cfg.mesh.context), int(cfg.mesh.tensor))
 
 
 def load_policy(cfg: ConfigDict, model_path: str, mesh, rules, *, role: str = "actor", task: str | None = None,
@@ -158,7 +164,7 @@ def load_policy(cfg: ConfigDict, model_path: str, mesh, rules, *, role: str = "a
     has no backward pass and never rematerializes.
     """
     model_cfg = cfg.actor_rollout_ref.model
-    _check_expert_axis(cfg, path or model_path)
+    _check_mesh_axes(cfg, path or model_path)
     role_cfg = cfg.critic.model if role == "critic" else model_cfg
     remat = role_cfg.remat_policy if role != "ref" and role_cfg.enable_gradient_checkpointing else "none"
     return models.from_pretrained(

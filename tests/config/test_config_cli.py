@@ -72,7 +72,7 @@ def test_finalize_from_command_line_subprocess():
                 "--config.mesh.tensor=2"])
     assert proc.returncode == 0, proc.stderr
     cfg = json.loads(proc.stdout)
-    assert cfg["derived"]["mesh_shape"] == [2, 1, 2, 1] and cfg["derived"]["dp_size"] == 2
+    assert cfg["derived"]["mesh_shape"] == [2, 1, 2, 1, 1] and cfg["derived"]["dp_size"] == 2
     assert cfg["actor_rollout_ref"]["rollout"]["response_length"] == cfg["data"]["max_response_length"] == 1
     bad = run(["-m", "rlhf_jax.config", "show", "--finalize", "--num_devices=1", "--config=configs/grpo.py",
                "--config.actor_rollout_ref.actor.ppo_mini_batch_size=5"])

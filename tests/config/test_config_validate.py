@@ -53,7 +53,7 @@ def test_derived_batch_arithmetic_grpo_8_devices():
     cfg.mesh.data, cfg.mesh.fsdp = 2, -1
     out = finalize(cfg, num_devices=8, train_dataset_size=100)
     d = out.derived
-    assert tuple(d.mesh_shape) == (2, 4, 1, 1) and d.dp_size == 8
+    assert tuple(d.mesh_shape) == (2, 4, 1, 1, 1) and d.dp_size == 8
     assert d.rollout_batch_size == 16 * 8 and d.rollout_batch_size_per_shard == 16
     assert d.actor_mini_batch_size == 64 and d.actor_num_mini_batches == 2
     assert d.actor_mini_batch_size_per_shard == 8 and d.actor_grad_accum_steps == 2  # 64 / (4 x 8)
@@ -152,10 +152,13 @@ def test_model_config_read_and_length_limit(tmp_path):
         (lambda c: setattr(c.trainer, "resume_mode", "resume_path"), r"trainer\.resume_from_path"),
         (lambda c: setattr(c.mesh, "tensor", 3), r"mesh\.data=-1: 8 devices are not divisible by .* 3"),
         (lambda c: (setattr(c.mesh, "data", 2), setattr(c.mesh, "fsdp", 2)),
-         r"mesh\.data x mesh\.fsdp x mesh\.tensor x mesh\.expert = 2 x 2 x 1 x 1 = 4, but there are 8 devices"),
+         r"mesh\.data x mesh\.fsdp x mesh\.tensor x mesh\.expert x mesh\.context = 2 x 2 x 1 x 1 x 1 = 4, but "
+         r"there are 8 devices"),
         (lambda c: (setattr(c.mesh, "data", 1), setattr(c.mesh, "expert", 3)),
-         r"mesh\.data x mesh\.fsdp x mesh\.tensor x mesh\.expert = 1 x 1 x 1 x 3 = 3, but there are 8 devices"),
+         r"mesh\.data x mesh\.fsdp x mesh\.tensor x mesh\.expert x mesh\.context = 1 x 1 x 1 x 3 x 1 = 3, but "
+         r"there are 8 devices"),
         (lambda c: setattr(c.mesh, "expert", 3), r"mesh\.data=-1: 8 devices are not divisible by .* 3"),
+        (lambda c: setattr(c.mesh, "context", 3), r"mesh\.data=-1: 8 devices are not divisible by .* 3"),
         (lambda c: (setattr(c.mesh, "fsdp", -1)), r"only one mesh axis may be -1"),
         (lambda c: setattr(c.mesh, "logical_axis_rules", (("batch", ("data", "model")),)),
          r"mesh\.logical_axis_rules: 'batch' -> 'model' is not a mesh axis"),
@@ -235,12 +238,16 @@ def test_both_kl_terms_warn(caplog):
 
 
 def test_resolve_mesh():
-    assert resolve_mesh(-1, 1, 1, 8) == (8, 1, 1, 1)
-    assert resolve_mesh(2, -1, 2, 8) == (2, 2, 2, 1)
-    assert resolve_mesh(1, 1, -1, 4) == (1, 1, 4, 1)
-    assert resolve_mesh(2, 1, 1, 8, expert=-1) == (2, 1, 1, 4)
+    assert resolve_mesh(-1, 1, 1, 8) == (8, 1, 1, 1, 1)
+    assert resolve_mesh(2, -1, 2, 8) == (2, 2, 2, 1, 1)
+    assert resolve_mesh(1, 1, -1, 4) == (1, 1, 4, 1, 1)
+    assert resolve_mesh(2, 1, 1, 8, expert=-1) == (2, 1, 1, 4, 1)
+    assert resolve_mesh(-1, 1, 1, 8, context=4) == (2, 1, 1, 1, 4)
     with pytest.raises(ValueError, match=r"mesh\.fsdp=0"):
         resolve_mesh(1, 0, 1, 1)
+    with pytest.raises(ValueError, match=r"mesh.data x mesh.fsdp x mesh.tensor x mesh.expert x mesh.context = "
+                                         r"1 x 1 x 1 x 1 x 3 = 3, but there are 8 devices"):
+        resolve_mesh(1, 1, 1, 8, context=3)
 
 
 def test_nnodes_and_gpus_per_node_are_the_devices_used():
@@ -248,7 +255,7 @@ def test_nnodes_and_gpus_per_node_are_the_devices_used():
     cfg.trainer.nnodes, cfg.trainer.n_gpus_per_node = 2, 4
     out = finalize(cfg, num_devices=16, num_processes=2)
     d = out.derived
-    assert d.num_devices == 8 and d.mesh_shape == (8, 1, 1, 1) and d.dp_size == 8
+    assert d.num_devices == 8 and d.mesh_shape == (8, 1, 1, 1, 1) and d.dp_size == 8
     single = grpo_like()
     single.trainer.n_gpus_per_node, single.mesh.rollout_devices = 6, 2  # of the 6 used (of 8): 4 train
     assert finalize(single, num_devices=8).derived.num_devices == 4

@@ -176,8 +176,19 @@ def test_unsupported_feature_switched_on_is_an_error(caplog):
     # On: refused, naming the key.
     with pytest.raises(ValueError, match=r"algorithm\.use_pf_ppo=True is not supported.*prioritized-replay"):
         load_yaml("algorithm:\n  use_pf_ppo: True\n")
-    with pytest.raises(ValueError, match=r"ulysses_sequence_parallel_size=4 is not supported"):
-        load_yaml("actor_rollout_ref:\n  actor:\n    ulysses_sequence_parallel_size: 4\n")
+    with pytest.raises(ValueError, match=r"reward_model\.ulysses_sequence_parallel_size=2 is not supported"):
+        load_yaml("reward_model:\n  ulysses_sequence_parallel_size: 2\n")
+
+
+def test_ulysses_size_maps_onto_the_context_axis():
+    """verl's Ulysses size is mesh.context; the reference's and the critic's are read as the actor's."""
+    cfg = load_yaml("actor_rollout_ref:\n  actor:\n    ulysses_sequence_parallel_size: 4\n  ref:\n"
+                    "    ulysses_sequence_parallel_size: 4\ncritic:\n  ulysses_sequence_parallel_size: 1\n")
+    assert cfg.mesh.context == 4
+    assert load_yaml("actor_rollout_ref:\n  actor:\n    fsdp_config:\n      ulysses_sequence_parallel_size: 2\n"
+                     ).mesh.context == 2
+    with pytest.raises(ValueError, match=r"critic\.ulysses_sequence_parallel_size=0 is not supported"):
+        load_yaml("critic:\n  ulysses_sequence_parallel_size: 0\n")
 
 
 def test_exact_ignore_entry_wins_over_wildcard(caplog):

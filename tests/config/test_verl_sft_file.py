@@ -148,7 +148,6 @@ def test_optimizer_arguments_are_honoured_and_the_engine_trainers_scheduler_name
 
 
 @pytest.mark.parametrize("old,new,key", [
-    ("ulysses_sequence_parallel_size: 1", "ulysses_sequence_parallel_size: 2", "ulysses_sequence_parallel_size=2"),
     ("lr_scheduler: wsd", "lr_scheduler: linear", "optim.lr_scheduler='linear'"),
     ("    path: null\n    name: null", "    path: my.py\n    name: MyData", "data.custom_cls.path='my.py'"),
 ])

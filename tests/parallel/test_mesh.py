@@ -12,9 +12,11 @@ from tests.conftest import left_padded_batch
 
 
 def test_resolve_axis_sizes():
-    assert resolve_axis_sizes({"data": 2, "fsdp": -1, "tensor": 2}, 8) == {"data": 2, "fsdp": 2, "tensor": 2, "expert": 1}
-    assert resolve_axis_sizes({"fsdp": 8}, 8) == {"data": 1, "fsdp": 8, "tensor": 1, "expert": 1}
-    assert resolve_axis_sizes({"data": 2, "expert": -1}, 8) == {"data": 2, "fsdp": 1, "tensor": 1, "expert": 4}
+    one = {"data": 1, "fsdp": 1, "tensor": 1, "expert": 1, "context": 1}
+    assert resolve_axis_sizes({"data": 2, "fsdp": -1, "tensor": 2}, 8) == {**one, "data": 2, "fsdp": 2, "tensor": 2}
+    assert resolve_axis_sizes({"fsdp": 8}, 8) == {**one, "fsdp": 8}
+    assert resolve_axis_sizes({"data": 2, "expert": -1}, 8) == {**one, "data": 2, "expert": 4}
+    assert resolve_axis_sizes({"data": 2, "context": -1}, 8) == {**one, "data": 2, "context": 4}
     with pytest.raises(ValueError, match="at most one axis may be -1"):
         resolve_axis_sizes({"data": -1, "fsdp": -1}, 8)
     with pytest.raises(ValueError, match="3 devices"):
@@ -27,6 +29,8 @@ def test_logical_rules_and_indivisible_dims_replicate():
     mesh = make_mesh(data=2, fsdp=2, tensor=2)
     assert logical_to_spec(("embed", "heads", "head_dim"), mesh=mesh, shape=(64, 4, 16)) == P("fsdp", "tensor", None)
     assert logical_to_spec(("batch", "length"), mesh=mesh, shape=(8, 5)) == P(("data", "fsdp"), None)
+    split = make_mesh(data=2, fsdp=1, context=4)  # the sequence ("length") lies on the context axis
+    assert logical_to_spec(("batch", "length"), mesh=split, shape=(8, 16)) == P("data", "context")
     # 9 heads (SmolLM2) do not split over tensor=2: that dimension is replicated instead of failing.
     assert logical_to_spec(("embed", "heads", "head_dim"), mesh=mesh, shape=(576, 9, 64)) == P("fsdp", None, None)
 

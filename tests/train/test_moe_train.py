@@ -99,12 +99,12 @@ def test_expert_axis_must_divide_the_experts(tmp_path):
 
     from tests.train.helpers import make_config
 
-    from rlhf_jax.train.setup import _check_expert_axis
+    from rlhf_jax.train.setup import _check_mesh_axes
 
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3_moe", "num_experts": 6}))
     cfg = make_config(str(tmp_path / "run"))
     cfg.mesh.expert = 3
-    _check_expert_axis(cfg, str(tmp_path))
+    _check_mesh_axes(cfg, str(tmp_path))
     cfg.mesh.expert = 4
     with pytest.raises(ValueError, match=r"mesh.expert=4 does not divide the 6 experts"):
-        _check_expert_axis(cfg, str(tmp_path))
+        _check_mesh_axes(cfg, str(tmp_path))

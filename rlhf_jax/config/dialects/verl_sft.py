@@ -116,7 +116,7 @@ RULES: tuple[Rule, ...] = (
     Rule("optim.override_optimizer_config", _A + "actor.optim.override_optimizer_config",
          lambda v, _: dict(v) if v else None),
     Rule("optim._target_", reason="verl's config class"),
-    Rule("ulysses_sequence_parallel_size", reason="no sequence parallelism", accept=lambda v: int(v) == 1),
+    Rule("ulysses_sequence_parallel_size", "mesh.context", lambda v, _: int(v)),
     Rule("use_remove_padding", _A + "model.use_remove_padding", lambda v, _: bool(v)),
     Rule("trainer.default_local_dir", "trainer.default_local_dir"),
     Rule("trainer.default_hdfs_dir", reason="no HDFS copy", accept=_NONE),
