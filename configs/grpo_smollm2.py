@@ -56,7 +56,7 @@ def get_config() -> ConfigDict:
     arr = cfg.actor_rollout_ref
     arr.model.path = "builtin:smollm2"
     arr.rollout.n = 8
-    arr.rollout.temperature = 1.0
+    arr.rollout.temperature = 0.7
     arr.actor.ppo_mini_batch_size = 8
     arr.actor.ppo_micro_batch_size_per_gpu = -1  # sized by the memory plan
     arr.rollout.log_prob_micro_batch_size_per_gpu = -1
@@ -73,8 +73,8 @@ def get_config() -> ConfigDict:
     cfg.algorithm.use_kl_in_reward = False
 
     cfg.trainer.total_epochs = 1
-    cfg.trainer.total_training_steps = 16
-    cfg.trainer.test_freq = 4
+    cfg.trainer.total_training_steps = 20
+    cfg.trainer.test_freq = 5
     cfg.trainer.val_before_train = True
     cfg.trainer.save_freq = None  # the final checkpoint (and its HF export) only
     cfg.trainer.log_val_generations = 4
