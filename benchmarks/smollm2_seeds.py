@@ -27,6 +27,16 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECIPE = "configs/grpo_smollm2.py"
 
 
+def recipe_steps() -> int:
+    """The recipe's ``trainer.total_training_steps``."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("recipe", os.path.join(REPO, RECIPE))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return int(module.get_config().trainer.total_training_steps)
+
+
 def validation(run_dir: str) -> dict[int, float]:
     """Step -> greedy validation accuracy of a run (the last record of a step wins, as in the plot)."""
     out: dict[int, float] = {}
@@ -88,9 +98,11 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
     p.add_argument("--out", default=os.path.join(REPO, "runs", "smollm2_seeds"))
-    p.add_argument("--steps", type=int, default=16, help="the recipe's last step (where the final accuracy is read)")
+    p.add_argument("--steps", type=int, default=None,
+                   help="the recipe's last step, where the final accuracy is read (default: the recipe's own)")
     p.add_argument("--table-only", action="store_true", help="do not run: tabulate and plot the finished runs")
     args = p.parse_args(argv)
+    args.steps = args.steps or recipe_steps()
     rows = []
     for seed in args.seeds:
         run_dir = os.path.join(args.out, f"seed{seed}")

@@ -36,7 +36,9 @@ import threading
 PRELOAD = ("numpy", "jax", "jax.numpy", "flax", "flax.nnx", "optax", "orbax.checkpoint", "tensorstore",
            "ml_collections", "transformers", "tokenizers", "torch", "safetensors", "yaml",
            # what transformers imports when a model family's configuration is first read (torch.distributed's)
-           "transformers.activations", "transformers.core_model_loading")
+           "transformers.activations", "transformers.core_model_loading",
+           # what a run imports on first use: the data loader, the Pallas kernels (TPU kernels run interpreted on CPU)
+           "grain", "jax.experimental.pallas", "jax.experimental.pallas.tpu", "jax.experimental.pallas.triton")
 # Names transformers resolves lazily on first use (AutoTokenizer imports torch through its configuration code).
 PRELOAD_ATTRS = (("transformers", "AutoTokenizer"), ("transformers", "AutoConfig"),
                  ("transformers", "PreTrainedTokenizerFast"))
