@@ -17,8 +17,9 @@ key/value gradients. With grouped-query attention the gathered tensors are small
 Why not a ring (each device passing its key/value block to the next, context - 1 times, and merging the partial
 softmax results): that needs the attention kernel to return its log-sum-exp and a backward of its own that
 passes gradients around the ring too, and its per-step exchanges have to be overlapped by hand; the gather is one
-collective per layer that XLA schedules, and its memory (the whole sequence's keys/values on each device, for one
-layer at a time) is small for GQA models, the ones whose heads do not split.
+collective per layer that XLA schedules (its gradient, a reduce-scatter, sums in float32), and its memory (the
+whole sequence's keys/values on each device, for one layer at a time) is small for GQA models, the ones whose
+heads do not split.
 
 Causal work is not balanced: device i's queries see i + 1 of the context chunks, and the blockwise kernel skips
 the key blocks above the diagonal, so the last device does about 2 x context / (context + 1) times the mean
@@ -27,6 +28,7 @@ work and the step waits for it. Memory, the point of the split, is balanced.
 
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 import jax
@@ -34,6 +36,27 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
 from rlhf_jax.models.sequence_split import SequenceSplit, _axes
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def gather_length(x_BT, axis_name):
+    """The (B, T / context, ...) pieces of the context group concatenated along T (an all-gather)."""
+    return jax.lax.all_gather(x_BT, axis_name, axis=1, tiled=True)
+
+
+def _gather_fwd(x_BT, axis_name):
+    return gather_length(x_BT, axis_name), None
+
+
+def _gather_bwd(axis_name, _, d_BT):
+    # the transpose, a reduce-scatter, sums in float32: the devices' partial key/value gradients keep float32
+    # precision (and XLA:CPU fails to compile a bfloat16 reduce-scatter: "Invalid binary instruction opcode copy")
+    summed = jax.lax.psum_scatter(d_BT.astype(jnp.promote_types(d_BT.dtype, jnp.float32)), axis_name,
+                                  scatter_dimension=1, tiled=True)
+    return (summed.astype(d_BT.dtype),)
+
+
+gather_length.defvjp(_gather_fwd, _gather_bwd)
 
 
 def gather_attention(split: SequenceSplit, attend: Callable, q_BTHD, k_BSKD, v_BSKD, key_valid_BS,
@@ -52,12 +75,14 @@ def gather_attention(split: SequenceSplit, attend: Callable, q_BTHD, k_BSKD, v_B
     def local(q, k, v, valid, *segs):
         B, T_local = q.shape[:2]
         slots = jax.lax.axis_index(axis_name) * T_local + jnp.arange(T_local, dtype=jnp.int32)
-        gather = lambda x: jax.lax.all_gather(x, axis_name, axis=1, tiled=True)  # noqa: E731
-        k, v, valid = gather(k), gather(v), gather(valid)
+        gather = functools.partial(jax.lax.all_gather, axis_name=axis_name, axis=1, tiled=True)  # integers
+        k, v, valid = gather_length(k, axis_name), gather_length(v, axis_name), gather(valid)
         q_seg, kv_seg = (segs[0], gather(segs[1])) if segs else (None, None)
         return attend(q, k, v, jnp.broadcast_to(slots, (B, T_local)), valid, q_seg, kv_seg)
 
     by_length = PartitionSpec(None, split.length)
     args = (q_BTHD, k_BSKD, v_BSKD, key_valid_BS) + segments
+    # check_vma off: the blockwise kernel's loops start from constants (not varying over context) and carry values
+    # that are, which the check would refuse; every input and the output here are split over context anyway
     return jax.shard_map(local, mesh=split.mesh, in_specs=(by_length,) * len(args), out_specs=by_length,
-                         axis_names=set(axes))(*args)
+                         axis_names=set(axes), check_vma=False)(*args)
