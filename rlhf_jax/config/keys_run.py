@@ -15,8 +15,8 @@ from rlhf_jax.config.domain_weights import weights_problem
 from rlhf_jax.config.key import Check, Key, above, at_least, micro_size, registered, step_numbers, within
 from rlhf_jax.config.keys_policy import TOKEN_BUDGET_DOC, checkpoint_keys, optim_keys
 from rlhf_jax.config.keys_shaping import SHAPING
-from rlhf_jax.config.names import (ANSWER_MATCH_MODES, FILTER_GROUP_METRICS, LOGGERS, PROMPT_TRUNCATION, REMAT_POLICIES,
-                                   RESUME_MODES, REWARD_MANAGERS, TRAINER_TYPES)
+from rlhf_jax.config.names import (ANSWER_MATCH_MODES, CONTEXT_ATTENTION, FILTER_GROUP_METRICS, LOGGERS,
+                                   PROMPT_TRUNCATION, REMAT_POLICIES, RESUME_MODES, REWARD_MANAGERS, TRAINER_TYPES)
 
 MESH_AXES = ("data", "fsdp", "tensor", "expert", "context")
 # trainer.logger entries that are optional packages: name -> (module, pip command)
@@ -358,8 +358,12 @@ MESH = (
         "Devices on the expert-parallel axis (a MoE model's experts split over it); the batch is split over it "
         "too, like data. -1 = the rest."),
     Key("mesh.context", 1,
-        "Devices on the context (sequence) axis: the training passes split each sequence over it (Ulysses "
-        "attention); it must divide the attention heads with mesh.tensor. -1 = the rest."),
+        "Devices on the context (sequence) axis: the training passes split each sequence over it "
+        "(attention: mesh.context_attention). -1 = the rest."),
+    Key("mesh.context_attention", "auto",
+        "Attention under mesh.context > 1: ulysses (heads split over tensor x context; they must divide), gather "
+        "(keys/values all-gathered over context), auto (ulysses where the heads divide, else gather).",
+        choices=CONTEXT_ATTENTION),
     Key("mesh.rollout_devices", 0, "Sample on this many devices of their own (the last ones; their own data-parallel "
         "mesh) while the other devices train; the actor's weights move there after each update. 0 = every device does both."),
     Key("mesh.logical_axis_rules",

@@ -12,6 +12,7 @@ from __future__ import annotations
 DTYPES = ("float32", "bfloat16", "float16")  # model.dtype, model.compute_dtype, rollout.dtype
 REMAT_POLICIES = ("full", "dots_saveable")
 ATTN_IMPLEMENTATIONS = ("auto", "dense", "blockwise", "cudnn", "splash")
+CONTEXT_ATTENTION = ("auto", "ulysses", "gather")  # mesh.context_attention: attention under a sequence split
 WARMUP_STYLES = ("constant", "cosine", "linear", "wsd")
 CKPT_CONTENTS = ("model", "optimizer", "extra", "hf_model")
 

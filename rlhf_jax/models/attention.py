@@ -25,7 +25,9 @@ itself padding (its own slot invalid, or segment 0) gets zeros from them, wherea
 the kernels read the query segment ids for both sides (they are the same tokens).
 
 Under a sequence split (``sequence_split``, the training passes with mesh.context > 1) self-attention runs on
-whole sequences with the heads split over tensor x context (Ulysses); the caller's activations stay split by length.
+whole sequences with the heads split over tensor x context (Ulysses), or, where the heads do not divide
+(``context_attention``), on each device's queries over keys/values gathered over context (``context_gather``);
+the caller's activations stay split by length.
 
 The one-token decode step over the KV cache is ``decode_attention.py``; which of its
 implementations runs is chosen here too (``select_decode_implementation``).
@@ -42,7 +44,7 @@ import jax
 import jax.numpy as jnp
 
 from rlhf_jax.config.names import ATTN_IMPLEMENTATIONS
-from rlhf_jax.models import attention_kernels, decode_kernels, kernel_layout, sequence_split
+from rlhf_jax.models import attention_kernels, context_gather, decode_kernels, kernel_layout, sequence_split
 from rlhf_jax.models.dots import einsum_f32
 from rlhf_jax.models.blockwise import DEFAULT_BLOCK, blockwise_attention, soft_cap, visible
 
@@ -179,11 +181,13 @@ def dense_attention(q_BTHD, k_BSKD, v_BSKD, q_slots_BT, key_valid_BS, q_seg_BT, 
 
 def attention(q_BTHD, k_BSKD, v_BSKD, *, q_slots_BT=None, key_valid_BS=None, q_segment_ids_BT=None,
               kv_segment_ids_BS=None, sliding_window: int | None = None, scale: float | None = None,
-              softcap: float | None = None, implementation: str = "auto", block_size: int = DEFAULT_BLOCK) -> jax.Array:
+              softcap: float | None = None, implementation: str = "auto", block_size: int = DEFAULT_BLOCK,
+              context_attention: str = "auto") -> jax.Array:
     """Attention output (B, T, H, D) of queries (B, T, H, D) over keys/values (B, S, K, D); see the module doc.
 
     ``key_valid_BS`` defaults to all keys valid; segment ids are given for both sides or neither.
-    ``block_size`` is the query and key block length of the blockwise path.
+    ``block_size`` is the query and key block length of the blockwise path. ``context_attention`` (one of
+    ``CONTEXT_ATTENTION``) picks how self-attention runs under a sequence split.
     """
     B, T, H, D = q_BTHD.shape
     S = k_BSKD.shape[1]
@@ -194,8 +198,18 @@ def attention(q_BTHD, k_BSKD, v_BSKD, *, q_slots_BT=None, key_valid_BS=None, q_s
     if sliding_window is not None and sliding_window < 1:
         raise ValueError(f"sliding_window must be >= 1, got {sliding_window}")
     scale = D**-0.5 if scale is None else scale
-    # a sequence split over the context axis (training passes): attend over whole sequences, heads split instead
-    split = q_slots_BT is None and sequence_split.current() is not None
+    # a sequence split over the context axis (training passes): attend over whole sequences with the heads split
+    # (Ulysses), or with each device's queries over the keys/values gathered from the whole sequence
+    layout = sequence_split.current() if q_slots_BT is None else None
+    path = None if layout is None else layout.attention_path(context_attention, H)
+    if path == "gather" and T % layout.ways == 0:  # (rows that do not split over context are whole on each device)
+        attend = functools.partial(attention, sliding_window=sliding_window, scale=scale, softcap=softcap,
+                                   implementation=implementation, block_size=block_size)
+        return context_gather.gather_attention(
+            layout, lambda q, k, v, slots, valid, q_seg, kv_seg: attend(
+                q, k, v, q_slots_BT=slots, key_valid_BS=valid, q_segment_ids_BT=q_seg, kv_segment_ids_BS=kv_seg),
+            q_BTHD, k_BSKD, v_BSKD, key_valid_BS, q_segment_ids_BT, kv_segment_ids_BS)
+    split = path == "ulysses"
     if split:
         q_BTHD, k_BSKD, v_BSKD, (key_valid_BS, q_segment_ids_BT, kv_segment_ids_BS) = sequence_split.ulysses_inputs(
             q_BTHD, k_BSKD, v_BSKD, (key_valid_BS, q_segment_ids_BT, kv_segment_ids_BS))

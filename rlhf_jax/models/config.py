@@ -19,6 +19,7 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from rlhf_jax.config.names import CONTEXT_ATTENTION
 from rlhf_jax.models import remat
 from rlhf_jax.models.attention import DECODE_IMPLEMENTATIONS, IMPLEMENTATIONS
 from rlhf_jax.models.rope import ROPE_TYPES, RopeConfig
@@ -99,6 +100,7 @@ class ModelConfig:
     remat: str = "none"  # one of REMAT_POLICIES; True / False are read as "full" / "none"
     attn_impl: str = "auto"  # one of attention.IMPLEMENTATIONS
     decode_attn_impl: str = "auto"  # the sampler's one-token step, one of attention.DECODE_IMPLEMENTATIONS
+    context_attention: str = "auto"  # attention under a sequence split (mesh.context_attention), CONTEXT_ATTENTION
     pallas_interpret: bool = False  # run the Pallas decode kernels in interpret mode (any backend; tests)
     lora: Any = None  # a models.lora.LoraSpec: adapters on the projections it targets (None: a plain model)
     hf_config: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
@@ -109,6 +111,8 @@ class ModelConfig:
             raise ValueError(f"attn_impl {self.attn_impl!r} is not one of {IMPLEMENTATIONS}")
         if self.decode_attn_impl not in DECODE_IMPLEMENTATIONS:
             raise ValueError(f"decode_attn_impl {self.decode_attn_impl!r} is not one of {DECODE_IMPLEMENTATIONS}")
+        if self.context_attention not in CONTEXT_ATTENTION:
+            raise ValueError(f"context_attention {self.context_attention!r} is not one of {CONTEXT_ATTENTION}")
 
     def window_of(self, layer: int) -> int | None:
         """The sliding window of decoder layer ``layer`` (None: full causal attention)."""
@@ -277,7 +281,8 @@ def architecture_name(model_type: str, task: str) -> str:
 
 
 def from_hf_dict(hf: dict, **runtime) -> ModelConfig:
-    """Build a ``ModelConfig`` from a parsed HF config.json; ``runtime`` sets dtype/param_dtype/remat/attn_impl."""
+    """Build a ``ModelConfig`` from a parsed HF config.json; ``runtime`` sets the runtime fields (dtype, param_dtype,
+    remat, attn_impl, context_attention, ...)."""
     model_type = hf.get("model_type")
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise UnsupportedModelError(

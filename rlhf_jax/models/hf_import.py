@@ -129,6 +129,7 @@ def from_pretrained(
     task: str | None = None,
     remat: bool | str = "none",
     attn_impl: str = "auto",
+    context_attention: str = "auto",
     seed: int = 0,
 ) -> nnx.Module:
     """Load a local HF directory (``*ForCausalLM``, ``*ForSequenceClassification`` or
@@ -137,12 +138,14 @@ def from_pretrained(
     ``task`` overrides the head read from ``architectures``: ``"token_value"`` on a causal-LM
     checkpoint builds a critic whose value head is freshly initialised (as verl does).
     ``remat`` is a policy name ("none", "full", "dots_saveable") or a bool ("full" / "none");
-    ``attn_impl`` picks the attention implementation (see ``models/attention.py``).
+    ``attn_impl`` picks the attention implementation (see ``models/attention.py``), ``context_attention`` how it
+    runs under a sequence split (mesh.context_attention).
     """
     path = os.path.expanduser(path)
     hf = load_hf_config(path)
     try:
-        cfg = from_hf_dict(hf, dtype=dtype, param_dtype=param_dtype or dtype, remat=remat, attn_impl=attn_impl)
+        cfg = from_hf_dict(hf, dtype=dtype, param_dtype=param_dtype or dtype, remat=remat, attn_impl=attn_impl,
+                           context_attention=context_attention)
     except UnsupportedModelError as e:
         raise UnsupportedModelError(f"{path}: {e} (architectures {hf.get('architectures')})") from None
     checkpoint_task = task_from_hf(hf)

@@ -137,7 +137,8 @@ class Attention(nnx.Module):
                 q_slots_BT = None
         out = attention(q, k, v, q_slots_BT=q_slots_BT, key_valid_BS=key_valid_BS, q_segment_ids_BT=segment_ids_BT,
                         kv_segment_ids_BS=segment_ids_BT, sliding_window=self.window, scale=cfg.attn_scale,
-                        softcap=cfg.attn_logit_softcap, implementation=cfg.attn_impl)
+                        softcap=cfg.attn_logit_softcap, implementation=cfg.attn_impl,
+                        context_attention=cfg.context_attention)
         return self._output(out), new_cache
 
     def _output(self, out_BTHD: jax.Array) -> jax.Array:

@@ -14,6 +14,8 @@ does not grow with the split, against a ring's context - 1 exchanges of every ke
 head count: the query heads must divide tensor x context (``check_heads``, which names mesh.context). Key/value
 heads that do not divide it are repeated (GQA groups shrink: each copy serves fewer query heads) up to a count
 that does; positions and segment ids follow q/k/v: split with the tokens outside attention, whole inside it.
+Models whose query heads do not divide (SmolLM2: 9) take the other path, ``context_gather`` (queries stay split,
+keys/values are gathered); ``SequenceSplit.attention_path`` chooses, following mesh.context_attention.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from rlhf_jax.config.names import CONTEXT_ATTENTION
 from rlhf_jax.parallel.mesh import DEFAULT_RULES, Rules, logical_to_spec
 
 log = logging.getLogger(__name__)
@@ -74,14 +77,36 @@ class SequenceSplit:
         return next(r for r in range(1, group + 1) if group % r == 0 and (num_kv_heads * r) % ways == 0)
 
 
+    def attention_path(self, requested: str, num_heads: int) -> str:
+        """"ulysses" or "gather" for ``requested`` (mesh.context_attention): "auto" is Ulysses where the query heads
+        divide tensor x context, else the key/value gather (``context_gather``); "ulysses" that cannot is refused."""
+        if requested not in CONTEXT_ATTENTION:
+            raise ValueError(f"mesh.context_attention={requested!r} is not one of {', '.join(CONTEXT_ATTENTION)}")
+        divides = num_heads % self.head_ways == 0
+        if requested == "ulysses" and not divides:
+            raise ValueError(check_heads_message(num_heads, self.ways, self.head_ways // self.ways))
+        chosen = requested if requested != "auto" else "ulysses" if divides else "gather"
+        _log_path(chosen, requested, num_heads, self.ways, self.head_ways // self.ways)
+        return chosen
+
+
+@functools.cache
+def _log_path(chosen: str, requested: str, num_heads: int, context: int, tensor: int) -> None:
+    why = {"ulysses": "the heads split over tensor x context", "gather": "keys/values gathered over context"}[chosen]
+    log.info("mesh.context=%d attention: %s (%s; mesh.context_attention=%s, %d query heads, mesh.tensor=%d)",
+             context, chosen, why, requested, num_heads, tensor)
+
+
 def check_heads_message(num_heads: int, context: int, tensor: int) -> str:
     return (f"mesh.context={context} x mesh.tensor={tensor} does not divide the model's {num_heads} attention "
-            f"heads (Ulysses attention splits the heads over both); choose a mesh.context that does")
+            f"heads (Ulysses attention splits the heads over both); choose a mesh.context that does, or "
+            f"mesh.context_attention=gather (or auto)")
 
 
-def check_heads(num_heads: int, context: int, tensor: int) -> None:
-    """Refuse, naming mesh.context, a split whose attention heads cannot be divided over tensor x context."""
-    if context > 1 and num_heads % (context * tensor):
+def check_heads(num_heads: int, context: int, tensor: int, path: str = "ulysses") -> None:
+    """Refuse, naming mesh.context, Ulysses attention (``path``, mesh.context_attention) for a split whose attention
+    heads cannot be divided over tensor x context; "auto" and "gather" run such a split by gathering keys/values."""
+    if path == "ulysses" and context > 1 and num_heads % (context * tensor):
         raise ValueError(check_heads_message(num_heads, context, tensor))
 
 

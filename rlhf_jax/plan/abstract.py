@@ -50,7 +50,7 @@ def model_config(cfg: ConfigDict, hf: dict, role: str):
     role_cfg = cfg.critic.model if role == "critic" else m
     remat = role_cfg.remat_policy if role != "ref" and role_cfg.enable_gradient_checkpointing else "none"
     out = models.from_hf_dict(hf, dtype=DTYPES[m.compute_dtype], param_dtype=DTYPES[m.dtype], remat=remat,
-                              attn_impl=m.attn_implementation)
+                              attn_impl=m.attn_implementation, context_attention=cfg.mesh.context_attention)
     spec = lora_spec(cfg, out) if role == "actor" else None
     if spec is not None:
         out = out.replace(lora=spec)

@@ -144,7 +144,8 @@ def _note_fallback_scorer(cfg: ConfigDict, *datasets) -> None:
 
 def _check_mesh_axes(cfg: ConfigDict, model_path: str) -> None:
     """mesh.expert must split a Mixture-of-Experts model's experts evenly (otherwise they would be replicated), and
-    mesh.context x mesh.tensor the attention heads (Ulysses attention splits them over both)."""
+    mesh.context x mesh.tensor the attention heads where mesh.context_attention=ulysses (which splits them over
+    both; "auto" gathers keys/values instead where they do not divide)."""
     hf = models.load_hf_config(model_path)
     experts, ways = int(hf.get("num_experts") or hf.get("num_local_experts") or 0), int(cfg.mesh.expert)
     if experts and ways > 1 and experts % ways:
@@ -153,7 +154,7 @@ def _check_mesh_axes(cfg: ConfigDict, model_path: str) -> None:
     text = hf.get("text_config") if isinstance(hf.get("text_config"), dict) else hf
     heads = int(text.get("num_attention_heads") or 0)
     if heads:
-        check_heads(heads, int(cfg.mesh.context), int(cfg.mesh.tensor))
+        check_heads(heads, int(cfg.mesh.context), int(cfg.mesh.tensor), cfg.mesh.context_attention)
 
 
 def load_policy(cfg: ConfigDict, model_path: str, mesh, rules, *, role: str = "actor", task: str | None = None,
@@ -169,7 +170,8 @@ def load_policy(cfg: ConfigDict, model_path: str, mesh, rules, *, role: str = "a
     remat = role_cfg.remat_policy if role != "ref" and role_cfg.enable_gradient_checkpointing else "none"
     return models.from_pretrained(
         path or model_path, mesh=mesh, rules=rules, dtype=DTYPES[model_cfg.compute_dtype],
-        param_dtype=DTYPES[model_cfg.dtype], remat=remat, attn_impl=model_cfg.attn_implementation, task=task,
+        param_dtype=DTYPES[model_cfg.dtype], remat=remat, attn_impl=model_cfg.attn_implementation,
+        context_attention=cfg.mesh.context_attention, task=task,
     )
 
 

@@ -58,9 +58,10 @@ def _micros(mesh, host, dp: int) -> list[dict]:
     return [{k: to_global(mesh, v) for k, v in packed.micro(i).items()} for i in range(packed.num_micro)]
 
 
-def _passes(path: str, mesh, host, dp: int, attn: str):
+def _passes(path: str, mesh, host, dp: int, attn: str, context_attention: str = "auto"):
     """(log-probs, actor metrics, gradients) of the packed batch on ``mesh``."""
-    model = models.from_pretrained(path, mesh=mesh, attn_impl=attn, dtype=jnp.float32, param_dtype=jnp.float32)
+    model = models.from_pretrained(path, mesh=mesh, attn_impl=attn, dtype=jnp.float32, param_dtype=jnp.float32,
+                                   context_attention=context_attention)
     role = Role(model, mesh, optax.sgd(1.0), lambda step: 1.0)
     g = lambda x: to_global(mesh, x)  # noqa: E731
     logp = role.log_probs_packed(_micros(mesh, host, dp), (N, R), dp=dp, temperature=0.7)
@@ -189,16 +190,21 @@ def test_padded_sft_step_with_context_2_equals_one_device(hf_checkpoint):
 
 
 def test_a_run_whose_heads_the_split_cannot_divide_stops_before_loading(tmp_path):
-    """Loading a role checks the checkpoint's heads against mesh.context x mesh.tensor (SmolLM2's 9 heads)."""
+    """Loading a role checks the checkpoint's heads against mesh.context x mesh.tensor (SmolLM2's 9 heads) where
+    mesh.context_attention=ulysses; auto runs that split with the key/value gather."""
     import json
 
     from rlhf_jax.train.setup import _check_mesh_axes
     from tests.train.helpers import make_config
 
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "num_attention_heads": 9}))
-    cfg = make_config(str(tmp_path / "run"), **{"mesh.context": 3, "mesh.tensor": 1})
+    cfg = make_config(str(tmp_path / "run"), **{"mesh.context": 3, "mesh.tensor": 1,
+                                                "mesh.context_attention": "ulysses"})
     _check_mesh_axes(cfg, str(tmp_path))
     cfg.mesh.context = 2
+    cfg.mesh.context_attention = "auto"  # gathers keys/values instead
+    _check_mesh_axes(cfg, str(tmp_path))
+    cfg.mesh.context_attention = "ulysses"
     with pytest.raises(ValueError, match=r"mesh.context=2 x mesh.tensor=1 does not divide the model's 9 attention"):
         _check_mesh_axes(cfg, str(tmp_path))
 
