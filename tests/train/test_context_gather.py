@@ -37,8 +37,7 @@ def _reference(path: str, kind: str, host):
 
 
 @pytest.mark.parametrize("kind,context,attn,context_attention", [
-    ("gqa", 2, "auto", "auto"), ("gqa", 4, "blockwise", "gather"), ("gqa", 8, "auto", "auto"),
-    ("window", 2, "auto", "gather"), ("window", 4, "blockwise", "auto")])
+    ("gqa", 2, "auto", "auto"), ("window", 4, "blockwise", "auto"), ("gqa", 8, "auto", "gather")])
 def test_gathered_passes_equal_unsplit(hf_checkpoint, kind, context, attn, context_attention):
     """Dense attention per device (4..16 queries x 32 keys) and the blockwise kernel (its block skipping by slot)."""
     path, _ = hf_checkpoint(GATHER_MODELS[kind], **THREE_HEADS)
