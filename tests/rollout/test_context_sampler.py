@@ -1,5 +1,7 @@
 """The sampler with each slot's KV cache split along its length over ``mesh.context`` samples what the unsplit one
-does: the same greedy tokens, log-probs within 1e-5, on tiny Llama and Qwen2 checkpoints with context 2, 4 and 8.
+does: the same greedy tokens, log-probs within 1e-5, on tiny Llama (context 2, 4 and 8), Qwen3 (2) and Qwen2 with a
+sliding window (4: the window's count of valid keys runs across the blocks) checkpoints. Two slots serve four
+prompts, so slots are refilled (a prompt copied into the blocks that hold its columns) while others decode.
 
 Equal tokens alone would also come from a sampler that replicates the cache over the context axis, so the compiled
 program is checked too: its decode cache is sharded on ``context`` and the decode loop combines the attention's
