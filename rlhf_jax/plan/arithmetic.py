@@ -76,11 +76,13 @@ class DecodeWork:
 
 
 def decode_work(shape: ModelShape, *, prompts: int, prompt_len: int, n: int, response_len: int, slots: int,
-                weight_bytes_per_device: float, cache_itemsize: int, slots_per_device: float) -> DecodeWork:
+                weight_bytes_per_device: float, cache_itemsize: int, slots_per_device: float,
+                length_split: int = 1) -> DecodeWork:
     """Prefill of every prompt once, then ``prompts * n`` samples of ``response_len`` tokens decoded in ``slots``
-    slots; a decode step reads the weights and its slots' whole cache (prompt + response columns)."""
-    width = prompt_len + response_len - 1
+    slots; a decode step reads the weights and its slots' whole cache (prompt + response columns), of which each
+    device holds 1 / ``length_split`` of the columns (the context split)."""
+    width = -(-(prompt_len + response_len - 1) // length_split) * length_split
     steps = -(-prompts * n * response_len // slots)
-    cache = slots_per_device * width * shape.kv_bytes_per_token(cache_itemsize)
+    cache = slots_per_device * width / length_split * shape.kv_bytes_per_token(cache_itemsize)
     return DecodeWork(prefill_flops=sequence_flops(shape, prompts, prompt_len), decode_steps=steps,
                       step_flops=forward_flops(shape, slots, width), step_bytes_per_device=weight_bytes_per_device + cache)

@@ -225,10 +225,11 @@ def _rollout(st: _State) -> float | None:
     R, P = run.sampling.max_new_tokens, int(cfg.data.max_prompt_length)
     slots = scheduler.num_slots(prompts * run.sampling.n, shards, run.sampling.max_num_seqs)
     tp_roll = 1 if run.rollout_mesh is not None else int(d.mesh_shape[2])
+    context_roll = 1 if run.rollout_mesh is not None else int(d.mesh_shape[4])  # the cache's length split
     work = ar.decode_work(ar.ModelShape.of(run.actor.config), prompts=prompts, prompt_len=P, n=run.sampling.n,
                           response_len=R, slots=slots, weight_bytes_per_device=weight_bytes / tp_roll,
                           cache_itemsize=jax.numpy.dtype(arr.rollout.dtype).itemsize,
-                          slots_per_device=slots / shards / tp_roll)
+                          slots_per_device=slots / shards / tp_roll, length_split=context_roll)
     sampling_s = None
     if chip is not None:
         sampling_s = (work.prefill_flops / n_roll / chip.peak_flops

@@ -8,6 +8,10 @@
    its shard inside the same loop. When the queues are empty and few enough
    slots are live, the live ones move into a loop compiled for fewer slots.
 
+Under a context split (``mesh.context`` > 1) every slot's cache is split along its length over the context axis
+(``shards.BatchShards``): the decode step's attention reduces over the split columns (XLA all-reduces the softmax's
+max and sum and the weighted values, per token), its cache is rounded up to whole blocks and starts at full width.
+
 Every token lands in (N, R) buffers at (sample id, token index), so the result
 is the same prompt-major ``RolloutBatch`` whatever the slot count. A token is
 drawn with the key of (call key, sample id, token index): which slot a sample
@@ -17,6 +21,7 @@ ran in, or when, does not change it.
 from __future__ import annotations
 
 import functools
+from contextlib import nullcontext
 
 import jax
 import jax.numpy as jnp
@@ -82,7 +87,7 @@ def _decode(model, slots, queue, responses, prompts, first_token, key, params, s
     cache); returns the responses, the steps per loop and the slot count of each loop."""
     n, R = params.n, params.max_new_tokens
     P = slots.prompt_mask.shape[1]
-    S = P + R - 1
+    S = shards.cache_width(P + R - 1)
     samples_per_shard = responses.finished.shape[0] // shards.count
     stop_ids = () if params.ignore_eos else params.eos_token_ids
 
@@ -90,7 +95,10 @@ def _decode(model, slots, queue, responses, prompts, first_token, key, params, s
         slots, queue, responses, steps = carry
         width = slots.cache[0][0].shape[3]
         slots, queue = scheduler.prepare(slots, queue, prompts, first_token, n, shards)
-        with kernel_layout(shards.mesh, shards.batch, shards.kv_heads):  # the decode kernels may run, per device
+        # the decode kernels may run, per device, on a cache whose columns each device holds whole; a cache split
+        # over the context axis takes XLA's multiply-reduce, whose softmax and value sums XLA combines across it
+        layout = kernel_layout(shards.mesh, shards.batch, shards.kv_heads) if shards.length_ways == 1 else nullcontext()
+        with layout:
             out = model.forward_cached(slots.last[:, None], slots.positions()[:, None],
                                        slots.key_valid(), slots.cache, width - 1, record_routes=params.record_routes)
         hidden, cache = out[:2]
@@ -153,7 +161,10 @@ def rollout_with_stats(
     phases = scheduler.phase_sizes(slots, shards.count, R) if R > 1 else ()
     loops: tuple[int, ...] = ()
     if phases:
-        width = scheduler.narrow_width(P, R) or P + R - 1
+        # under a context split the cache starts whole: widening a split cache would move most columns to
+        # another device
+        narrow = scheduler.narrow_width(P, R) if shards.length_ways == 1 else None
+        width = shards.cache_width(narrow or P + R - 1)
         state = scheduler.empty_slots(model, slots, P, width, shards)
         responses, steps, loops = _decode(model, state, queue, responses, prompts, first_token, key, params, shards,
                                           phases)

@@ -26,7 +26,10 @@ and decoding goes on in a loop compiled for that size. The decode step has a lar
 batch than on a mostly finished large one.
 
 Every function here that touches a cache or a queue runs per shard
-(``BatchShards.local``), on local sample ids.
+(``BatchShards.local``), on local sample ids. Under a context split each
+device holds a block of every slot's columns: a refill writes the prompt
+columns of its own block, and the commit sends the staged column (the last
+block's) to the block that owns the slot's response column.
 """
 
 from __future__ import annotations
@@ -101,7 +104,8 @@ class Slots:
     cache: list  # per layer (keys (M, K, D, S), values (M, K, S, D))
 
     def specs(self, shards: BatchShards) -> "Slots":
-        return Slots(shards.rows(1), shards.rows(1), shards.rows(1), shards.rows(2), shards.cache(len(self.cache)))
+        return Slots(shards.rows(1), shards.rows(1), shards.rows(1), shards.rows(2),
+                     shards.cache(len(self.cache), split_length=True))
 
     def key_valid(self) -> jax.Array:
         """(M, S): the prompt's tokens, response tokens 0 .. t - 2 (committed) and the staging column (token t - 1)."""
@@ -164,19 +168,33 @@ def _queue_local(pending: jax.Array) -> Queue:
     return Queue(order=order, count=count, head=jnp.zeros_like(count))
 
 
-def _copy_prompt(cache: list, prompts: PromptCache, slot: jax.Array, rank: jax.Array) -> list:
-    """The prompt of ``rank`` into the prompt columns of ``slot``, every layer."""
+def _copy_prompt(cache: list, prompts: PromptCache, slot: jax.Array, rank: jax.Array, block_start=0) -> list:
+    """The prompt of ``rank`` into the prompt columns of ``slot``, every layer; under a context split only the
+    columns of this device's block (global columns from ``block_start``), which are a prefix of the block."""
     group, row = rank // prompts.group_size, rank % prompts.group_size
+    P, local = prompts.kv[0][0].shape[-1], cache[0][0].shape[3]
+    width = min(P, local)  # prompt columns a block can hold
+    if width == P and isinstance(block_start, int):  # one block holds the whole prompt: copy it as is
+        start, shift, keep = 0, 0, None
+    else:  # columns [block_start, block_start + width) of the prompt; dynamic_slice clamps the start, roll undoes it
+        start = jnp.clip(block_start, 0, P - width)
+        shift = block_start - start
+        keep = block_start + jnp.arange(width) < P
     out = []
     for (k, v), (pk, pv) in zip(cache, prompts.kv):
-        src_k = jax.lax.dynamic_slice(pk, (group, row, 0, 0, 0), (1, 1) + pk.shape[2:])[0]
-        src_v = jax.lax.dynamic_slice(pv, (group, row, 0, 0, 0), (1, 1) + pv.shape[2:])[0]
+        src_k = jax.lax.dynamic_slice(pk, (group, row, 0, 0, start), (1, 1) + pk.shape[2:4] + (width,))[0]
+        src_v = jax.lax.dynamic_slice(pv, (group, row, 0, start, 0), (1, 1, pv.shape[2], width, pv.shape[4]))[0]
+        if keep is not None:
+            old_k = jax.lax.dynamic_slice(k, (slot, 0, 0, 0), src_k.shape)
+            old_v = jax.lax.dynamic_slice(v, (slot, 0, 0, 0), src_v.shape)
+            src_k = jnp.where(keep, jnp.roll(src_k, -shift, axis=3), old_k)
+            src_v = jnp.where(keep[:, None], jnp.roll(src_v, -shift, axis=2), old_v)
         out.append((jax.lax.dynamic_update_slice(k, src_k, (slot, 0, 0, 0)),
                     jax.lax.dynamic_update_slice(v, src_v, (slot, 0, 0, 0))))
     return out
 
 
-def _refill_local(slots: Slots, queue: Queue, prompts: PromptCache, first_token: jax.Array, n: int):
+def _refill_local(slots: Slots, queue: Queue, prompts: PromptCache, first_token: jax.Array, n: int, block_start=0):
     """Free slots take the next pending samples in order; only the refilled slots' KV is written."""
     free = slots.sample < 0
     index = queue.head + jnp.cumsum(free) - 1
@@ -187,7 +205,7 @@ def _refill_local(slots: Slots, queue: Queue, prompts: PromptCache, first_token:
     refilled = jnp.nonzero(take, size=take.shape[0], fill_value=0)[0]
     rank = prompts.rank[prompt]
     cache = jax.lax.fori_loop(
-        0, taken, lambda i, c: _copy_prompt(c, prompts, refilled[i], rank[refilled[i]]), slots.cache)
+        0, taken, lambda i, c: _copy_prompt(c, prompts, refilled[i], rank[refilled[i]], block_start), slots.cache)
     slots = Slots(
         sample=sample,
         t=jnp.where(take, 1, slots.t),
@@ -198,24 +216,39 @@ def _refill_local(slots: Slots, queue: Queue, prompts: PromptCache, first_token:
     return slots, queue.replace(head=queue.head + taken)
 
 
-def _commit_local(slots: Slots) -> list:
+def _commit_local(slots: Slots, shards: BatchShards) -> list:
     """Each live slot's staged key/value (token t - 2, fed back last step) to its column P + t - 2.
 
     A slot that has not fed a token back yet (t < 2, just refilled) or is free
-    "moves" the staging column onto itself.
+    "moves" the staging column onto itself. Under a context split the staging
+    column lies in the last device's block: its keys and values (one token per
+    slot) are summed over the context axis from that device alone, and each
+    device writes the columns of its own block.
     """
     P = slots.prompt_mask.shape[1]
-    staging = slots.cache[0][0].shape[3] - 1
+    local = slots.cache[0][0].shape[3]
+    staging = local * shards.length_ways - 1
     column = jnp.where((slots.sample >= 0) & (slots.t >= 2), P + slots.t - 2, staging)
     rows = jnp.arange(column.shape[0])
-    return [(k.at[rows, :, :, column].set(k[:, :, :, staging]), v.at[rows, :, column, :].set(v[:, :, staging, :]))
-            for k, v in slots.cache]
+    if shards.length_ways == 1:
+        return [(k.at[rows, :, :, column].set(k[:, :, :, staging]), v.at[rows, :, column, :].set(v[:, :, staging, :]))
+                for k, v in slots.cache]
+    block = shards.length_block()
+    column = column - block * local
+    column = jnp.where((column >= 0) & (column < local), column, local)  # another block's column: dropped
+
+    def staged(x):  # the last block's last column, on every device of the context group
+        return jax.lax.psum(jnp.where(block == shards.length_ways - 1, x, jnp.zeros_like(x)), shards.length_axes)
+    return [(k.at[rows, :, :, column].set(staged(k[:, :, :, -1]), mode="drop"),
+             v.at[rows, :, column, :].set(staged(v[:, :, -1, :]), mode="drop")) for k, v in slots.cache]
 
 
-def _prepare_local(slots: Slots, queue: Queue, prompts: PromptCache, first_token: jax.Array, n: int):
+def _prepare_local(slots: Slots, queue: Queue, prompts: PromptCache, first_token: jax.Array, n: int,
+                   shards: BatchShards):
     """Before a decode step: refill the slots freed by the last one, then commit the staged column."""
-    slots, queue = _refill_local(slots, queue, prompts, first_token, n)
-    return slots.replace(cache=_commit_local(slots)), queue
+    block_start = shards.length_block() * slots.cache[0][0].shape[3] if shards.length_ways > 1 else 0
+    slots, queue = _refill_local(slots, queue, prompts, first_token, n, block_start)
+    return slots.replace(cache=_commit_local(slots, shards)), queue
 
 
 def _record_local(sample, t, responses: Responses, tokens, logps, routes, *, stop_ids):
@@ -290,14 +323,14 @@ def widen(slots: Slots, width: int, shards: BatchShards) -> Slots:
         pad_v = jnp.zeros(v.shape[:2] + (width - w,) + v.shape[3:], v.dtype)
         return (jnp.concatenate([k[..., :w - 1], pad_k, k[..., w - 1:]], axis=3),
                 jnp.concatenate([v[:, :, :w - 1], pad_v, v[:, :, w - 1:]], axis=2))
-    cache = shards.constrain([grow(k, v) for k, v in slots.cache], shards.cache(len(slots.cache)))
+    cache = shards.constrain([grow(k, v) for k, v in slots.cache], shards.cache(len(slots.cache), split_length=True))
     return slots.replace(cache=cache)
 
 
 def empty_slots(model, slots: int, prompt_len: int, width: int, shards: BatchShards) -> Slots:
     """``slots`` free slots with a ``width``-column cache (P prompt columns, response columns, staging)."""
     cache = model.init_cache(slots, width)
-    cache = shards.constrain(cache, shards.cache(model.config.num_hidden_layers))
+    cache = shards.constrain(cache, shards.cache(model.config.num_hidden_layers, split_length=True))
     zeros = jnp.zeros((slots,), jnp.int32)
     prompt_mask = jnp.zeros((slots, prompt_len), jnp.int32)
     empty = Slots(sample=zeros - 1, t=zeros, last=zeros, prompt_mask=prompt_mask, cache=cache)
@@ -311,7 +344,7 @@ def prepare(slots: Slots, queue: Queue, prompts: PromptCache, first_token: jax.A
     the model's attention reads it, so XLA keeps the cache in place; a refill
     after the reads makes it copy the cache.
     """
-    fn = functools.partial(_prepare_local, n=n)
+    fn = functools.partial(_prepare_local, n=n, shards=shards)
     specs = (slots.specs(shards), queue.specs(shards))
     return shards.local(fn, specs + (prompts.specs(shards), shards.rows(1)), specs)(slots, queue, prompts, first_token)
 

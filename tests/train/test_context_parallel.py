@@ -148,7 +148,7 @@ def _grpo_run(out: str, **mesh) -> tuple[list[dict], dict, list[str]]:
 
 def test_grpo_run_with_context_4_matches_context_1(tmp_path):
     """Two GRPO steps (SGD) of the tiny model (4 heads, 2 kv heads) on (data=2, context=4) and on 2 devices
-    (data=2): the sampler replicates over the context axis, so both sample the same responses; the metrics of both
+    (data=2): the sampler splits its cache over the context axis and samples the same responses; the metrics of both
     steps and the trained parameters agree to 1e-5."""
     split_metrics, split_params, programs = _grpo_run(str(tmp_path / "split"), **{"mesh.data": 2, "mesh.context": 4})
     assert any("all-to-all" in p for p in programs)  # the actor's passes ran split
