@@ -94,7 +94,12 @@ def test_split_passes_equal_unsplit(hf_checkpoint, kind, context, attn):
     host = shared_prompt_batch(0)
     ref_logp, ref_metrics, ref_grads = _reference(path, kind, host, attn)
     mesh = make_mesh(data=1, fsdp=1, context=context, devices=jax.devices()[:context])
-    logp, metrics, grads, role = _passes(path, mesh, host, 1, attn)
+    assert_passes_equal((ref_logp, ref_metrics, ref_grads), _passes(path, mesh, host, 1, attn), host)
+
+
+def assert_passes_equal(want: tuple, got: tuple, host) -> None:
+    """``_passes``' (log-probs, metrics, gradients) of a split mesh against the unsplit ones (float32 rounding)."""
+    (ref_logp, ref_metrics, ref_grads), (logp, metrics, grads, role) = want, got
     mask = host["response_mask"].astype(bool)
     np.testing.assert_allclose(logp[mask], ref_logp[mask], rtol=1e-5, atol=1e-6)
     assert ref_metrics["actor/pg_clipfrac"] > 0  # the clipped branch is exercised
