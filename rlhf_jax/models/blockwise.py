@@ -94,12 +94,27 @@ def _forward_q_block(qi, q, k, v, q_slots, q_seg, key_valid, kv_seg, window, blo
     return out, lse
 
 
-def _forward(q, k, v, q_slots, q_seg, key_valid, kv_seg, window, block_k, softcap):
-    def one(qi):
-        return _forward_q_block(qi, q, k, v, q_slots, q_seg, key_valid, kv_seg, window, block_k, softcap)
+def _zeros_after(shape, dtype, anchor: jax.Array) -> jax.Array:
+    """Zeros that XLA cannot create before ``anchor`` exists: the buffer a loop writes its blocks into.
 
-    out, lse = jax.lax.map(one, jnp.arange(q.shape[0]))
-    return out.astype(q.dtype), lse
+    A plain ``jnp.zeros`` depends on nothing, and XLA:CPU's scheduler creates such buffers at the start of the
+    program, so a 30-layer pass held every layer's output and key/value-gradient buffers at once (SmolLM2: 46 KiB
+    a token of float32 key/value gradients that no split along the sequence divides). Made from ``anchor`` (an
+    input of the loop), the buffer is created where the loop runs and freed after it.
+    """
+    first = anchor.reshape(-1)[0]
+    return jnp.zeros(shape, dtype) + jnp.where(jnp.isfinite(first), first * 0, 0).astype(dtype)
+
+
+def _forward(q, k, v, q_slots, q_seg, key_valid, kv_seg, window, block_k, softcap):
+    """Output (nq, B, K, G, Bq, D) in q's dtype and log-sum-exp (nq, B, K, G, Bq) float32, one query block at a
+    time into buffers made after ``q`` (``_zeros_after``)."""
+    def one(qi, outs):
+        out_blk, lse_blk = _forward_q_block(qi, q, k, v, q_slots, q_seg, key_valid, kv_seg, window, block_k, softcap)
+        return outs[0].at[qi].set(out_blk.astype(q.dtype)), outs[1].at[qi].set(lse_blk)
+
+    init = (_zeros_after(q.shape, q.dtype, q), _zeros_after(q.shape[:-1], jnp.float32, q))
+    return jax.lax.fori_loop(0, q.shape[0], one, init)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8, 9))
@@ -119,7 +134,8 @@ def _bwd(window, block_k, softcap, residuals, d_out):
     d_out = d_out.astype(jnp.float32)
     delta = jnp.sum(d_out * out.astype(jnp.float32), axis=-1)  # (nq, B, K, G, Bq): rowsum(dO * O)
 
-    def key_block(dq, ki):
+    def key_block(ki, carry):
+        dq, dk_all, dv_all = carry
         k_blk, v_blk = k[ki], v[ki]
 
         def query_block(qi, carry):
@@ -144,10 +160,15 @@ def _bwd(window, block_k, softcap, residuals, d_out):
 
         zeros = jnp.zeros(k_blk.shape, jnp.float32)
         dq, dk, dv = jax.lax.fori_loop(0, q.shape[0], query_block, (dq, zeros, zeros))
-        return dq, (dk, dv)
+        return dq, dk_all.at[ki].set(dk.astype(k.dtype)), dv_all.at[ki].set(dv.astype(v.dtype))
 
-    dq, (dk, dv) = jax.lax.scan(key_block, jnp.zeros(q.shape, jnp.float32), jnp.arange(k.shape[0]))
-    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None, None, None
+    # the gradients' buffers are made after d_out (``_zeros_after``), not at the program's start
+    init = (_zeros_after(q.shape, jnp.float32, d_out), _zeros_after(k.shape, k.dtype, d_out),
+            _zeros_after(v.shape, v.dtype, d_out))
+    dq, dk, dv = jax.lax.fori_loop(0, k.shape[0], key_block, init)
+    return dq.astype(q.dtype), dk, dv, None, None, None, None
+
+
 
 
 blockwise_blocked.defvjp(_fwd, _bwd)

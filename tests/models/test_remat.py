@@ -72,10 +72,11 @@ def test_remat_inside_lax_map_of_a_model_merged_outside(params):
     assert all(np.isfinite(np.asarray(g)).all() for g in jax.tree.leaves(grads))
 
 
-def compiled_temp_bytes(remat: str) -> int:
-    """Temporary memory XLA plans for forward + backward of a 4-layer model over 2 x 128 tokens."""
-    graphdef, state = nnx.split(build_abstract(tiny_config(layers=4, remat=remat), "causal_lm"))
-    ids = jax.ShapeDtypeStruct((2, 128), jnp.int32)
+def compiled_temp_bytes(remat: str, layers: int = 4, tokens: int = 128, attn_impl: str = "dense") -> int:
+    """Temporary memory XLA plans for forward + backward of a model over 2 x ``tokens`` tokens."""
+    graphdef, state = nnx.split(build_abstract(tiny_config(layers=layers, remat=remat, attn_impl=attn_impl),
+                                               "causal_lm"))
+    ids = jax.ShapeDtypeStruct((2, tokens), jnp.int32)
 
     def loss(state, ids):
         return jnp.mean(jax.nn.log_softmax(nnx.merge(graphdef, state)(ids))[..., 0])
@@ -87,3 +88,13 @@ def test_full_remat_needs_less_temporary_memory():
     none, full = compiled_temp_bytes("none"), compiled_temp_bytes("full")
     print(f"temp bytes: none {none}, full {full}")
     assert full < 0.5 * none  # every layer's activations but one are recomputed instead of kept
+
+
+def test_each_further_remat_layer_keeps_only_its_input():
+    """Blockwise attention's loop buffers are made where its loops run: a layer more adds its saved input (the
+    hidden states, 2 x 1024 x 64 float32) and nothing else. (When those buffers were plain zeros, XLA:CPU created
+    every layer's at the program's start: 4x the input per layer, the key/value gradients among them.)"""
+    two, eight = (compiled_temp_bytes("full", layers, tokens=1024, attn_impl="blockwise") for layers in (2, 8))
+    layer_input = 2 * 1024 * TINY["hidden_size"] * 4
+    print(f"temp bytes: 2 layers {two}, 8 layers {eight}; per layer {(eight - two) / 6:.0f}, input {layer_input}")
+    assert (eight - two) / 6 < 1.25 * layer_input
