@@ -152,6 +152,18 @@ def _warn_indivisible(length: int, ways: int) -> None:
                 length, ways)
 
 
+def split_list(x_NC: jax.Array) -> tuple[jax.Array, int]:
+    """A (N, C, ...) per-row list (the positions a pass projects onto the vocabulary) as (N * ways, C / ways, ...)
+    with the new rows on (rows, context), so each context device takes C / ways of every row's entries, and ``ways``
+    (1, the input unchanged, without a split or where ``ways`` does not divide C). Undo with a reshape to (N, C)."""
+    split = current()
+    if split is None or x_NC.shape[1] % split.ways:
+        return x_NC, 1
+    N, C = x_NC.shape[:2]
+    x = x_NC.reshape(N * split.ways, C // split.ways, *x_NC.shape[2:])
+    return split._constrain(x, _entry(_axes(split.rows) + _axes(split.length))), split.ways
+
+
 def ulysses_inputs(q_BTHD, k_BSKD, v_BSKD, extras: tuple) -> tuple:
     """(q, k, v, extras) laid out for attention over whole sequences: heads split over tensor x context (key/value
     heads repeated where too few), the (B, T) ``extras`` (mask, segment ids; None kept) whole along T."""

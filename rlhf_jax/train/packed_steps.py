@@ -28,6 +28,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from rlhf_jax import algos
+from rlhf_jax.models.sequence_split import split_list
 from rlhf_jax.train.steps import (ActorLossSpec, CriticLossSpec, actor_denominators, actor_loss, add_router_loss,
                                   add_value_loss, critic_loss, value_denominator)
 from rlhf_jax.train.token_outputs import token_log_probs, token_top_k
@@ -138,9 +139,11 @@ def packed_log_probs(model, micro: Micro, temperature: float, with_entropy: bool
 
 def _log_probs_at(model, hidden, micro: Micro, temperature: float, with_entropy: bool, dp: int,
                   with_sum_pi_squared: bool = False):
-    picked = pick(hidden, micro, dp)  # (dp, C, E)
-    return token_log_probs(model, picked, micro["logit_token_ids"].reshape(dp, -1), temperature, with_entropy,
-                           with_sum_pi_squared)
+    # under a sequence split each context device projects C / context of the listed positions, not all of them
+    picked, ways = split_list(pick(hidden, micro, dp))  # (dp * ways, C / ways, E)
+    ids, _ = split_list(micro["logit_token_ids"].reshape(dp, -1))
+    outs = token_log_probs(model, picked, ids, temperature, with_entropy, with_sum_pi_squared)
+    return outs if ways == 1 else tuple(None if o is None else o.reshape(dp, -1) for o in outs)
 
 
 def pick(per_position: jax.Array, micro: Micro, dp: int) -> jax.Array:
