@@ -44,6 +44,14 @@ def main(argv: list[str] | None = None, *, restart: bool = False) -> int:
     from rlhf_jax.parallel.distributed import maybe_initialize
 
     maybe_initialize()  # a no-op unless a launcher set up several processes (launch/)
+    if cfg.mesh.context == 0:  # automatic: the split is planned on abstract weights before anything is built
+        from rlhf_jax.plan.context import choose_context
+
+        try:
+            cfg.mesh.context, _ = choose_context(cfg, progress=lambda line: print(line, file=sys.stderr, flush=True))
+        except (KeyError, ValueError, FileNotFoundError, MemoryError) as e:
+            print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
+            return 2
     from rlhf_jax.rewards import RewardFunctionError, RewardLoadError
     from rlhf_jax.runtime.checkpoint import CheckpointError, CheckpointWriteError
     from rlhf_jax.runtime.preemption import STOP

@@ -358,8 +358,8 @@ MESH = (
         "Devices on the expert-parallel axis (a MoE model's experts split over it); the batch is split over it "
         "too, like data. -1 = the rest."),
     Key("mesh.context", 1,
-        "Devices on the context (sequence) axis: the training passes split each sequence over it "
-        "(attention: mesh.context_attention). -1 = the rest."),
+        "Devices splitting each sequence of the training passes (attention: mesh.context_attention). -1 = the "
+        "rest; 0 = automatic, the smallest split that fits (docs/placement.md)."),
     Key("mesh.context_attention", "auto",
         "Attention under mesh.context > 1: ulysses (heads split over tensor x context; they must divide), gather "
         "(keys/values all-gathered over context), auto (ulysses where the heads divide, else gather).",

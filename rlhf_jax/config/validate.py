@@ -122,8 +122,10 @@ def finalize(
     run_rules(out, ctx, RULES)
     train_devices = placement.train_devices(out, placement.used_devices(out, num_devices, num_processes),
                                             num_processes)
+    # mesh.context=0 (automatic) is resolved by main and the plan command before this (plan/context.py); anything
+    # else that finalizes such a config runs its passes unsplit
     mesh = resolve_mesh(out.mesh.data, out.mesh.fsdp, out.mesh.tensor, train_devices, out.mesh.expert,
-                        out.mesh.context)
+                        out.mesh.context or 1)
     derived = derive_batches(out, mesh=mesh, num_devices=train_devices, num_processes=num_processes,
                              train_dataset_size=train_dataset_size)
     _check_model_limits(out, derived)

@@ -52,7 +52,11 @@ def main(argv: list[str] | None = None) -> int:
 
     progress = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     try:
-        plan = plan_run(cfg, name, progress=progress)
+        from rlhf_jax.plan.context import choose_context, with_context
+
+        context, plan = choose_context(cfg, name, progress=progress)  # mesh.context=0: the smallest that fits
+        if plan is None:
+            plan = plan_run(with_context(cfg, context), name, progress=progress)
     except (KeyError, ValueError, FileNotFoundError, RuntimeError, MemoryError) as e:
         print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
         return 2

@@ -96,13 +96,14 @@ def _timed(progress: Callable[[str], None], what: str, fn: Callable):
 
 
 def plan_run(cfg: ConfigDict, topology: str | None = None, *, progress: Callable[[str], None] = lambda _: None,
-             stop_at_first_problem: bool = True) -> RunPlan:
+             stop_at_first_problem: bool = True, usable_bytes: int | None = None) -> RunPlan:
     """Compile every program of the run ``cfg`` describes for ``topology`` (a name of ``targets.TARGETS``; None or
     "local": the devices JAX sees) and return its plan. Nothing is allocated and no weight is read.
 
     What cannot fit raises ``MemoryError`` with one line naming the keys to change, at the first problem (before
     the remaining programs compile); with ``stop_at_first_problem=False`` every program is compiled and the
-    problems are listed in ``RunPlan.problems``."""
+    problems are listed in ``RunPlan.problems``. ``usable_bytes``: plan against that much memory per device instead
+    of the target's (a card with less memory, or a share of a host)."""
     local = topology in (None, "local")
     t = local_target() if local else target(topology)
     devices = jax.devices() if local else target_devices(t)
@@ -112,7 +113,8 @@ def plan_run(cfg: ConfigDict, topology: str | None = None, *, progress: Callable
     jax.config.update("jax_enable_compilation_cache", cache and local)
     try:
         with compiling_for(devices[0].platform, len(devices)):
-            return _plan(cfg, t, devices, progress, stop_at_first_problem)
+            return _plan(cfg, t, devices, progress, stop_at_first_problem,
+                         _usable(t) if usable_bytes is None else usable_bytes)
     finally:
         jax.config.update("jax_enable_compilation_cache", cache)
 
@@ -146,7 +148,7 @@ class _State:
             raise _Stop(line)
 
 
-def _plan(cfg: ConfigDict, t: Target, devices: list, progress, stop: bool) -> RunPlan:
+def _plan(cfg: ConfigDict, t: Target, devices: list, progress, stop: bool, usable: int) -> RunPlan:
     supervised = cfg.algorithm.type in sv.KINDS
     run = _timed(progress, "abstract models", lambda: sv.build(cfg, devices, t.hosts) if supervised
                  else pg.build_run(cfg, devices))
@@ -155,7 +157,7 @@ def _plan(cfg: ConfigDict, t: Target, devices: list, progress, stop: bool) -> Ru
         resident_trees.append(run.ref.params)
     if run.critic is not None:
         resident_trees += [run.critic.params, run.critic.opt_state]
-    st = _State(cfg, run, t, t.chip if t.chip.peak_flops else None, _usable(t), per_device_bytes(resident_trees),
+    st = _State(cfg, run, t, t.chip if t.chip.peak_flops else None, usable, per_device_bytes(resident_trees),
                 progress, stop)
     in_host = per_device_bytes(resident_trees, host=True)
     try:

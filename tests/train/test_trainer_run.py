@@ -33,10 +33,12 @@ def test_default_recipe_cli_writes_metrics_tensorboard_and_checkpoint(tmp_path):
     out = str(tmp_path / "run")
     args = cli_args(out, **{"trainer.logger": ("console", "tensorboard", "jsonl"), "trainer.test_freq": 2,
                             "trainer.val_before_train": True, "trainer.save_hf_checkpoint": "last",
-                            "mesh.data": 1, "mesh.fsdp": 1, "mesh.tensor": 1})
+                            "mesh.data": 1, "mesh.fsdp": 1, "mesh.tensor": 1, "mesh.context": 0})
     proc = run_main(args, devices=1)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "step 2" in proc.stdout  # the console line
+    # mesh.context=0 (automatic): the tiny model's update surely fits one device, so nothing is planned
+    assert "mesh.context=0 (automatic): 1 (one sequence's update surely fits a device unsplit)" in proc.stderr
     rows = read_metrics(out)
     assert [r["step"] for r in rows] == [0, 1, 2]
     for name in DOCUMENTED:

@@ -1,0 +1,110 @@
+"""``mesh.context=0`` (automatic): the smallest sequence split with which the run fits its devices.
+
+A split costs collectives in every layer and, with ``mesh.data=-1``, data-parallel shards, so the answer is 1
+wherever one device can hold a whole sequence's update. The arithmetic bound of ``train/pass_bound.py`` (never
+below XLA's estimate) says so without compiling anything: the actor's update over one sequence of
+``derived.max_seq_len`` tokens, plus every parameter, gradient and optimizer state of the actor, reference and
+critic unsharded in float32, within the usable memory. Where the bound cannot promise it, each split 1, 2, 4, ...
+whose mesh and batch sizes divide is planned as ``python -m rlhf_jax.plan`` plans it (every program compiled for
+the devices on abstract weights, the memory plan's micro-batches shrunk to fit), and the first that fits is taken.
+
+``main`` resolves the key this way before the trainer is built; the plan command does the same for its target.
+Everything else that finalizes a config reads 0 as 1 (an unsplit pass).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+from ml_collections import ConfigDict
+
+from rlhf_jax import algos, models
+from rlhf_jax.plan.abstract import hf_config
+from rlhf_jax.plan.arithmetic import ModelShape
+from rlhf_jax.plan.run import RunPlan, _usable, finalized, local_target, plan_run
+from rlhf_jax.plan.targets import target
+from rlhf_jax.train.pass_bound import pass_bound_bytes
+from rlhf_jax.train.passes import HEADROOM
+
+AUTOMATIC = 0
+# bytes per parameter the bound counts resident: float32 weights, gradients and two Adam moments, and a float32
+# reference copy (each unsharded)
+_RESIDENT_PER_PARAM = 5 * 4
+
+
+def with_context(cfg: ConfigDict, context: int) -> ConfigDict:
+    out = ConfigDict(cfg.to_dict())
+    out.mesh.context = context
+    return out
+
+
+def candidates(cfg: ConfigDict, devices: int, hosts: int) -> list[int]:
+    """The splits 1, 2, 4, ... (up to ``devices``) for which the config finalizes: the mesh axes multiply to the
+    devices and the batch sizes divide the data-parallel shards that remain."""
+    out, context = [], 1
+    while context <= devices:
+        try:
+            finalized(with_context(cfg, context), devices, hosts)
+        except ValueError:
+            pass
+        else:
+            out.append(context)
+        context *= 2
+    return out
+
+
+def all_params(shape: ModelShape) -> int:
+    """Parameters of a model of ``shape``: every expert counted, the embedding and output head both."""
+    d = shape.hidden
+    attention = 2 * d * shape.heads * shape.head_dim + 2 * d * shape.kv_heads * shape.head_dim
+    sparse = d * shape.experts + 3 * d * (shape.expert_width * shape.experts + shape.shared_expert_width)
+    layers = sum(attention + (sparse if s else 3 * d * shape.mlp_width) for s in shape.sparse_layers)
+    return layers + 2 * d * shape.vocab
+
+
+def unsplit_surely_fits(cfg: ConfigDict, usable: int) -> bool:
+    """Whether the arithmetic bound of one whole sequence's actor update at context 1, beside every parameter and
+    optimizer state counted unsharded in float32, stays within ``usable`` bytes (see the module doc); ``cfg`` is
+    finalized."""
+    model = models.from_hf_dict(hf_config(cfg.actor_rollout_ref.model.path))
+    params = all_params(ModelShape.of(model))
+    if algos.estimator_info(cfg.algorithm.adv_estimator).needs_critic:  # a value model of the same size
+        params *= 2
+    bound = pass_bound_bytes(model, rows=1, row_len=int(cfg.derived.max_seq_len), batch_rows=1,
+                             trained_bytes=4 * params)
+    return bound + _RESIDENT_PER_PARAM * params <= HEADROOM * usable
+
+
+def choose_context(cfg: ConfigDict, topology: str | None = None, *, progress: Callable[[str], None] = lambda _: None,
+                   usable_bytes: int | None = None) -> tuple[int, RunPlan | None]:
+    """(mesh.context, the plan that chose it or None) for ``cfg``: its own ``mesh.context`` unless 0 (automatic);
+    then 1 when ``unsplit_surely_fits``, else the smallest candidate split whose plan fits ``topology`` (None: the
+    devices JAX sees). Raises ``MemoryError`` naming the largest split tried when none fits. ``usable_bytes``: the
+    memory per device to plan against, as ``plan_run``'s."""
+    if int(cfg.mesh.context) != AUTOMATIC:
+        return int(cfg.mesh.context), None
+    local = topology in (None, "local")
+    t = local_target() if local else target(topology)
+    devices = jax.device_count() if local else t.chips
+    tried = candidates(cfg, devices, t.hosts)
+    usable = _usable(t) if usable_bytes is None else usable_bytes
+    if tried and tried[0] == 1 and unsplit_surely_fits(finalized(with_context(cfg, 1), devices, t.hosts), usable):
+        progress("mesh.context=0 (automatic): 1 (one sequence's update surely fits a device unsplit)")
+        return 1, None
+    if not tried:
+        raise ValueError(f"mesh.context=0 (automatic): no split of {devices} devices divides the mesh and batch sizes; "
+                         "set mesh.context")
+    last = None
+    for context in tried:
+        progress(f"mesh.context=0 (automatic): planning mesh.context={context} ...")
+        try:
+            plan = plan_run(with_context(cfg, context), topology, progress=progress, usable_bytes=usable_bytes)
+        except MemoryError as e:
+            last = e
+            progress(f"mesh.context={context} does not fit: {str(e).splitlines()[0]}")
+            continue
+        progress(f"mesh.context=0 (automatic): {context}, the smallest split that fits")
+        return context, plan
+    raise MemoryError(f"mesh.context=0 (automatic): no split up to mesh.context={tried[-1]} fits; at that split: "
+                      f"{str(last).splitlines()[0]}")
