@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
-from rlhf_jax.models.sequence_split import SequenceSplit, _axes
+from rlhf_jax.models.sequence_split import SequenceSplit
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
@@ -63,7 +63,7 @@ def gather_attention(split: SequenceSplit, attend: Callable, q_BTHD, k_BSKD, v_B
                      q_segment_ids_BT=None, kv_segment_ids_BS=None) -> jax.Array:
     """``attend(q, k, v, q_slots, key_valid, q_segments, kv_segments)`` on each device's queries (T split over
     context) against the keys/values of the whole sequence, gathered over context; output (B, T, H, D), T split."""
-    axes = _axes(split.length)
+    axes = split.length_axes
     axis_name = axes[0] if len(axes) == 1 else axes
     T = q_BTHD.shape[1]
     if T % split.ways or k_BSKD.shape[1] != T:

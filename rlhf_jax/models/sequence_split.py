@@ -56,9 +56,14 @@ class SequenceSplit:
     heads: Any
 
     @property
+    def length_axes(self) -> tuple[str, ...]:
+        """The mesh axes the sequence is split over (the context axis)."""
+        return _axes(self.length)
+
+    @property
     def ways(self) -> int:
         """Devices one sequence is split over."""
-        return math.prod(self.mesh.shape[a] for a in _axes(self.length))
+        return math.prod(self.mesh.shape[a] for a in self.length_axes)
 
     @property
     def head_ways(self) -> int:
@@ -75,7 +80,6 @@ class SequenceSplit:
         if num_heads % ways:
             raise ValueError(check_heads_message(num_heads, self.ways, ways // self.ways))
         return next(r for r in range(1, group + 1) if group % r == 0 and (num_kv_heads * r) % ways == 0)
-
 
     def attention_path(self, requested: str, num_heads: int) -> str:
         """"ulysses" or "gather" for ``requested`` (mesh.context_attention): "auto" is Ulysses where the query heads
