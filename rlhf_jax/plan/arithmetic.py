@@ -44,6 +44,14 @@ class ModelShape:
         layers = sum(attention + (sparse if s else dense) for s in self.sparse_layers)
         return layers + d * self.vocab
 
+    def total_params(self) -> int:
+        """Parameters of the model: every expert counted, the embedding and the output head both."""
+        d = self.hidden
+        attention = d * self.heads * self.head_dim * 2 + d * self.kv_heads * self.head_dim * 2
+        sparse = d * self.experts + 3 * d * (self.expert_width * self.experts + self.shared_expert_width)
+        layers = sum(attention + (sparse if s else 3 * d * self.mlp_width) for s in self.sparse_layers)
+        return layers + 2 * d * self.vocab
+
     def kv_bytes_per_token(self, itemsize: int) -> int:
         """Bytes of keys and values one cached token takes over all layers."""
         return 2 * self.layers * self.kv_heads * self.head_dim * itemsize

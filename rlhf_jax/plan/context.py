@@ -39,28 +39,17 @@ def with_context(cfg: ConfigDict, context: int) -> ConfigDict:
     return out
 
 
-def candidates(cfg: ConfigDict, devices: int, hosts: int) -> list[int]:
-    """The splits 1, 2, 4, ... (up to ``devices``) for which the config finalizes: the mesh axes multiply to the
-    devices and the batch sizes divide the data-parallel shards that remain."""
-    out, context = [], 1
+def candidates(cfg: ConfigDict, devices: int, hosts: int) -> dict[int, ConfigDict]:
+    """The splits 1, 2, 4, ... (up to ``devices``) for which the config finalizes (the mesh axes multiply to the
+    devices and the batch sizes divide the data-parallel shards that remain), each with its finalized config."""
+    out, context = {}, 1
     while context <= devices:
         try:
-            finalized(with_context(cfg, context), devices, hosts)
+            out[context] = finalized(with_context(cfg, context), devices, hosts)
         except ValueError:
             pass
-        else:
-            out.append(context)
         context *= 2
     return out
-
-
-def all_params(shape: ModelShape) -> int:
-    """Parameters of a model of ``shape``: every expert counted, the embedding and output head both."""
-    d = shape.hidden
-    attention = 2 * d * shape.heads * shape.head_dim + 2 * d * shape.kv_heads * shape.head_dim
-    sparse = d * shape.experts + 3 * d * (shape.expert_width * shape.experts + shape.shared_expert_width)
-    layers = sum(attention + (sparse if s else 3 * d * shape.mlp_width) for s in shape.sparse_layers)
-    return layers + 2 * d * shape.vocab
 
 
 def unsplit_surely_fits(cfg: ConfigDict, usable: int) -> bool:
@@ -68,7 +57,7 @@ def unsplit_surely_fits(cfg: ConfigDict, usable: int) -> bool:
     optimizer state counted unsharded in float32, stays within ``usable`` bytes (see the module doc); ``cfg`` is
     finalized."""
     model = models.from_hf_dict(hf_config(cfg.actor_rollout_ref.model.path))
-    params = all_params(ModelShape.of(model))
+    params = ModelShape.of(model).total_params()
     if algos.estimator_info(cfg.algorithm.adv_estimator).needs_critic:  # a value model of the same size
         params *= 2
     bound = pass_bound_bytes(model, rows=1, row_len=int(cfg.derived.max_seq_len), batch_rows=1,
@@ -89,7 +78,7 @@ def choose_context(cfg: ConfigDict, topology: str | None = None, *, progress: Ca
     devices = jax.device_count() if local else t.chips
     tried = candidates(cfg, devices, t.hosts)
     usable = _usable(t) if usable_bytes is None else usable_bytes
-    if tried and tried[0] == 1 and unsplit_surely_fits(finalized(with_context(cfg, 1), devices, t.hosts), usable):
+    if 1 in tried and unsplit_surely_fits(tried[1], usable):
         progress("mesh.context=0 (automatic): 1 (one sequence's update surely fits a device unsplit)")
         return 1, None
     if not tried:
@@ -106,5 +95,5 @@ def choose_context(cfg: ConfigDict, topology: str | None = None, *, progress: Ca
             continue
         progress(f"mesh.context=0 (automatic): {context}, the smallest split that fits")
         return context, plan
-    raise MemoryError(f"mesh.context=0 (automatic): no split up to mesh.context={tried[-1]} fits; at that split: "
+    raise MemoryError(f"mesh.context=0 (automatic): no split up to mesh.context={context} fits; at that split: "
                       f"{str(last).splitlines()[0]}")
