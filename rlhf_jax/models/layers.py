@@ -17,6 +17,7 @@ from rlhf_jax.models.decode_attention import decode_attention
 from rlhf_jax.models import lora_layers
 from rlhf_jax.models.config import ModelConfig
 from rlhf_jax.models.rope import apply_rope, rotary_cos_sin
+from rlhf_jax.models.sequence_split import constrain
 
 _INIT_STD = 0.02
 
@@ -96,7 +97,7 @@ class Attention(nnx.Module):
             y = y + adapter
         if self.cfg.qkv_bias:
             y = y + getattr(self, f"{name}_bias")[...].astype(dt)
-        return y
+        return constrain(y, "batch", "length", "heads" if name == "q" else "kv_heads")
 
     def __call__(self, x_BTE, positions_BT, key_valid_BS, q_slots_BT, cache=None, cache_index=None, segment_ids_BT=None):
         """Attend from T new tokens; with ``cache`` (k (B, K, D, S), v (B, K, S, D)) write them at slot ``cache_index``.
@@ -153,7 +154,7 @@ class Attention(nnx.Module):
             out = out + adapter
         if self.cfg.o_bias:
             out = out + self.o_bias[...].astype(dt)
-        return out
+        return constrain(out, "batch", "length")
 
 
 ACTIVATION_FNS = {
@@ -189,9 +190,9 @@ class MLP(nnx.Module):
         up = self._adapted(x_BTE @ self.up_proj[...].astype(dt), "up_proj", x_BTE)
         if bias:
             gate, up = gate + self.gate_bias[...].astype(dt), up + self.up_bias[...].astype(dt)
-        hidden = ACTIVATION_FNS[self.cfg.hidden_act](gate) * up
+        hidden = constrain(ACTIVATION_FNS[self.cfg.hidden_act](gate) * up, "batch", "length", "mlp")
         out = self._adapted(hidden @ self.down_proj[...].astype(dt), "down_proj", hidden)
-        return out + self.down_bias[...].astype(dt) if bias else out
+        return constrain(out + self.down_bias[...].astype(dt) if bias else out, "batch", "length")
 
     def _adapted(self, y, name: str, x):
         """``y`` plus the LoRA path of projection ``name`` from its input ``x`` (``y`` itself without an adapter)."""

@@ -48,12 +48,14 @@ def _entry(axes: tuple[str, ...]) -> Any:
 
 @dataclasses.dataclass(frozen=True)
 class SequenceSplit:
-    """Rows over mesh axes ``rows``, the length over ``length`` (context), heads over ``heads`` (tensor)."""
+    """Rows over mesh axes ``rows``, the length over ``length`` (context), heads over ``heads`` (tensor); ``rules``
+    place the other logical axes (``constrain``)."""
 
     mesh: Mesh
     rows: Any
     length: Any
     heads: Any
+    rules: Rules = DEFAULT_RULES
 
     @property
     def length_axes(self) -> tuple[str, ...]:
@@ -119,15 +121,20 @@ _SPLIT: contextvars.ContextVar[SequenceSplit | None] = contextvars.ContextVar("s
 
 def layout_for(mesh: Mesh, rules: Rules = DEFAULT_RULES) -> SequenceSplit | None:
     """The split ``mesh`` and ``rules`` give the training passes (None where the length is not split)."""
-    rows, length, heads = logical_to_spec(("batch", "length", "heads"), rules, mesh)
-    split = SequenceSplit(mesh, rows, length, heads)
+    split = _layout(mesh, rules)
     return split if split.ways > 1 else None
+
+
+def _layout(mesh: Mesh, rules: Rules) -> SequenceSplit:
+    rows, length, heads = logical_to_spec(("batch", "length", "heads"), rules, mesh)
+    return SequenceSplit(mesh, rows, length, heads, tuple(rules))
 
 
 @contextlib.contextmanager
 def sequence_split(mesh: Mesh, rules: Rules = DEFAULT_RULES):
-    """While tracing inside it, the model keeps its activations split along the sequence as ``rules`` place it."""
-    token = _SPLIT.set(layout_for(mesh, rules))
+    """While tracing inside it, the model keeps its activations laid out as ``rules`` place them on ``mesh``: rows
+    over the batch axes, split along the sequence over ``context`` where that axis is larger than 1."""
+    token = _SPLIT.set(_layout(mesh, rules))
     try:
         yield
     finally:
@@ -135,19 +142,35 @@ def sequence_split(mesh: Mesh, rules: Rules = DEFAULT_RULES):
 
 
 def current() -> SequenceSplit | None:
-    return _SPLIT.get()
+    """The sequence split of the pass being traced (None without one: context 1, the sampler, no mesh)."""
+    layout = _SPLIT.get()
+    return layout if layout is not None and layout.ways > 1 else None
+
+
+def constrain(x: jax.Array, *names: str | None) -> jax.Array:
+    """``x`` laid out along the logical axes ``names`` (one per leading dimension; None: whole) on the traced pass's
+    mesh, ``x`` itself outside a training pass. Stated for the activations of every layer because sharding
+    propagation alone may choose otherwise: with FSDP (weights split over the input dimension, rows over the same
+    axis) XLA:GPU split the matmuls' contraction and kept every device's partial (rows, T, mlp) products of the
+    whole batch (a 7B update at one 4096-token row needed 62 GiB of temporaries per H100) instead of gathering
+    each weight. A dimension the mesh axes do not divide stays whole (``logical_to_spec``)."""
+    layout = _SPLIT.get()
+    if layout is None:
+        return x
+    names = names + (None,) * (x.ndim - len(names))
+    spec = logical_to_spec(names, layout.rules, layout.mesh, x.shape)
+    return jax.lax.with_sharding_constraint(x, NamedSharding(layout.mesh, spec))
 
 
 def split_length(x_BT: jax.Array) -> jax.Array:
-    """A (B, T, ...) activation (hidden states, positions, segment ids) split along T over the context axis (kept
-    whole where the split does not divide T: rows are padded to widths that powers of two divide, so rarely)."""
+    """A (B, T, ...) activation (hidden states, positions, segment ids) with its rows over the batch axes, split
+    along T over the context axis (kept whole where the split does not divide T: rows are padded to widths that
+    powers of two divide, so rarely)."""
     split = current()
-    if split is None:
-        return x_BT
-    if x_BT.shape[1] % split.ways:
+    if split is not None and x_BT.shape[1] % split.ways:
         _warn_indivisible(x_BT.shape[1], split.ways)
-        return x_BT
-    return split._constrain(x_BT, split.rows, split.length)
+        return constrain(x_BT, "batch")
+    return constrain(x_BT, "batch", "length")
 
 
 @functools.cache
