@@ -190,9 +190,10 @@ class MLP(nnx.Module):
         up = self._adapted(x_BTE @ self.up_proj[...].astype(dt), "up_proj", x_BTE)
         if bias:
             gate, up = gate + self.gate_bias[...].astype(dt), up + self.up_bias[...].astype(dt)
-        hidden = constrain(ACTIVATION_FNS[self.cfg.hidden_act](gate) * up, "batch", "length", "mlp")
+        lead = ("batch", "length")[:x_BTE.ndim - 1]  # (B, T, E), or a Mixture-of-Experts layer's (tokens, E)
+        hidden = constrain(ACTIVATION_FNS[self.cfg.hidden_act](gate) * up, *lead, "mlp")
         out = self._adapted(hidden @ self.down_proj[...].astype(dt), "down_proj", hidden)
-        return constrain(out + self.down_bias[...].astype(dt) if bias else out, "batch", "length")
+        return constrain(out + self.down_bias[...].astype(dt) if bias else out, *lead)
 
     def _adapted(self, y, name: str, x):
         """``y`` plus the LoRA path of projection ``name`` from its input ``x`` (``y`` itself without an adapter)."""
