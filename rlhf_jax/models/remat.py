@@ -27,9 +27,10 @@ POLICIES = {
 }
 
 
-def _after(tree, cotangent: jax.Array):
-    """``tree`` with every floating leaf made to depend on ``cotangent``; values are unchanged."""
-    first = jax.tree.leaves(cotangent)[0].reshape(-1)[0]  # an array output, or the first (a sparse layer's hidden states)
+def after(tree, anchor):
+    """``tree`` with every floating leaf made to depend on ``anchor`` (an array or a pytree whose first leaf is one),
+    so XLA cannot compute with it before ``anchor`` exists; values are unchanged (an exact zero is added)."""
+    first = jax.tree.leaves(anchor)[0].reshape(-1)[0]  # an array output, or the first (a sparse layer's hidden states)
     zero = jnp.where(jnp.isfinite(first), first * 0, 0)
 
     def depend(leaf):
@@ -52,7 +53,7 @@ def checkpointed(fn: Callable[..., jax.Array], policy: str) -> Callable[..., jax
         return jax.vjp(remat_fn, *args)  # (output, vjp function holding only the saved residuals)
 
     def backward(vjp_fn, cotangent):
-        return _after(vjp_fn, cotangent)(cotangent)
+        return after(vjp_fn, cotangent)(cotangent)
 
     run.defvjp(forward, backward)
     return run

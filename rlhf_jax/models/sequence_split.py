@@ -147,6 +147,12 @@ def current() -> SequenceSplit | None:
     return layout if layout is not None and layout.ways > 1 else None
 
 
+def shards_weights() -> bool:
+    """Whether the pass being traced runs on a mesh of several devices (where weights may be sharded, and gathered)."""
+    layout = _SPLIT.get()
+    return layout is not None and layout.mesh.size > 1
+
+
 def constrain(x: jax.Array, *names: str | None) -> jax.Array:
     """``x`` laid out along the logical axes ``names`` (one per leading dimension; None: whole) on the traced pass's
     mesh, ``x`` itself outside a training pass. Stated for the activations of every layer because sharding
