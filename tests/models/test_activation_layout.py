@@ -10,7 +10,6 @@ import os
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 from jax.experimental import topologies
 
