@@ -11,6 +11,12 @@ The block also returns the router's statistics over the real (unpadded) tokens, 
 ``load_balancing_loss`` forms transformers' auxiliary loss and the trainer its per-expert load metrics.
 Shapes: N tokens, E embed, X experts, K experts per token, F expert width.
 
+On a mesh the routed experts run per device (``shard_map``), each device on its own tokens with the expert weights
+gathered (their width split over ``tensor`` where it divides, the outputs then summed over it): sorting the
+(token, choice) pairs is not something XLA can split over devices, so left to sharding propagation every device
+sorted and computed the whole batch's pairs (on 8 devices, 6.8 times the temporaries of one at the same tokens per
+device).
+
 Routing replay (``actor_rollout_ref.actor.router_replay.mode``, verl's R2 / R3): a pass may be given recorded
 expert ids per token (``forced_NK``; a row of -1 = none recorded, route natively) and every block returns the ids
 it used, so one pass records what another replays. As verl's replay (Megatron's ``RouterReplay.get_replay_topk``:
@@ -21,16 +27,21 @@ router still learns through them.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.sharding import PartitionSpec
 
-from rlhf_jax.models import lora_layers
+from rlhf_jax.models import lora_layers, sequence_split
 from rlhf_jax.models.config import ModelConfig
 from rlhf_jax.models.layers import ACTIVATION_FNS, MLP, param
 from rlhf_jax.models.lora_targets import EXPERT_DOWN, EXPERT_GATE_UP, ROUTER, SHARED_GATE
+from rlhf_jax.parallel.mesh import DEFAULT_RULES, logical_to_spec
 
 
 @jax.tree_util.register_dataclass
@@ -108,6 +119,74 @@ def grouped_experts(x_NE, ids_NK, weights_NK, gate_XEF, up_XEF, down_XFE, act, d
     return jnp.einsum("nke,nk->ne", ys, weights_NK.astype(dtype))
 
 
+def _axes(entry) -> tuple[str, ...]:
+    return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+
+
+_SAMPLER_ROWS: contextvars.ContextVar[tuple | None] = contextvars.ContextVar("moe_sampler_rows", default=None)
+
+
+@contextlib.contextmanager
+def tokens_on(mesh, rows):
+    """While tracing inside it, the model's tokens lie with their rows over the mesh axes ``rows`` (the sampler
+    states this for its prefill and decode steps; training passes state their layout with ``sequence_split``)."""
+    token = _SAMPLER_ROWS.set((mesh, rows))
+    try:
+        yield
+    finally:
+        _SAMPLER_ROWS.reset(token)
+
+
+def _token_layout(B: int, T: int, F: int):
+    """(mesh, rows, length, width) where the pass being traced holds (B, T) tokens on several devices: the mesh
+    axes of the rows, of the length (context) and of the experts' width F (tensor; None where it does not divide);
+    None without a stated layout, on one device, or where the axes do not divide B and T."""
+    split = sequence_split.on_mesh()  # a training pass
+    if split is not None:
+        mesh, rows, length, rules = split.mesh, split.rows, split.length, split.rules
+    elif _SAMPLER_ROWS.get() is not None and _SAMPLER_ROWS.get()[0].size > 1:
+        (mesh, rows), length, rules = _SAMPLER_ROWS.get(), None, DEFAULT_RULES
+    else:
+        return None
+    ways = lambda entry: math.prod(mesh.shape[a] for a in _axes(entry))  # noqa: E731
+    if B % ways(rows) or T % ways(length):
+        return None
+    (width,) = logical_to_spec(("mlp",), rules, mesh, (F,))
+    return mesh, rows, length, width
+
+
+def routed_experts(x_BTE, ids_BTK, weights_BTK, gate_XEF, up_XEF, down_XFE, act, dtype, adapters=None,
+                   scale: float = 1.0) -> jax.Array:
+    """``grouped_experts`` over (B, T) tokens, (B, T, E): per device on a mesh (each device sorts and computes its
+    own tokens' pairs), as one program otherwise."""
+    B, T, E = x_BTE.shape
+    K = ids_BTK.shape[-1]
+
+    def local(x, ids, weights, gate, up, down, adapters):
+        b, t = x.shape[:2]
+        out = grouped_experts(x.reshape(b * t, E), ids.reshape(b * t, K), weights.reshape(b * t, K), gate, up, down,
+                              act, dtype, adapters, scale)
+        return out.reshape(b, t, E)
+
+    found = _token_layout(B, T, gate_XEF.shape[-1])
+    if found is None:
+        return local(x_BTE, ids_BTK, weights_BTK, gate_XEF, up_XEF, down_XFE, adapters or {})
+    mesh, rows, length, width = found
+    tokens = PartitionSpec(rows, length, None)
+    wide = {"gate_up_proj": (PartitionSpec(), PartitionSpec(None, None, None, width)),  # B (X, R, 2, F)
+            "down_proj": (PartitionSpec(None, width, None), PartitionSpec())}  # A (X, F, r)
+    adapter_specs = {name: wide[name] for name in (adapters or {})}
+
+    def summed(*args):  # each device's share of the width gives a partial sum of the down projection
+        out = local(*args)
+        return out if width is None else jax.lax.psum(out, width)
+
+    return jax.shard_map(summed, mesh=mesh, out_specs=tokens, check_vma=False, in_specs=(
+        tokens, tokens, tokens, PartitionSpec(None, None, width), PartitionSpec(None, None, width),
+        PartitionSpec(None, width, None), adapter_specs))(
+        x_BTE, ids_BTK, weights_BTK, gate_XEF, up_XEF, down_XFE, adapters or {})
+
+
 class Experts(nnx.Module):
     """The X experts' gated-MLP weights stacked on a leading ``expert`` axis (sharded by expert parallelism)."""
 
@@ -162,8 +241,9 @@ class SparseMoeBlock(nnx.Module):
         probs, weights, ids = route(logits, K, cfg.norm_topk_prob, forced)
         # transformers casts the routing weights back to the hidden dtype before weighting the experts.
         ex = self.experts
-        out = grouped_experts(x, ids, weights.astype(dt), ex.gate_proj[...], ex.up_proj[...], ex.down_proj[...],
-                              ACTIVATION_FNS[cfg.hidden_act], dt, ex.adapters(), cfg.lora.scale if cfg.lora else 1.0)
+        out = routed_experts(x_BTE, ids.reshape(B, T, K), weights.astype(dt).reshape(B, T, K), ex.gate_proj[...],
+                             ex.up_proj[...], ex.down_proj[...], ACTIVATION_FNS[cfg.hidden_act], dt, ex.adapters(),
+                             cfg.lora.scale if cfg.lora else 1.0).reshape(B * T, E)
         if cfg.shared_expert_intermediate_size:
             shared_gate = jax.nn.sigmoid(self._linear(x, SHARED_GATE))
             out = out + shared_gate * self.shared_expert(x)

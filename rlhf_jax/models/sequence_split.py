@@ -147,10 +147,15 @@ def current() -> SequenceSplit | None:
     return layout if layout is not None and layout.ways > 1 else None
 
 
+def on_mesh() -> SequenceSplit | None:
+    """The layout of the pass being traced where it runs on a mesh of several devices (any split), else None."""
+    layout = _SPLIT.get()
+    return layout if layout is not None and layout.mesh.size > 1 else None
+
+
 def shards_weights() -> bool:
     """Whether the pass being traced runs on a mesh of several devices (where weights may be sharded, and gathered)."""
-    layout = _SPLIT.get()
-    return layout is not None and layout.mesh.size > 1
+    return on_mesh() is not None
 
 
 def constrain(x: jax.Array, *names: str | None) -> jax.Array:

@@ -29,6 +29,7 @@ from flax import struct
 from jax.sharding import Mesh
 
 from rlhf_jax.models.kernel_layout import kernel_layout
+from rlhf_jax.models.moe import tokens_on
 from rlhf_jax.parallel.mesh import DEFAULT_RULES, Rules, single_device_mesh
 from rlhf_jax.rollout import scheduler
 from rlhf_jax.rollout.params import SamplingParams
@@ -98,7 +99,7 @@ def _decode(model, slots, queue, responses, prompts, first_token, key, params, s
         # the decode kernels may run, per device, on a cache whose columns each device holds whole; a cache split
         # over the context axis takes XLA's multiply-reduce, whose softmax and value sums XLA combines across it
         layout = kernel_layout(shards.mesh, shards.batch, shards.kv_heads) if shards.length_ways == 1 else nullcontext()
-        with layout:
+        with layout, tokens_on(shards.mesh, shards.batch):
             out = model.forward_cached(slots.last[:, None], slots.positions()[:, None],
                                        slots.key_valid(), slots.cache, width - 1, record_routes=params.record_routes)
         hidden, cache = out[:2]

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from rlhf_jax.models.decoder import positions_from_mask
+from rlhf_jax.models.moe import tokens_on
 from rlhf_jax.rollout.buckets import next_power_of_two
 from rlhf_jax.rollout.shards import BatchShards
 
@@ -129,7 +130,8 @@ def prefill_prompts(model, ids_BP: jax.Array, mask_BP: jax.Array, shards: BatchS
 
     def one_group(g, carry):
         kv, logits, routes = carry
-        cache, last, group_routes = _prefill_group(model, ids_g[g], mask_g[g], chunk, record_routes)
+        with tokens_on(shards.mesh, shards.batch):  # a group's rows lie over the shards
+            cache, last, group_routes = _prefill_group(model, ids_g[g], mask_g[g], chunk, record_routes)
         kv = [(jax.lax.dynamic_update_index_in_dim(kb, k, g, 0), jax.lax.dynamic_update_index_in_dim(vb, v, g, 0))
               for (kb, vb), (k, v) in zip(kv, cache)]
         next_logits = model.logits_from_hidden(last[:, None, :])[:, 0, :]
