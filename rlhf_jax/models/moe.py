@@ -1,9 +1,9 @@
 """Mixture-of-Experts MLP block (Qwen3-MoE, Qwen2-MoE): a top-k router and dropless grouped experts.
 
 Each token is routed to its ``num_experts_per_tok`` most probable experts, or replays recorded routes. The (token, choice) pairs are
-sorted by expert so that each expert's tokens form one contiguous group, and every projection is one
-``jax.lax.ragged_dot`` over those groups: every pair is computed (no capacity, nothing dropped) and no
-FLOPs go to experts a token did not pick. Qwen2-MoE adds a dense shared expert scaled by a sigmoid gate.
+sorted by expert so that each expert's tokens form one contiguous group, and every projection is one grouped
+product over those groups (``grouped_dot``: ``jax.lax.ragged_dot`` on TPU, blocks of one expert each elsewhere):
+every pair is computed (no capacity, nothing dropped) and no FLOPs go to experts a token did not pick. Qwen2-MoE adds a dense shared expert scaled by a sigmoid gate.
 Under LoRA each expert has its own adapters, run as two more grouped products over the same groups; the router
 and the shared-expert gate have plain ones (which modules PEFT adapts in each family: ``models/lora_targets.py``).
 
@@ -37,7 +37,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import PartitionSpec
 
-from rlhf_jax.models import lora_layers, sequence_split
+from rlhf_jax.models import grouped_dot, lora_layers, sequence_split
 from rlhf_jax.models.config import ModelConfig
 from rlhf_jax.models.layers import ACTIVATION_FNS, MLP, param
 from rlhf_jax.models.lora_targets import EXPERT_DOWN, EXPERT_GATE_UP, ROUTER, SHARED_GATE
@@ -99,21 +99,19 @@ def grouped_experts(x_NE, ids_NK, weights_NK, gate_XEF, up_XEF, down_XFE, act, d
     adapters = adapters or {}
     flat = ids_NK.reshape(-1)
     order = jnp.argsort(flat, stable=True)  # pairs grouped by expert
-    sizes = jnp.bincount(flat, length=X).astype(jnp.int32)
+    groups = grouped_dot.plan(jnp.bincount(flat, length=X).astype(jnp.int32), N * K)
+    dot = lambda a, w: grouped_dot.dot(groups, a, w.astype(dtype))  # noqa: E731
     xs = jnp.take(x_NE, order // K, axis=0)  # (N*K, E)
-    gate = jax.lax.ragged_dot(xs, gate_XEF.astype(dtype), sizes)
-    up = jax.lax.ragged_dot(xs, up_XEF.astype(dtype), sizes)
+    gate, up = dot(xs, gate_XEF), dot(xs, up_XEF)
     if "gate_up_proj" in adapters:
         a, b = adapters["gate_up_proj"]
-        h = jax.lax.ragged_dot(xs, a.astype(dtype), sizes) * jnp.asarray(scale, dtype)  # (N*K, R)
-        gate = gate + jax.lax.ragged_dot(h, b[:, :, 0].astype(dtype), sizes)
-        up = up + jax.lax.ragged_dot(h, b[:, :, 1].astype(dtype), sizes)
+        h = dot(xs, a) * jnp.asarray(scale, dtype)  # (N*K, R)
+        gate, up = gate + dot(h, b[:, :, 0]), up + dot(h, b[:, :, 1])
     hidden = act(gate) * up
-    ys = jax.lax.ragged_dot(hidden, down_XFE.astype(dtype), sizes)  # (N*K, E), sorted
+    ys = dot(hidden, down_XFE)  # (N*K, E), sorted
     if "down_proj" in adapters:
         a, b = adapters["down_proj"]
-        h = jax.lax.ragged_dot(hidden, a.astype(dtype), sizes) * jnp.asarray(scale, dtype)
-        ys = ys + jax.lax.ragged_dot(h, b.astype(dtype), sizes)
+        ys = ys + dot(dot(hidden, a) * jnp.asarray(scale, dtype), b)
     inverse = jnp.argsort(order)  # back to (token, choice) order: a gather, not a scatter-add
     ys = jnp.take(ys, inverse, axis=0).reshape(N, K, -1)
     return jnp.einsum("nke,nk->ne", ys, weights_NK.astype(dtype))

@@ -1,0 +1,74 @@
+"""Grouped matrix products for the MoE experts: rows sorted by group (expert), row r of group g times w[g].
+
+Two ways, chosen by platform (``implementation``):
+
+- ``ragged``: ``jax.lax.ragged_dot``. XLA:TPU runs it natively. XLA:GPU and XLA:CPU (jax 0.10) expand it into a
+  dense product over every group, each row placed in all X groups' slots: X times the FLOPs, and an (X, rows,
+  width) temporary. For Qwen3-30B-A3B (128 experts) at 4096 tokens per H100 that planned to 1.2 TiB.
+- ``blocked``: each group's rows padded to a multiple of ``BLOCK`` and cut into blocks of one group each, then one
+  batched product of the blocks with their groups' weights (gathered per block). At most rows / BLOCK + X blocks
+  (static), so the padding costs at most X * BLOCK rows and the gathered weights (blocks, in, out) are transient;
+  a batched GEMM is what GPUs run well. The gradients are XLA's: a scatter-add of the blocks' weight gradients.
+
+The placement (which padded slot each row takes, which group each block computes) depends only on the group
+sizes, so ``plan`` is computed once per layer and shared by its products.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from rlhf_jax.parallel.backend import compile_backend
+
+IMPLEMENTATIONS = ("ragged", "blocked")
+BLOCK = 128  # rows per block: an MMA-friendly tile height on GPUs
+
+
+def implementation(backend: str | None = None) -> str:
+    """"ragged" where XLA keeps ``ragged_dot`` grouped (TPU), "blocked" elsewhere."""
+    return "ragged" if (backend or compile_backend()) == "tpu" else "blocked"
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class GroupPlan:
+    """How M rows sorted by group are laid out for the products."""
+
+    sizes: jax.Array  # (X,) rows per group
+    slots: jax.Array | None  # (M,) each row's padded slot (blocked)
+    block_groups: jax.Array | None  # (blocks,) the group of each block (blocked)
+    block: int = dataclasses.field(metadata=dict(static=True), default=0)  # rows per block; 0: ragged
+
+
+def plan(sizes_X: jax.Array, rows: int, how: str | None = None, block: int = BLOCK) -> GroupPlan:
+    """The layout of ``rows`` rows sorted by group, ``sizes_X`` rows in each group (summing to ``rows``); blocks of
+    ``block`` rows, or of the power of two at or above rows / groups where that is smaller."""
+    how = how or implementation()
+    if how not in IMPLEMENTATIONS:
+        raise ValueError(f"grouped product {how!r} is not one of {IMPLEMENTATIONS}")
+    if how == "ragged":
+        return GroupPlan(sizes_X, None, None)
+    X = sizes_X.shape[0]
+    block = min(block, 1 << max(0, (-(-rows // X) - 1).bit_length()))  # few rows per group: smaller blocks
+    blocks = -(-rows // block) + X
+    padded = (sizes_X + block - 1) // block * block
+    padded_end = jnp.cumsum(padded)
+    start, padded_start = jnp.cumsum(sizes_X) - sizes_X, padded_end - padded
+    group = jnp.repeat(jnp.arange(X, dtype=jnp.int32), sizes_X, total_repeat_length=rows)
+    slots = padded_start[group] + jnp.arange(rows, dtype=sizes_X.dtype) - start[group]
+    block_groups = jnp.searchsorted(padded_end, jnp.arange(blocks, dtype=padded_end.dtype) * block, side="right")
+    return GroupPlan(sizes_X, slots, jnp.minimum(block_groups, X - 1).astype(jnp.int32), block)
+
+
+def dot(p: GroupPlan, x_MA: jax.Array, w_XAB: jax.Array) -> jax.Array:
+    """(M, B): row r of group g times ``w_XAB[g]``."""
+    if not p.block:
+        return jax.lax.ragged_dot(x_MA, w_XAB, p.sizes)
+    blocks, A = p.block_groups.shape[0], x_MA.shape[1]
+    padded = jnp.zeros((blocks * p.block, A), x_MA.dtype).at[p.slots].set(x_MA, unique_indices=True)
+    y = jnp.einsum("nra,nab->nrb", padded.reshape(blocks, p.block, A), w_XAB[p.block_groups],
+                   preferred_element_type=x_MA.dtype)
+    return y.reshape(blocks * p.block, -1)[p.slots]
