@@ -8,7 +8,9 @@ On whatever device JAX finds (one device), with random weights from configs writ
 (c) sampler decode tokens/s at 64 and 256 slots to 512 new tokens (bf16), against the HBM roofline (every weight
     and the KV cache read once per step) and against transformers ``generate`` on the same device in the same run;
 (d) one GRPO step of the random 0.5B shape with its stage times;
-(e) beside each, the plan's prediction: ``rlhf_jax.plan``'s roofline time of the very program that ran
+(e) one MoE layer's routed experts (Qwen3-30B-A3B's shapes, 4096 tokens), forward and backward, with each grouped
+    product (``ragged_dot`` and blocked): tokens/s, routed TFLOP/s, how far their outputs are apart;
+(f) beside each, the plan's prediction: ``rlhf_jax.plan``'s roofline time of the very program that ran
     (``plan_prediction``; "n/a" with the reason when that package or the chip's figures are missing).
 
     python benchmarks/accelerator.py                 # writes benchmarks/results/accelerator_<device>.json
@@ -73,6 +75,9 @@ class Sizes:
     grpo_new_tokens: int
     parity_tokens: int
     repeats: int
+    moe: tuple[int, int, int, int, int] = (4096, 128, 2048, 768, 8)  # tokens, experts, hidden, width, top-k
+
+
 
 
 FULL = Sizes(update_models=("Qwen2.5-0.5B", "Qwen2.5-1.5B"), sequences=16, prompt_len=256, response_len=768,
@@ -82,10 +87,10 @@ FULL = Sizes(update_models=("Qwen2.5-0.5B", "Qwen2.5-1.5B"), sequences=16, promp
 SMOKE = Sizes(update_models=("tiny-qwen2",), sequences=4, prompt_len=16, response_len=48, row_len=128,
               rows_per_micro=1, decode_model="tiny-qwen2", slots=(4, 8), decode_prompt_len=8, new_tokens=16,
               grpo_model="tiny-qwen2", grpo_prompts=2, grpo_n=2, grpo_prompt_len=8, grpo_new_tokens=8,
-              parity_tokens=16, repeats=1)
+              parity_tokens=16, repeats=1, moe=(64, 8, 64, 32, 2))
 
 
-# ----------------------------------------------------------------------------- (e) the plan's prediction
+# ----------------------------------------------------------------------------- (f) the plan's prediction
 def plan_prediction(name: str, compiled, *, model_flops: float | None = None, model_bytes: float | None = None,
                     calls: int = 1, looped: bool = False) -> dict:
     """The plan's view of a compiled program that ran here (``rlhf_jax.plan.report.program_cost``): its roofline
@@ -132,6 +137,7 @@ def run(sizes: Sizes, sections: set[str], log=print) -> dict:
     import jax
 
     from benchmarks import accelerator_grpo as G
+    from benchmarks import accelerator_moe as M
     from benchmarks import accelerator_parts as P
 
     device = jax.devices()[0]
@@ -187,6 +193,9 @@ def run(sizes: Sizes, sections: set[str], log=print) -> dict:
         MODELS[sizes.grpo_model], prompts=sizes.grpo_prompts, n=sizes.grpo_n, prompt_len=sizes.grpo_prompt_len,
         new_tokens=sizes.grpo_new_tokens, row_len=sizes.row_len, rows_per_micro=sizes.rows_per_micro,
         predict=plan_prediction)})
+    tokens, experts, hidden, width, top_k = sizes.moe
+    section("moe", lambda: M.moe_products(tokens=tokens, experts=experts, hidden=hidden, width=width, top_k=top_k,
+                                          repeats=sizes.repeats))
     result["table"] = table_rows(result)
     return result
 
@@ -232,6 +241,17 @@ def table_rows(result: dict) -> list[dict]:
                          "measured": f"{seconds:.3g} s", "predicted": text,
                          "ratio": predicted / seconds if predicted else None,
                          "note": f"{g['real_tokens']} tokens" if stage == "update_actor" else ""})
+    for r in result.get("moe", []):
+        case = f"{r['implementation']}{' (chosen here)' if r.get('chosen_here') else ''}"
+        if "error" in r:
+            rows.append({"section": "e moe", "case": case, "measured": r["error"].splitlines()[0][:100],
+                         "predicted": "-", "ratio": None, "note": "failed"})
+            continue
+        rows.append({"section": "e moe", "case": f"{case}: {r['tokens']} tokens x {r['top_k']} of {r['experts']}",
+                     "measured": f"{r['tokens_per_s']:,.0f} tok/s, {r['routed_flops_per_s'] / 1e12:.3g} TFLOP/s",
+                     "predicted": "n/a", "ratio": None,
+                     "note": f"fwd+bwd, hidden {r['hidden']}, width {r['width']}; outputs apart "
+                             f"{r.get('max_abs_diff_between', float('nan')):.1e} (relative)"})
     return rows
 
 
@@ -253,8 +273,8 @@ def device_slug(kind: str) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU (< 2 minutes)")
-    ap.add_argument("--sections", nargs="+", default=["parity", "update", "decode", "grpo_step"],
-                    choices=["parity", "update", "decode", "grpo_step"])
+    ap.add_argument("--sections", nargs="+", default=["parity", "update", "decode", "grpo_step", "moe"],
+                    choices=["parity", "update", "decode", "grpo_step", "moe"])
     ap.add_argument("--json", default=None, help="output path (default benchmarks/results/accelerator_<device>.json)")
     args = ap.parse_args(argv)
 

@@ -16,7 +16,10 @@ sizes, so ``plan`` is computed once per layer and shared by its products.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
+from typing import Iterator
 
 import jax
 import jax.numpy as jnp
@@ -27,9 +30,24 @@ IMPLEMENTATIONS = ("ragged", "blocked")
 BLOCK = 128  # rows per block: an MMA-friendly tile height on GPUs
 
 
+_CHOSEN: contextvars.ContextVar[str | None] = contextvars.ContextVar("grouped_dot", default=None)
+
+
 def implementation(backend: str | None = None) -> str:
-    """"ragged" where XLA keeps ``ragged_dot`` grouped (TPU), "blocked" elsewhere."""
-    return "ragged" if (backend or compile_backend()) == "tpu" else "blocked"
+    """"ragged" where XLA keeps ``ragged_dot`` grouped (TPU), "blocked" elsewhere; inside ``using(how)``, ``how``."""
+    return _CHOSEN.get() or ("ragged" if (backend or compile_backend()) == "tpu" else "blocked")
+
+
+@contextlib.contextmanager
+def using(how: str) -> Iterator[None]:
+    """While tracing inside it, the grouped products take ``how`` on any platform (to measure or compare them)."""
+    if how not in IMPLEMENTATIONS:
+        raise ValueError(f"grouped product {how!r} is not one of {IMPLEMENTATIONS}")
+    token = _CHOSEN.set(how)
+    try:
+        yield
+    finally:
+        _CHOSEN.reset(token)
 
 
 @jax.tree_util.register_dataclass

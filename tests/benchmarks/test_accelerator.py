@@ -72,6 +72,11 @@ def test_smoke_run_measures_every_section(smoke):
     assert g["response_tokens"] == 2 * 2 * 8 and g["grad_norm"] > 0
     assert set(g["plan"]) == {"gen", "old_log_prob", "ref", "update_actor"}
 
+    moe = {r["implementation"]: r for r in smoke["moe"]}
+    assert set(moe) == {"ragged", "blocked"} and moe["blocked"]["chosen_here"] and not moe["ragged"]["chosen_here"]
+    for r in moe.values():  # the same products in another order, bfloat16
+        assert r["tokens"] == 64 and r["tokens_per_s"] > 0 and r["max_abs_diff_between"] < 2e-2, r
+
     # the table: one row per measurement, printed
     assert [r["section"] for r in smoke["table"]].count("d grpo") == len(STAGES)
-    assert "plan predicts" in smoke["stdout"] and "c decode" in smoke["stdout"]
+    assert "plan predicts" in smoke["stdout"] and "c decode" in smoke["stdout"] and "e moe" in smoke["stdout"]

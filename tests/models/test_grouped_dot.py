@@ -46,5 +46,7 @@ def test_blocks_bound_the_padding():
     assert grouped_dot.plan(jnp.asarray([3, 1, 0, 4], jnp.int32), 8, "blocked").block == 2
     assert grouped_dot.implementation("tpu") == "ragged"
     assert grouped_dot.implementation("gpu") == grouped_dot.implementation("cpu") == "blocked"
+    with grouped_dot.using("ragged"):
+        assert grouped_dot.implementation("gpu") == "ragged" and grouped_dot.plan(sizes, 512).block == 0
     with pytest.raises(ValueError, match="ragged"):
         grouped_dot.plan(sizes, 512, "dense")

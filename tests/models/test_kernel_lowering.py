@@ -209,8 +209,7 @@ def moe_temp_bytes(h100, how: str) -> int:
     args = moe_args(N=1024, E=512, F=256, X=64, top=4)
     where = NamedSharding(Mesh(np.array([h100]), ("x",)), PartitionSpec())
     abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=where), args)
-    with compiling_for("cuda"), pytest.MonkeyPatch.context() as mp:
-        mp.setattr(grouped_dot, "implementation", lambda backend=None: how)
+    with compiling_for("cuda"), grouped_dot.using(how):
         fresh = lambda *a: moe_train(*a)  # noqa: E731  (jax would reuse moe_train's trace of the other way)
         return jax.jit(fresh).lower(*abstract).compile().memory_analysis().temp_size_in_bytes
 
