@@ -4,7 +4,7 @@ the model at ``argv[1]``, then the same pass run for real on random weights of t
 Prints one JSON line {"predicted": bytes, "measured": bytes, "micro": "..."}. XLA:CPU reports no allocator
 statistics, so the measurement is the process's peak resident memory (VmHWM, reset through /proc/self/clear_refs)
 above its resident memory just before the pass's arrays exist; large buffers are mmapped and returned on free, so
-the baseline holds only the interpreter and libraries.
+the baseline holds only the interpreter and libraries. The weights are zeros (their memory is what counts).
 """
 
 from __future__ import annotations
@@ -22,14 +22,30 @@ def _status(field: str) -> int:
     raise KeyError(field)
 
 
+def zero_model(config, mesh, rules):
+    """The model with every parameter zero, created in its sharded layout by one program of broadcasts: the memory
+    of random weights without compiling their initialisers (a SmolLM2 random init compiles for ~15 s)."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from rlhf_jax.models import TASK_CAUSAL_LM
+    from rlhf_jax.models.hf_import import build_abstract
+    from rlhf_jax.models.sharding import variable_sharding
+
+    graphdef, abstract = nnx.split(build_abstract(config, TASK_CAUSAL_LM))
+    shardings = jax.tree.map(lambda v: variable_sharding(v, mesh, rules), abstract,
+                             is_leaf=lambda x: isinstance(x, nnx.Variable))
+    state = jax.jit(lambda: jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), abstract), out_shardings=shardings)()
+    return nnx.merge(graphdef, state)
+
+
 def main(model_dir: str) -> None:
     import jax
     import jax.numpy as jnp
     import numpy as np
 
     from rlhf_jax.config import base_config
-    from rlhf_jax.models import TASK_CAUSAL_LM
-    from rlhf_jax.models.hf_import import init_model
     from rlhf_jax.plan import plan_run
     from rlhf_jax.plan import programs as pg
     from rlhf_jax.plan.run import finalized
@@ -61,7 +77,7 @@ def main(model_dir: str) -> None:
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # VmHWM := VmRSS
     before = _status("VmRSS")
-    model = init_model(run.actor.config, TASK_CAUSAL_LM, mesh=run.mesh, rules=run.rules)
+    model = zero_model(run.actor.config, run.mesh, run.rules)
     tx, _ = make_optimizer(cfg.actor_rollout_ref.actor.optim, 1.0, 1, 1)
     actor = Role(model, run.mesh, tx)
     args = [actor.params, actor.frozen, jax.tree.map(jnp.zeros_like, actor.params)]
