@@ -1,5 +1,5 @@
 """Run in a fresh process (one CPU device): the plan's per-device total for the actor update pass of a GRPO run on
-the model at ``argv[1]``, then the same pass run for real on random weights of that shape, its peak memory measured.
+the model at ``argv[1]``, then the same pass run for real on zero weights of that shape, its peak memory measured.
 
 Prints one JSON line {"predicted": bytes, "measured": bytes, "micro": "..."}. XLA:CPU reports no allocator
 statistics, so the measurement is the process's peak resident memory (VmHWM, reset through /proc/self/clear_refs)
