@@ -44,7 +44,8 @@ def moe_products(*, tokens: int, experts: int, hidden: int, width: int, top_k: i
             rows.append({"implementation": how, "error": f"{type(e).__name__}: {e}"[:500]})
             continue
         outputs[how] = np.asarray(out, np.float32)
-        rows.append({"implementation": how, "chosen_here": how == grouped_dot.implementation(jax.default_backend()),
+        chosen = grouped_dot.implementation(jax.default_backend(), tokens * top_k, experts, (hidden, width))
+        rows.append({"implementation": how, "chosen_here": how == chosen,
                      "tokens": tokens, "experts": experts, "hidden": hidden, "width": width, "top_k": top_k,
                      "first_call_s": first, "seconds": best, "tokens_per_s": tokens / best,
                      "routed_flops_per_s": routed_flops(tokens, top_k, hidden, width) / best,

@@ -1,6 +1,6 @@
 """Grouped matrix products for the MoE experts: rows sorted by group (expert), row r of group g times w[g].
 
-Two ways, chosen by platform (``implementation``):
+Two ways, chosen by platform and size (``implementation``):
 
 - ``ragged``: ``jax.lax.ragged_dot``. XLA:TPU runs it natively. XLA:GPU and XLA:CPU (jax 0.10) expand it into a
   dense product over every group, each row placed in all X groups' slots: X times the FLOPs, and an (X, rows,
@@ -33,9 +33,25 @@ BLOCK = 128  # rows per block: an MMA-friendly tile height on GPUs
 _CHOSEN: contextvars.ContextVar[str | None] = contextvars.ContextVar("grouped_dot", default=None)
 
 
-def implementation(backend: str | None = None) -> str:
-    """"ragged" where XLA keeps ``ragged_dot`` grouped (TPU), "blocked" elsewhere; inside ``using(how)``, ``how``."""
-    return _CHOSEN.get() or ("ragged" if (backend or compile_backend()) == "tpu" else "blocked")
+def implementation(backend: str | None = None, rows: int | None = None, groups: int = 1,
+                   width: tuple[int, int] | None = None) -> str:
+    """"ragged" where XLA keeps ``ragged_dot`` grouped (TPU), "blocked" elsewhere, except where the expansion is the
+    smaller of the two (few rows, as in a decode step: rows x groups x (in + out) against the blocks' gathered
+    weights, (rows / BLOCK + groups) x in x out); inside ``using(how)``, ``how``."""
+    if _CHOSEN.get():
+        return _CHOSEN.get()
+    if (backend or compile_backend()) == "tpu":
+        return "ragged"
+    if rows is not None and width is not None:
+        expanded = rows * groups * (width[0] + width[1])
+        gathered = (-(-rows // _block(rows, groups)) + groups) * width[0] * width[1]
+        return "ragged" if expanded < gathered else "blocked"
+    return "blocked"
+
+
+def _block(rows: int, groups: int, block: int = BLOCK) -> int:
+    """Rows per block: ``block``, or the power of two at or above rows / groups where that is smaller."""
+    return min(block, 1 << max(0, (-(-rows // groups) - 1).bit_length()))
 
 
 @contextlib.contextmanager
@@ -61,16 +77,18 @@ class GroupPlan:
     block: int = dataclasses.field(metadata=dict(static=True), default=0)  # rows per block; 0: ragged
 
 
-def plan(sizes_X: jax.Array, rows: int, how: str | None = None, block: int = BLOCK) -> GroupPlan:
+def plan(sizes_X: jax.Array, rows: int, how: str | None = None, block: int = BLOCK,
+         width: tuple[int, int] | None = None) -> GroupPlan:
     """The layout of ``rows`` rows sorted by group, ``sizes_X`` rows in each group (summing to ``rows``); blocks of
-    ``block`` rows, or of the power of two at or above rows / groups where that is smaller."""
-    how = how or implementation()
+    ``block`` rows, or of the power of two at or above rows / groups where that is smaller; ``width``: the (in,
+    out) sizes of the products, which let ``implementation`` weigh the two ways."""
+    how = how or implementation(rows=rows, groups=sizes_X.shape[0], width=width)
     if how not in IMPLEMENTATIONS:
         raise ValueError(f"grouped product {how!r} is not one of {IMPLEMENTATIONS}")
     if how == "ragged":
         return GroupPlan(sizes_X, None, None)
     X = sizes_X.shape[0]
-    block = min(block, 1 << max(0, (-(-rows // X) - 1).bit_length()))  # few rows per group: smaller blocks
+    block = _block(rows, X, block)
     blocks = -(-rows // block) + X
     padded = (sizes_X + block - 1) // block * block
     padded_end = jnp.cumsum(padded)

@@ -2,7 +2,7 @@
 
 Each token is routed to its ``num_experts_per_tok`` most probable experts, or replays recorded routes. The (token, choice) pairs are
 sorted by expert so that each expert's tokens form one contiguous group, and every projection is one grouped
-product over those groups (``grouped_dot``: ``jax.lax.ragged_dot`` on TPU, blocks of one expert each elsewhere):
+product over those groups (``grouped_dot``: ``jax.lax.ragged_dot`` on TPU and for few rows, blocks of one expert each otherwise):
 every pair is computed (no capacity, nothing dropped) and no FLOPs go to experts a token did not pick. Qwen2-MoE adds a dense shared expert scaled by a sigmoid gate.
 Under LoRA each expert has its own adapters, run as two more grouped products over the same groups; the router
 and the shared-expert gate have plain ones (which modules PEFT adapts in each family: ``models/lora_targets.py``).
@@ -99,7 +99,8 @@ def grouped_experts(x_NE, ids_NK, weights_NK, gate_XEF, up_XEF, down_XFE, act, d
     adapters = adapters or {}
     flat = ids_NK.reshape(-1)
     order = jnp.argsort(flat, stable=True)  # pairs grouped by expert
-    groups = grouped_dot.plan(jnp.bincount(flat, length=X).astype(jnp.int32), N * K)
+    groups = grouped_dot.plan(jnp.bincount(flat, length=X).astype(jnp.int32), N * K,
+                              width=(gate_XEF.shape[1], gate_XEF.shape[2]))
     dot = lambda a, w: grouped_dot.dot(groups, a, w.astype(dtype))  # noqa: E731
     xs = jnp.take(x_NE, order // K, axis=0)  # (N*K, E)
     gate, up = dot(xs, gate_XEF), dot(xs, up_XEF)

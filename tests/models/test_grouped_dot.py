@@ -46,6 +46,10 @@ def test_blocks_bound_the_padding():
     assert grouped_dot.plan(jnp.asarray([3, 1, 0, 4], jnp.int32), 8, "blocked").block == 2
     assert grouped_dot.implementation("tpu") == "ragged"
     assert grouped_dot.implementation("gpu") == grouped_dot.implementation("cpu") == "blocked"
+    # few rows (a decode step: 256 pairs over 128 experts of 2048 x 768): expanding them is smaller than the blocks'
+    # gathered weights; many (a training pass: 32768 pairs) the other way round
+    assert grouped_dot.implementation("gpu", rows=256, groups=128, width=(2048, 768)) == "ragged"
+    assert grouped_dot.implementation("gpu", rows=32768, groups=128, width=(2048, 768)) == "blocked"
     with grouped_dot.using("ragged"):
         assert grouped_dot.implementation("gpu") == "ragged" and grouped_dot.plan(sizes, 512).block == 0
     with pytest.raises(ValueError, match="ragged"):
