@@ -90,7 +90,14 @@ def _os_error(error: BaseException) -> str:
         return found[-1].strip()
     if isinstance(error, OSError) and error.strerror:
         return error.strerror
+    # the words may stand apart from their code (seen: a zarr metadata write, first line ending 'Failed writing: "')
+    for code in _STORAGE_ERRNOS:
+        if os.strerror(code) in text:
+            return os.strerror(code)
     return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"[:300]
+
+
+_STORAGE_ERRNOS = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EIO)
 
 
 def _key_name(path) -> str:
