@@ -57,13 +57,17 @@ def _block(rows: int, groups: int, block: int = BLOCK) -> int:
 @contextlib.contextmanager
 def using(how: str) -> Iterator[None]:
     """While tracing inside it, the grouped products take ``how`` on any platform (to measure or compare them)."""
-    if how not in IMPLEMENTATIONS:
-        raise ValueError(f"grouped product {how!r} is not one of {IMPLEMENTATIONS}")
-    token = _CHOSEN.set(how)
+    token = _CHOSEN.set(_checked(how))
     try:
         yield
     finally:
         _CHOSEN.reset(token)
+
+
+def _checked(how: str) -> str:
+    if how not in IMPLEMENTATIONS:
+        raise ValueError(f"grouped product {how!r} is not one of {IMPLEMENTATIONS}")
+    return how
 
 
 @jax.tree_util.register_dataclass
@@ -82,9 +86,7 @@ def plan(sizes_X: jax.Array, rows: int, how: str | None = None, block: int = BLO
     """The layout of ``rows`` rows sorted by group, ``sizes_X`` rows in each group (summing to ``rows``); blocks of
     ``block`` rows, or of the power of two at or above rows / groups where that is smaller; ``width``: the (in,
     out) sizes of the products, which let ``implementation`` weigh the two ways."""
-    how = how or implementation(rows=rows, groups=sizes_X.shape[0], width=width)
-    if how not in IMPLEMENTATIONS:
-        raise ValueError(f"grouped product {how!r} is not one of {IMPLEMENTATIONS}")
+    how = _checked(how or implementation(rows=rows, groups=sizes_X.shape[0], width=width))
     if how == "ragged":
         return GroupPlan(sizes_X, None, None)
     X = sizes_X.shape[0]

@@ -118,10 +118,6 @@ def grouped_experts(x_NE, ids_NK, weights_NK, gate_XEF, up_XEF, down_XFE, act, d
     return jnp.einsum("nke,nk->ne", ys, weights_NK.astype(dtype))
 
 
-def _axes(entry) -> tuple[str, ...]:
-    return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
-
-
 _SAMPLER_ROWS: contextvars.ContextVar[tuple | None] = contextvars.ContextVar("moe_sampler_rows", default=None)
 
 
@@ -143,11 +139,11 @@ def _token_layout(B: int, T: int, F: int):
     split = sequence_split.on_mesh()  # a training pass
     if split is not None:
         mesh, rows, length, rules = split.mesh, split.rows, split.length, split.rules
-    elif _SAMPLER_ROWS.get() is not None and _SAMPLER_ROWS.get()[0].size > 1:
-        (mesh, rows), length, rules = _SAMPLER_ROWS.get(), None, DEFAULT_RULES
+    elif (sampler := _SAMPLER_ROWS.get()) is not None and sampler[0].size > 1:
+        (mesh, rows), length, rules = sampler, None, DEFAULT_RULES
     else:
         return None
-    ways = lambda entry: math.prod(mesh.shape[a] for a in _axes(entry))  # noqa: E731
+    ways = lambda entry: math.prod(mesh.shape[a] for a in sequence_split.axes_of(entry))  # noqa: E731
     if B % ways(rows) or T % ways(length):
         return None
     (width,) = logical_to_spec(("mlp",), rules, mesh, (F,))

@@ -38,7 +38,8 @@ from rlhf_jax.parallel.mesh import DEFAULT_RULES, Rules, logical_to_spec
 log = logging.getLogger(__name__)
 
 
-def _axes(entry: Any) -> tuple[str, ...]:
+def axes_of(entry: Any) -> tuple[str, ...]:
+    """The mesh axes of a PartitionSpec entry (None, one axis name or a tuple of them)."""
     return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
 
 
@@ -60,7 +61,7 @@ class SequenceSplit:
     @property
     def length_axes(self) -> tuple[str, ...]:
         """The mesh axes the sequence is split over (the context axis)."""
-        return _axes(self.length)
+        return axes_of(self.length)
 
     @property
     def ways(self) -> int:
@@ -70,7 +71,7 @@ class SequenceSplit:
     @property
     def head_ways(self) -> int:
         """Devices the heads are split over inside attention (tensor x context)."""
-        return math.prod(self.mesh.shape[a] for a in _axes(self.heads) + _axes(self.length))
+        return math.prod(self.mesh.shape[a] for a in axes_of(self.heads) + axes_of(self.length))
 
     def _constrain(self, x: jax.Array, *spec) -> jax.Array:
         spec = spec + (None,) * (x.ndim - len(spec))
@@ -199,7 +200,7 @@ def split_list(x_NC: jax.Array) -> tuple[jax.Array, int]:
         return x_NC, 1
     N, C = x_NC.shape[:2]
     x = x_NC.reshape(N * split.ways, C // split.ways, *x_NC.shape[2:])
-    return split._constrain(x, _entry(_axes(split.rows) + _axes(split.length))), split.ways
+    return split._constrain(x, _entry(axes_of(split.rows) + axes_of(split.length))), split.ways
 
 
 def ulysses_inputs(q_BTHD, k_BSKD, v_BSKD, extras: tuple) -> tuple:
@@ -216,7 +217,7 @@ def ulysses_inputs(q_BTHD, k_BSKD, v_BSKD, extras: tuple) -> tuple:
     if repeats > 1:  # repeat each kv head in place: head j*r + i is head j, so query head h still reads its own
         k_BSKD, v_BSKD = jnp.repeat(k_BSKD, repeats, axis=2), jnp.repeat(v_BSKD, repeats, axis=2)
     k_BSKD, v_BSKD = (split._constrain(x, split.rows, length, split.heads) for x in (k_BSKD, v_BSKD))
-    heads = _entry(_axes(split.heads) + _axes(split.length))
+    heads = _entry(axes_of(split.heads) + axes_of(split.length))
     q, k, v = (split._constrain(x, split.rows, None, heads) for x in (q_BTHD, k_BSKD, v_BSKD))
     extras = tuple(None if e is None else split._constrain(e, split.rows, None) for e in extras)
     return q, k, v, extras
