@@ -33,7 +33,7 @@ def overrides(model: str, mode: str) -> list[str]:
            f"{a}rollout.n=8", "--config.data.train_batch_size=64", f"{a}actor.ppo_mini_batch_size=16",
            f"{a}model.compute_dtype=bfloat16", f"{a}rollout.dtype=bfloat16",
            f"{a}model.enable_gradient_checkpointing=True", "--config.mesh.data=1", "--config.mesh.fsdp=-1",
-           f"{a}actor.use_dynamic_bsz=True", f"{a}actor.ppo_max_token_len_per_gpu=-1"]
+           "--config.mesh.context=1", f"{a}actor.use_dynamic_bsz=True", f"{a}actor.ppo_max_token_len_per_gpu=-1"]
     if mode == "lora":
         out += [f"{a}model.lora_rank=32", f"{a}model.lora_alpha=64"]
     return out

@@ -96,14 +96,15 @@ def _timed(progress: Callable[[str], None], what: str, fn: Callable):
 
 
 def plan_run(cfg: ConfigDict, topology: str | None = None, *, progress: Callable[[str], None] = lambda _: None,
-             stop_at_first_problem: bool = True, usable_bytes: int | None = None) -> RunPlan:
+             stop_at_first_problem: bool = True, usable_bytes: int | None = None, sampler: bool = True) -> RunPlan:
     """Compile every program of the run ``cfg`` describes for ``topology`` (a name of ``targets.TARGETS``; None or
     "local": the devices JAX sees) and return its plan. Nothing is allocated and no weight is read.
 
     What cannot fit raises ``MemoryError`` with one line naming the keys to change, at the first problem (before
     the remaining programs compile); with ``stop_at_first_problem=False`` every program is compiled and the
     problems are listed in ``RunPlan.problems``. ``usable_bytes``: plan against that much memory per device instead
-    of the target's (a card with less memory, or a share of a host)."""
+    of the target's (a card with less memory, or a share of a host). ``sampler=False`` plans the training programs
+    alone (the LoRA merge, the weight copy and the sampler are left out: their compile is the plan's longest)."""
     local = topology in (None, "local")
     t = local_target() if local else target(topology)
     devices = jax.devices() if local else target_devices(t)
@@ -114,7 +115,7 @@ def plan_run(cfg: ConfigDict, topology: str | None = None, *, progress: Callable
     try:
         with compiling_for(devices[0].platform, len(devices)):
             return _plan(cfg, t, devices, progress, stop_at_first_problem,
-                         _usable(t) if usable_bytes is None else usable_bytes)
+                         _usable(t) if usable_bytes is None else usable_bytes, sampler)
     finally:
         jax.config.update("jax_enable_compilation_cache", cache)
 
@@ -148,7 +149,7 @@ class _State:
             raise _Stop(line)
 
 
-def _plan(cfg: ConfigDict, t: Target, devices: list, progress, stop: bool, usable: int) -> RunPlan:
+def _plan(cfg: ConfigDict, t: Target, devices: list, progress, stop: bool, usable: int, sampler: bool) -> RunPlan:
     supervised = cfg.algorithm.type in sv.KINDS
     run = _timed(progress, "abstract models", lambda: sv.build(cfg, devices, t.hosts) if supervised
                  else pg.build_run(cfg, devices))
@@ -168,7 +169,7 @@ def _plan(cfg: ConfigDict, t: Target, devices: list, progress, stop: bool, usabl
             plans, training_s, sampling_s = run.passes, _supervised(st), None
         else:
             plans, training_s = _training(st)  # the largest programs first: a run that cannot fit stops soonest
-            sampling_s = _rollout(st)
+            sampling_s = _rollout(st) if sampler else None
     except _Stop as e:
         raise MemoryError(str(e)) from None
     order = ["lora_merge", "rollout_copy", "sampler"]

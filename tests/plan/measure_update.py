@@ -62,7 +62,7 @@ def main(model_dir: str) -> None:
     cfg.algorithm.adv_estimator, cfg.critic.enable = "grpo", False
     cfg.actor_rollout_ref.actor.use_kl_loss = False  # no reference: the resident arrays are the actor's alone
     cfg.trainer.total_training_steps = 1
-    plan = plan_run(cfg, "local")
+    plan = plan_run(cfg, "local", sampler=False)  # the update alone is measured: no sampler to compile
     cost = next(p for p in plan.programs if p.name == "update_actor")
     predicted = cost.peak_bytes
     print(cost, plan.resident_bytes, file=sys.stderr)

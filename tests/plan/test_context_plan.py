@@ -9,8 +9,10 @@ else the smallest split whose plan fits.
 
 import json
 
+import jax
+
 from rlhf_jax.plan import plan_run
-from rlhf_jax.plan.context import choose_context, unsplit_surely_fits, with_context
+from rlhf_jax.plan.context import choose_context, parameter_share, unsplit_surely_fits, with_context
 from rlhf_jax.plan.run import finalized
 from rlhf_jax.train.passes import HEADROOM
 from tests.train.helpers import load_recipe
@@ -80,4 +82,58 @@ def test_automatic_context_takes_the_smallest_split_that_fits(tmp_path):
     context, plan = choose_context(cfg, usable_bytes=usable, progress=said.append)
     assert context == 2 and plan.fits and plan.usable_bytes == usable, said
     assert any(line.startswith("mesh.context=1 does not fit: the update_actor pass needs") for line in said), said
-    assert not unsplit_surely_fits(finalized(with_context(cfg, 1), 8, 1), usable)
+    assert not unsplit_surely_fits(finalized(with_context(cfg, 1), 8, 1), usable, jax.devices())
+
+
+# SmolLM2-135M's shape (no weights are read: the bound and the share come from config.json)
+SMOLLM2_SHAPE = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 49152,
+                 "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9,
+                 "num_key_value_heads": 3, "max_position_embeddings": 8192, "rms_norm_eps": 1e-5,
+                 "tie_word_embeddings": True}
+
+
+def test_the_bound_counts_each_devices_share_of_the_parameters(tmp_path):
+    """Resident parameters and optimizer state count at the share the mesh gives a device: SmolLM2 over fsdp=8
+    holds an eighth of each array (every dimension it shards divides by 8), data=8 a whole copy. With the memory
+    set between the two needs, the sharded run is surely unsplit and the replicated one is not."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(SMOLLM2_SHAPE))
+    cfg = _automatic(str(path), 112)
+    by_mesh = {}
+    for name, (data, fsdp) in {"replicated": (8, 1), "fsdp": (1, 8)}.items():
+        cfg.mesh.data, cfg.mesh.fsdp = data, fsdp
+        by_mesh[name] = finalized(with_context(cfg, 1), 8, 1)
+    shares = {name: parameter_share(c, jax.devices()) for name, c in by_mesh.items()}
+    assert shares["replicated"] == 1.0
+    assert abs(shares["fsdp"] - 1 / 8) < 0.01, shares  # norms' vectors are whole: a little above an eighth
+    params = 134_515_008  # SmolLM2-135M's count
+    # resident float32 state (20 bytes a parameter) and the update's gradients (16): half of it unsharded
+    usable = int(36 * params * 0.5 / HEADROOM)
+    assert unsplit_surely_fits(by_mesh["fsdp"], usable, jax.devices())
+    assert not unsplit_surely_fits(by_mesh["replicated"], usable, jax.devices())
+
+
+def test_processes_that_choose_differently_all_stop_when_one_finds_no_split(tmp_path):
+    """Two processes over gloo: the first has plenty of memory (the bound says 1), the second too little for any
+    split (each plan stops at the resident arrays). Both stop with an error line instead of one of them building
+    a run the other never joins."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.train.helpers import REPO, cpu_devices_flags
+    from tests.train.test_multiprocess import _free_port
+
+    port = _free_port()
+    procs = [subprocess.Popen([sys.executable, "-m", "tests.plan.agree_context", str(usable)], cwd=REPO,
+                              env=dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=cpu_devices_flags(4),
+                                       RLHF_JAX_COORDINATOR=f"127.0.0.1:{port}", RLHF_JAX_NUM_PROCESSES="2",
+                                       RLHF_JAX_PROCESS_ID=str(i)),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+             for i, usable in enumerate((0, 2**20))]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [2, 2], [err[-2000:] for _, err in outs]
+    first, second = ([line for line in out.splitlines() if line.startswith("error:")][-1] for out, _ in outs)
+    assert first == ("error: mesh.context=0 (automatic): process 1 found no split that fits its host's free memory; "
+                     "set mesh.context"), first
+    assert second.startswith("error: mesh.context=0 (automatic): no split up to mesh.context=8 fits"), second

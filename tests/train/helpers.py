@@ -46,6 +46,9 @@ FAST = {
     "mesh.data": 2,
     "mesh.fsdp": 2,
     "mesh.tensor": 2,
+    # No sequence split, and none chosen: the automatic default reads the host's free memory, which moves with
+    # whatever else the test run does (tests/plan/test_context_plan.py tests the choice).
+    "mesh.context": 1,
 }
 
 
