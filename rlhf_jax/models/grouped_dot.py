@@ -8,7 +8,8 @@ Two ways, chosen by platform and size (``implementation``):
 - ``blocked``: each group's rows padded to a multiple of ``BLOCK`` and cut into blocks of one group each, then one
   batched product of the blocks with their groups' weights (gathered per block). At most rows / BLOCK + X blocks
   (static), so the padding costs at most X * BLOCK rows and the gathered weights (blocks, in, out) are transient;
-  a batched GEMM is what GPUs run well. The gradients are XLA's: a scatter-add of the blocks' weight gradients.
+  a batched GEMM is what GPUs run well. The gradients are written out (the weights': a scatter-add of the blocks'),
+  with every buffer made after the incoming gradient so that no layer's is created before its backward runs.
 
 The placement (which padded slot each row takes, which group each block computes) depends only on the group
 sizes, so ``plan`` is computed once per layer and shared by its products.
@@ -19,11 +20,13 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import functools
 from typing import Iterator
 
 import jax
 import jax.numpy as jnp
 
+from rlhf_jax.models.remat import after
 from rlhf_jax.parallel.backend import compile_backend
 
 IMPLEMENTATIONS = ("ragged", "blocked")
@@ -105,8 +108,38 @@ def dot(p: GroupPlan, x_MA: jax.Array, w_XAB: jax.Array) -> jax.Array:
     """(M, B): row r of group g times ``w_XAB[g]``."""
     if not p.block:
         return jax.lax.ragged_dot(x_MA, w_XAB, p.sizes)
-    blocks, A = p.block_groups.shape[0], x_MA.shape[1]
-    padded = jnp.zeros((blocks * p.block, A), x_MA.dtype).at[p.slots].set(x_MA, unique_indices=True)
-    y = jnp.einsum("nra,nab->nrb", padded.reshape(blocks, p.block, A), w_XAB[p.block_groups],
+    return _blocked(x_MA, w_XAB, p.slots, p.block_groups, p.block)
+
+
+def _padded(rows_MA: jax.Array, slots: jax.Array, blocks: int, block: int, anchor: jax.Array) -> jax.Array:
+    """(blocks, block, A): each row at its padded slot, zeros elsewhere. The zeros are made from ``anchor``: a plain
+    zeros buffer depends on nothing, and XLA creates every layer's at the program's start (all alive at once)."""
+    zeros = after(jnp.zeros((blocks * block, rows_MA.shape[1]), rows_MA.dtype), anchor)
+    return zeros.at[slots].set(rows_MA, unique_indices=True).reshape(blocks, block, -1)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _blocked(x_MA, w_XAB, slots, block_groups, block):
+    y = jnp.einsum("nra,nab->nrb", _padded(x_MA, slots, block_groups.shape[0], block, x_MA), w_XAB[block_groups],
                    preferred_element_type=x_MA.dtype)
-    return y.reshape(blocks * p.block, -1)[p.slots]
+    return y.reshape(-1, y.shape[-1])[slots]
+
+
+def _blocked_forward(x_MA, w_XAB, slots, block_groups, block):
+    return _blocked(x_MA, w_XAB, slots, block_groups, block), (x_MA, w_XAB, slots, block_groups)
+
+
+def _blocked_backward(block, saved, g_MB):
+    """The gradients written out, so that every buffer they fill is made after the incoming gradient (XLA's own
+    transposes of the gathers scatter into plain zeros, which it creates at the program's start for every layer)."""
+    x_MA, w_XAB, slots, block_groups = saved
+    blocks = block_groups.shape[0]
+    g_padded = _padded(g_MB, slots, blocks, block, g_MB)
+    dx = jnp.einsum("nrb,nab->nra", g_padded, w_XAB[block_groups], preferred_element_type=x_MA.dtype)
+    dw_blocks = jnp.einsum("nra,nrb->nab", _padded(x_MA, slots, blocks, block, g_MB), g_padded,
+                           preferred_element_type=w_XAB.dtype)
+    dw = after(jnp.zeros(w_XAB.shape, w_XAB.dtype), g_MB).at[block_groups].add(dw_blocks)
+    return dx.reshape(-1, x_MA.shape[1])[slots], dw, None, None
+
+
+_blocked.defvjp(_blocked_forward, _blocked_backward)
