@@ -11,6 +11,8 @@ devices live in it: the whole, not the per-device, memory).
     python benchmarks/context_memory.py                              # 8k, 16k, 32k x context 1, 2, 4, 8
     python benchmarks/context_memory.py --lengths 1024 2048 --contexts 1 2
     python benchmarks/context_memory.py --lengths 2048 --measure
+    taskset -c 1 python benchmarks/context_memory.py --lengths 3072 --contexts 1 2 3 4 8 --measure --repeat 2
+                                                  # the split's overhead: every cell's whole work on one core
 """
 
 from __future__ import annotations
@@ -99,8 +101,9 @@ def cell(length: int, context: int, args) -> dict:
         real = jax.tree.unflatten(jax.tree.structure(params), [
             jax.device_put(0.02 * jax.random.normal(k, x.shape, x.dtype), x.sharding)
             for k, x in zip(keys, jax.tree.leaves(params))])
-        start = time.perf_counter()
-        jax.block_until_ready(compiled(real, micro))
+        for _ in range(args.repeat):  # the last run is timed (earlier ones warm the runtime up)
+            start = time.perf_counter()
+            jax.block_until_ready(compiled(real, micro))
         out["step_s"] = time.perf_counter() - start
         out["peak_rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
     return out
@@ -119,6 +122,7 @@ def main() -> None:
     parser.add_argument("--attn", default="blockwise", help="attention implementation (model.attn_implementation)")
     parser.add_argument("--context-attention", default="auto", help="mesh.context_attention: auto, ulysses, gather")
     parser.add_argument("--measure", action="store_true", help="also run one step per cell (fresh process each)")
+    parser.add_argument("--repeat", type=int, default=1, help="with --measure: steps per cell, the last one timed")
     parser.add_argument("--cell", type=int, nargs=2, metavar=("LENGTH", "CONTEXT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.cell:  # one cell in this process: its peak RSS is its own
@@ -128,7 +132,8 @@ def main() -> None:
     for length in args.lengths:
         for context in args.contexts:
             if args.measure:
-                flags = [a for a in sys.argv[1:] if a not in ("--lengths", "--contexts") and not a.isdigit()]
+                flags = [a for a in sys.argv[1:] if a not in ("--lengths", "--contexts", "--repeat") and not a.isdigit()]
+                flags += ["--repeat", str(args.repeat)]
                 done = subprocess.run([sys.executable, __file__, "--cell", str(length), str(context), *flags],
                                       capture_output=True, text=True)
                 if done.returncode:
