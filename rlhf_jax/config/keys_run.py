@@ -358,9 +358,8 @@ MESH = (
         "Devices on the expert-parallel axis (a MoE model's experts split over it); the batch is split over it "
         "too, like data. -1 = the rest."),
     Key("mesh.context", 0,
-        "Devices splitting each sequence of the training passes (attention: mesh.context_attention). 0 (the "
-        "default) = automatic: 1 where one sequence's update surely fits a device, else the smallest split that "
-        "fits (planned before the run starts; docs/placement.md); -1 = the rest."),
+        "Devices splitting each sequence of the training passes (mesh.context_attention). 0 = automatic: the "
+        "smallest split that fits, planned at start (docs/placement.md); -1 = the rest."),
     Key("mesh.context_attention", "auto",
         "Attention under mesh.context > 1: ulysses (heads split over tensor x context; they must divide), gather "
         "(keys/values all-gathered over context), auto (ulysses where the heads divide, else gather).",
