@@ -6,8 +6,9 @@ below XLA's estimate) says so without compiling anything: the actor's update ove
 ``derived.max_seq_len`` tokens, plus every parameter, gradient and optimizer state of the actor, reference and
 critic in float32, each device holding its share of them as the run's mesh shards the parameters (an array a
 rule leaves whole, or whose dimension the mesh does not divide, counts whole), within the usable memory. Where the
-bound cannot promise it, each split 1, 2, 4, ... whose mesh and batch sizes divide is planned as ``python -m rlhf_jax.plan`` plans it (every program compiled for
-the devices on abstract weights, the memory plan's micro-batches shrunk to fit), and the first that fits is taken.
+bound cannot promise it, each split 1, 2, 4, ... whose mesh and batch sizes divide is planned as ``python -m
+rlhf_jax.plan`` plans it (every program compiled for the devices on abstract weights, the memory plan's
+micro-batches shrunk to fit), and the first that fits is taken.
 
 ``main`` resolves the key this way before the trainer is built; the plan command does the same for its target.
 Everything else that finalizes a config reads 0 as 1 (an unsplit pass).
