@@ -87,12 +87,13 @@ def router_stats(probs_NX: jax.Array, ids_NK: jax.Array, valid_N: jax.Array) -> 
 
 
 def grouped_experts(x_NE, ids_NK, weights_NK, gate_XEF, up_XEF, down_XFE, act, dtype, adapters=None,
-                    scale: float = 1.0) -> jax.Array:
+                    scale: float = 1.0, summed=None) -> jax.Array:
     """sum_k weights[n, k] * expert_{ids[n, k]}(x[n]) for every token, dropless, (N, E).
 
     ``adapters``: LoRA factors per expert, ``{"gate_up_proj": (A (X, E, R), B (X, R, 2, F)), "down_proj": (A (X, F,
     r), B (X, r, E))}`` (either may be absent): each adds ``scale * (x A_x) B_x`` to its projection, as two grouped
-    products over the same groups (no per-token W + A B is formed).
+    products over the same groups (no per-token W + A B is formed). ``summed``: applied to the gate and up products
+    before the activation (a sum over the devices that each hold a slice of E), or None.
     """
     N, K = ids_NK.shape
     X = gate_XEF.shape[0]
@@ -104,6 +105,8 @@ def grouped_experts(x_NE, ids_NK, weights_NK, gate_XEF, up_XEF, down_XFE, act, d
     dot = lambda a, w: grouped_dot.dot(groups, a, w.astype(dtype))  # noqa: E731
     xs = jnp.take(x_NE, order // K, axis=0)  # (N*K, E)
     gate, up = dot(xs, gate_XEF), dot(xs, up_XEF)
+    if summed is not None:
+        gate, up = summed(gate), summed(up)
     if "gate_up_proj" in adapters:
         a, b = adapters["gate_up_proj"]
         h = dot(xs, a) * jnp.asarray(scale, dtype)  # (N*K, R)
@@ -167,6 +170,10 @@ def routed_experts(x_BTE, ids_BTK, weights_BTK, gate_XEF, up_XEF, down_XFE, act,
     if found is None:
         return local(x_BTE, ids_BTK, weights_BTK, gate_XEF, up_XEF, down_XFE, adapters or {})
     mesh, rows, length, width = found
+    embed = _stationary_axes(mesh, rows, length, B * T, K, gate_XEF.shape, adapters)
+    if embed:
+        return _weight_stationary(x_BTE, ids_BTK, weights_BTK, gate_XEF, up_XEF, down_XFE, act, dtype, mesh, rows,
+                                  embed, width)
     tokens = PartitionSpec(rows, length, None)
     wide = {"gate_up_proj": (PartitionSpec(), PartitionSpec(None, None, None, width)),  # B (X, R, 2, F)
             "down_proj": (PartitionSpec(None, width, None), PartitionSpec())}  # A (X, F, r)
@@ -180,6 +187,46 @@ def routed_experts(x_BTE, ids_BTK, weights_BTK, gate_XEF, up_XEF, down_XFE, act,
         tokens, tokens, tokens, PartitionSpec(None, None, width), PartitionSpec(None, None, width),
         PartitionSpec(None, width, None), adapter_specs))(
         x_BTE, ids_BTK, weights_BTK, gate_XEF, up_XEF, down_XFE, adapters or {})
+
+
+def _stationary_axes(mesh, rows, length, tokens: int, K: int, shape_XEF: tuple, adapters) -> tuple[str, ...]:
+    """The mesh axes the experts' E is split over where a sampler step should bring its tokens to each device's
+    slice of the weights rather than gather the weights (empty otherwise). A decode step routes a few tokens
+    through every layer: gathering the experts (3 X E F per layer and step; Qwen3-30B-A3B: 1.1 GiB a layer in
+    bfloat16) cost more than sending the tokens and summing their partial products (about tokens (2 E + 2 K F)),
+    and XLA kept several layers' gathered experts alive at once. Training passes (and adapters, which the sampler
+    never has: it runs merged weights) keep the gathered path."""
+    if sequence_split.on_mesh() is not None or adapters or length is not None:
+        return ()
+    X, E, F = shape_XEF
+    (embed,) = logical_to_spec(("embed",), DEFAULT_RULES, mesh, (E,))
+    axes = sequence_split.axes_of(embed)
+    if not axes or tokens * (2 * E + 2 * K * F) >= 3 * X * E * F:
+        return ()
+    return axes
+
+
+def _weight_stationary(x_BTE, ids_BTK, weights_BTK, gate_XEF, up_XEF, down_XFE, act, dtype, mesh, rows, embed,
+                       width) -> jax.Array:
+    """``routed_experts`` with each device's slice of E of the weights where it lies: the tokens are gathered over
+    the ``embed`` axes and split along E, every device sorts the same pairs, the gate and up products are summed
+    over ``embed`` (and the down projection over ``width``), and each device returns its slice of E."""
+    left = tuple(a for a in sequence_split.axes_of(rows) if a not in embed)
+    rows_left = None if not left else left[0] if len(left) == 1 else left
+    split_e = embed[0] if len(embed) == 1 else embed
+    E, K = x_BTE.shape[-1], ids_BTK.shape[-1]
+
+    def local(x, ids, weights, gate, up, down):
+        b, t = x.shape[:2]
+        out = grouped_experts(x.reshape(b * t, -1), ids.reshape(b * t, K), weights.reshape(b * t, K), gate, up, down,
+                              act, dtype, summed=lambda y: jax.lax.psum(y, split_e))
+        out = out if width is None else jax.lax.psum(out, width)
+        return out.reshape(b, t, -1)
+
+    tokens, pairs = PartitionSpec(rows_left, None, split_e), PartitionSpec(rows_left, None, None)
+    return jax.shard_map(local, mesh=mesh, out_specs=tokens, check_vma=False, in_specs=(
+        tokens, pairs, pairs, PartitionSpec(None, split_e, width), PartitionSpec(None, split_e, width),
+        PartitionSpec(None, width, split_e)))(x_BTE, ids_BTK, weights_BTK, gate_XEF, up_XEF, down_XFE)
 
 
 class Experts(nnx.Module):

@@ -168,8 +168,10 @@ def merge_program(run: RunParts):
         return None, None, None
     state = device_state(run.actor)
     shardings = {lora.path_key(p): v.get_value() for p, v in nnx.to_flat_state(to_device(run.actor.frozen_shardings))}
-    shapes = jax.eval_shape(functools.partial(lora.merged_weights, spec=spec), state)
-    fn = jax.jit(functools.partial(lora.merged_weights, spec=spec), out_shardings={k: shardings[k] for k in shapes})
+    arr = run.cfg.actor_rollout_ref.rollout
+    merge = functools.partial(lora.merged_weights, spec=spec, dtype=arr.weight_dtype or arr.dtype)  # as Rollouts does
+    shapes = jax.eval_shape(merge, state)
+    fn = jax.jit(merge, out_shardings={k: shardings[k] for k in shapes})
     merged = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=shardings[k]) for k, v in shapes.items()}
     return fn.lower(state), lora.merged_state(state, spec, merged), merged
 
@@ -178,6 +180,10 @@ def sampler_weights(run: RunParts, merged_state: Any) -> Any:
     """The weights the sampler reads: the actor's (adapters merged under LoRA), on the rollout devices' copy when
     ``mesh.rollout_devices`` is set."""
     weights = merged_state if merged_state is not None else device_state(run.actor)
+    dtype = run.cfg.actor_rollout_ref.rollout.weight_dtype
+    if dtype is not None:  # the sampler's copy in rollout.weight_dtype (train/trainer_rollout.Rollouts.weights)
+        weights = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, dtype, sharding=x.sharding)
+                               if jax.numpy.issubdtype(x.dtype, jax.numpy.floating) else x, weights)
     return relocated(weights, run.rollout_mesh) if run.rollout_mesh is not None else weights
 
 

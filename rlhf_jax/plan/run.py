@@ -244,6 +244,8 @@ def _rollout(st: _State) -> float | None:
             program_cost("rollout_copy", None, None), argument_bytes=held, peak_bytes=held,
             note=f"weights copied onto the {n_roll} rollout devices after each update (device to device)"))
         resident, resident_args = held, held
+    elif arr.rollout.weight_dtype is not None:  # the sampler reads a copy of every weight, made for the rollout
+        resident, resident_args = st.resident, 0
     else:  # the sampler's resident arguments: its weights less the merged ones and the copies of offloaded ones
         copied = per_device_bytes(pg.device_state(run.actor)) - per_device_bytes(run.actor.state())
         resident, resident_args = st.resident, per_device_bytes(weights) - merged_bytes - copied

@@ -188,7 +188,8 @@ class SFTTrainer:
             self.rollouts = Rollouts(self.actor, sampler, c.tokenizer,
                                      RewardManager.from_config(cfg.reward_model, cfg.custom_reward_function),
                                      mesh=c.mesh, rules=c.rules, dp_size=d.dp_size,
-                                     weight_dtype=cfg.actor_rollout_ref.rollout.weight_dtype)
+                                     weight_dtype=cfg.actor_rollout_ref.rollout.weight_dtype,
+                                     compute_dtype=self.actor.config.dtype)
             self.validator = Validator(
                 self.rollouts, lambda: loader_from_config(cfg.data, c.tokenizer, "val", dataset=c.val_dataset),
                 c.val_dataset, c.val_sampling, stop, self.loop.logger, cfg.trainer.log_val_generations,

@@ -201,7 +201,8 @@ class Trainer:
             reward_model = RewardModelScorer.from_config(cfg.reward_model, mesh=c.mesh, rules=c.rules)
         return Rollouts(self.actor, sampler, c.tokenizer, rewards, mesh=c.mesh, rules=c.rules,
                         dp_size=cfg.derived.dp_size, reward_model=reward_model, multi_turn=multi_turn,
-                        rollout_mesh=c.rollout_mesh, weight_dtype=cfg.actor_rollout_ref.rollout.weight_dtype)
+                        rollout_mesh=c.rollout_mesh, weight_dtype=cfg.actor_rollout_ref.rollout.weight_dtype,
+                        compute_dtype=cfg.actor_rollout_ref.rollout.dtype)
 
     def _losses(self, cfg: ConfigDict, c: Components) -> tuple[losses.Loss, losses.Loss]:
         """(critic, actor) losses; under critic.shared_trunk the value loss joins the actor's."""

@@ -38,16 +38,18 @@ class Rollouts:
 
     def __init__(self, actor, sampler, tokenizer, reward_manager, *, mesh, rules, dp_size: int, reward_model=None,
                  multi_turn=None, rollout_mesh=None,
-                 weight_dtype: str | None = None):
+                 weight_dtype: str | None = None, compute_dtype: str | None = None):
         """``sampler`` runs ``actor``'s weights on ``rollout_mesh`` (None: the training mesh); ``multi_turn``: the
         tool-calling rollout (train/multi_turn.py) or None; ``reward_model``: a scorer that replaces the rule-based
         ``reward_manager``, or None; ``weight_dtype``: the dtype of the sampler's copy of the weights
-        (``rollout.weight_dtype``; None: no copy)."""
+        (``rollout.weight_dtype``; None: no copy); ``compute_dtype``: the sampler's (under LoRA the merged weights
+        are made in it where it is narrower: the products are the same, the copy is smaller)."""
         self.actor, self.sampler, self.tok, self.reward_manager = actor, sampler, tokenizer, reward_manager
         self.mesh, self.rules, self.dp_size = mesh, rules, dp_size
         self.reward_model, self.multi_turn, self.rollout_mesh = reward_model, multi_turn, rollout_mesh
         self._key_fn = key_function(mesh)
         self.weight_dtype = weight_dtype
+        self.merge_dtype = weight_dtype or compute_dtype
         self._merge_fn = None
         self._rollout_params_of: tuple[Any, Any] | None = None  # (actor params, their copy on the rollout mesh)
 
@@ -65,9 +67,9 @@ class Rollouts:
         if self._merge_fn is None:
             shardings = {lora.path_key(p): v.get_value()
                          for p, v in nnx.to_flat_state(to_device(self.actor.frozen_shardings))}
-            shapes = jax.eval_shape(functools.partial(lora.merged_weights, spec=spec), state)
-            self._merge_fn = jax.jit(functools.partial(lora.merged_weights, spec=spec),
-                                     out_shardings={k: shardings[k] for k in shapes})
+            merge = functools.partial(lora.merged_weights, spec=spec, dtype=self.merge_dtype)
+            shapes = jax.eval_shape(merge, state)
+            self._merge_fn = jax.jit(merge, out_shardings={k: shardings[k] for k in shapes})
         return lora.merged_state(state, spec, self._merge_fn(state))
 
     def _in_weight_dtype(self, weights):

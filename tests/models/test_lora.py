@@ -58,6 +58,26 @@ def test_adapter_forward_equals_merged_model(hf_checkpoint, kind, targets):
         assert q.q_proj_lora_b[...].sharding.spec[1:] == q.q_proj[...].sharding.spec[1:]
 
 
+def test_merging_in_the_compute_dtype_changes_no_product(hf_checkpoint):
+    """The sampler's merged copy made in its bfloat16 compute dtype: half the bytes of the float32 weights, and the
+    same logits to the bit as the float32 merge that the model casts at use."""
+    path, _ = hf_checkpoint("llama")
+    mesh = make_mesh(2, 2, 2)
+    spec = lora.LoraSpec(4, 8.0, lora.resolve_targets(("all-linear",)))
+    model = _randomize_adapters(lora.with_adapters(from_pretrained(path, mesh=mesh), spec, mesh), seed=3)
+    _, state = nnx.split(model)
+    wide, narrow = lora.merged_weights(state, spec), lora.merged_weights(state, spec, dtype=jnp.bfloat16)
+    assert {str(w.dtype) for w in wide.values()} == {"float32"} and {str(w.dtype) for w in narrow.values()} == {"bfloat16"}
+    assert sum(w.nbytes for w in narrow.values()) * 2 == sum(w.nbytes for w in wide.values())
+    graphdef = lora.plain_graphdef(model.config.replace(dtype=jnp.bfloat16), model.task)
+    ids, mask = left_padded_batch(np.random.default_rng(4), 128, LENGTHS)
+    logits = [_logits(nnx.merge(graphdef, lora.merged_state(state, spec, w)), ids, mask) for w in (wide, narrow)]
+    assert np.abs(logits[0]).max() > 0
+    np.testing.assert_array_equal(logits[0], logits[1])
+    # never widened: a float32 "compute dtype" leaves bfloat16 weights bfloat16
+    assert lora.narrower(jnp.bfloat16, jnp.float32) == jnp.bfloat16 and lora.narrower(jnp.float32, None) == jnp.float32
+
+
 def test_fresh_adapters_change_nothing(hf_checkpoint):
     path, _ = hf_checkpoint("llama")
     mesh = make_mesh(2, 2, 2)
