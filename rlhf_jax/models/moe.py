@@ -214,7 +214,7 @@ def _weight_stationary(x_BTE, ids_BTK, weights_BTK, gate_XEF, up_XEF, down_XFE, 
     left = tuple(a for a in sequence_split.axes_of(rows) if a not in embed)
     rows_left = None if not left else left[0] if len(left) == 1 else left
     split_e = embed[0] if len(embed) == 1 else embed
-    E, K = x_BTE.shape[-1], ids_BTK.shape[-1]
+    K = ids_BTK.shape[-1]
 
     def local(x, ids, weights, gate, up, down):
         b, t = x.shape[:2]
