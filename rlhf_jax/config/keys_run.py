@@ -357,7 +357,7 @@ MESH = (
     Key("mesh.expert", 1,
         "Devices on the expert-parallel axis (a MoE model's experts split over it); the batch is split over it "
         "too, like data. -1 = the rest."),
-    Key("mesh.context", 1,
+    Key("mesh.context", 0,
         "Devices splitting each sequence of the training passes (mesh.context_attention). 0 = automatic: the "
         "smallest split that fits, planned at start (docs/placement.md); -1 = the rest."),
     Key("mesh.context_attention", "auto",

@@ -28,7 +28,7 @@ from rlhf_jax.models import TASK_CAUSAL_LM
 from rlhf_jax.plan.abstract import abstract_model, hf_config, model_config
 from rlhf_jax.plan.arithmetic import ModelShape
 from rlhf_jax.plan.programs import meshes
-from rlhf_jax.plan.run import RunPlan, _usable, finalized, local_target, plan_run
+from rlhf_jax.plan.run import ResidentMemoryError, RunPlan, _usable, finalized, local_target, plan_run
 from rlhf_jax.plan.targets import target, target_devices
 from rlhf_jax.train.pass_bound import pass_bound_bytes, tree_bytes
 from rlhf_jax.train.passes import HEADROOM, per_device_bytes
@@ -85,7 +85,8 @@ def choose_context(cfg: ConfigDict, topology: str | None = None, *, progress: Ca
                    usable_bytes: int | None = None) -> tuple[int, RunPlan | None]:
     """(mesh.context, the plan that chose it or None) for ``cfg``: its own ``mesh.context`` unless 0 (automatic);
     then 1 when ``unsplit_surely_fits``, else the smallest candidate split whose plan fits ``topology`` (None: the
-    devices JAX sees). Raises ``MemoryError`` naming the largest split tried when none fits. ``usable_bytes``: the
+    devices JAX sees). Raises ``MemoryError`` naming the largest split tried when none fits, or the unsplit plan's
+    ``ResidentMemoryError`` (the resident arrays alone, which no split shrinks). ``usable_bytes``: the
     memory per device to plan against, as ``plan_run``'s. The processes of a run on several hosts each measure
     their own host's free memory, so they agree on the largest split any of them chose (one collective)."""
     together = topology in (None, "local") and jax.process_count() > 1 and int(cfg.mesh.context) == AUTOMATIC
@@ -127,6 +128,8 @@ def _choose(cfg: ConfigDict, topology: str | None, progress: Callable[[str], Non
         progress(f"mesh.context=0 (automatic): planning mesh.context={context} ...")
         try:
             plan = plan_run(with_context(cfg, context), topology, progress=progress, usable_bytes=usable_bytes)
+        except ResidentMemoryError:  # as large at every split: its own message names the keys that help
+            raise
         except MemoryError as e:
             last = e
             progress(f"mesh.context={context} does not fit: {str(e).splitlines()[0]}")

@@ -124,6 +124,10 @@ def _usable(t: Target) -> int:
     return int(t.chip.hbm_bytes) if t.name == "local" and t.platform == "cpu" else t.chip.usable_bytes(t.platform)
 
 
+class ResidentMemoryError(MemoryError):
+    """The parameters and optimizer state alone do not fit: no micro-batch or sequence split can help."""
+
+
 class _Stop(Exception):
     """The first problem, when the plan stops at it."""
 
@@ -163,8 +167,11 @@ def _plan(cfg: ConfigDict, t: Target, devices: list, progress, stop: bool, usabl
     in_host = per_device_bytes(resident_trees, host=True)
     try:
         if st.resident > HEADROOM * st.usable:
-            st.problem(f"parameters and optimizer state alone need {gib(st.resident)} per device, more than the "
-                       f"{gib(HEADROOM * st.usable)} usable: {RESIDENT_KEYS}")
+            try:
+                st.problem(f"parameters and optimizer state alone need {gib(st.resident)} per device, more than the "
+                           f"{gib(HEADROOM * st.usable)} usable: {RESIDENT_KEYS}")
+            except _Stop as e:
+                raise ResidentMemoryError(str(e)) from None
         if supervised:
             plans, training_s, sampling_s = run.passes, _supervised(st), None
         else:
