@@ -13,6 +13,7 @@ devices live in it: the whole, not the per-device, memory).
     python benchmarks/context_memory.py --lengths 2048 --measure
     taskset -c 1 python benchmarks/context_memory.py --lengths 3072 --contexts 1 2 3 4 8 --measure --repeat 2
                                                   # the split's overhead: every cell's whole work on one core
+    python benchmarks/context_memory.py --longest 3072     # per split, the longest row a 3 GiB device can train
 """
 
 from __future__ import annotations
@@ -94,7 +95,8 @@ def cell(length: int, context: int, args) -> dict:
     compiled, params, micro = build(length, context, args)
     memory = compiled.memory_analysis()
     out = {"length": length, "context": context, "temp": memory.temp_size_in_bytes,
-           "args": memory.argument_size_in_bytes, "compile_s": time.perf_counter() - start,
+           "args": memory.argument_size_in_bytes, "out": memory.output_size_in_bytes,
+           "compile_s": time.perf_counter() - start,
            "gathers": compiled.as_text().count("all-gather-start") + compiled.as_text().count(" all-gather(")}
     if args.measure:
         keys = jax.random.split(jax.random.key(0), len(jax.tree.leaves(params)))
@@ -107,6 +109,43 @@ def cell(length: int, context: int, args) -> dict:
         out["step_s"] = time.perf_counter() - start
         out["peak_rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
     return out
+
+
+def longest(context: int, budget: int, args, step: int = 4096) -> tuple[int, list[dict]]:
+    """The longest row (a multiple of ``step`` tokens) whose step needs at most ``budget`` bytes per device
+    (arguments + outputs + temporaries, XLA's estimate): doubling from ``step``, then halving the gap; (0 where
+    even ``step`` does not fit, the cells compiled)."""
+    tried = []
+
+    def fits(length: int) -> bool:
+        tried.append(cell(length, context, args))
+        r = tried[-1]
+        print(f"# context {context}: {length} tokens need {mib(r['temp'] + r['args'] + r['out'])} MiB", file=sys.stderr,
+              flush=True)
+        return r["temp"] + r["args"] + r["out"] <= budget
+
+    low, high = 0, step
+    while fits(high):
+        low, high = high, 2 * high
+    while high - low > step:
+        mid = (low + high) // 2 // step * step
+        low, high = (mid, high) if fits(mid) else (low, mid)
+    return low, tried
+
+
+def print_longest(args) -> None:
+    budget = args.longest * 2**20
+    print(f"SmolLM2-135M, one packed row, forward+backward; compute {args.dtype}, remat {args.remat}, attention "
+          f"{args.attn}; the longest row whose step fits {args.longest:,} MiB per device (XLA's estimate of "
+          "arguments + outputs + temporaries)\n")
+    print("| context | longest row (tokens) | per device at it (MiB) | next length tried (MiB) | compiles |")
+    print("|---|---|---|---|---|")
+    for context in args.contexts:
+        length, tried = longest(context, budget, args)
+        need = {r["length"]: r["temp"] + r["args"] + r["out"] for r in tried}
+        over = min((n for n in need if n > length), default=None)
+        print(f"| {context} | {length:,} | {mib(need.get(length))} | "
+              f"{'-' if over is None else f'{over:,}: {mib(need[over])}'} | {len(tried)} |", flush=True)
 
 
 def mib(n) -> str:
@@ -123,10 +162,15 @@ def main() -> None:
     parser.add_argument("--context-attention", default="auto", help="mesh.context_attention: auto, ulysses, gather")
     parser.add_argument("--measure", action="store_true", help="also run one step per cell (fresh process each)")
     parser.add_argument("--repeat", type=int, default=1, help="with --measure: steps per cell, the last one timed")
+    parser.add_argument("--longest", type=int, metavar="MIB", help="per context, the longest row whose step fits "
+                        "MIB per device (XLA's estimate; compiles only)")
     parser.add_argument("--cell", type=int, nargs=2, metavar=("LENGTH", "CONTEXT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.cell:  # one cell in this process: its peak RSS is its own
         print(json.dumps(cell(*args.cell, args)))
+        return
+    if args.longest:
+        print_longest(args)
         return
     rows = []
     for length in args.lengths:

@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from rlhf_jax.models.dots import einsum_f32
+from rlhf_jax.models.remat import after
 
 # Segment id bits that number the responses sharing one packed prompt (see rlhf_jax.batch.packing).
 BRANCH_BITS = 12
@@ -95,15 +96,11 @@ def _forward_q_block(qi, q, k, v, q_slots, q_seg, key_valid, kv_seg, window, blo
 
 
 def _zeros_after(shape, dtype, anchor: jax.Array) -> jax.Array:
-    """Zeros that XLA cannot create before ``anchor`` exists: the buffer a loop writes its blocks into.
-
-    A plain ``jnp.zeros`` depends on nothing, and XLA:CPU's scheduler creates such buffers at the start of the
-    program, so a 30-layer pass held every layer's output and key/value-gradient buffers at once (SmolLM2: 46 KiB
-    a token of float32 key/value gradients that no split along the sequence divides). Made from ``anchor`` (an
-    input of the loop), the buffer is created where the loop runs and freed after it.
-    """
-    first = anchor.reshape(-1)[0]
-    return jnp.zeros(shape, dtype) + jnp.where(jnp.isfinite(first), first * 0, 0).astype(dtype)
+    """Zeros that XLA cannot create before ``anchor`` exists: the buffer a loop writes its blocks into. A plain
+    ``jnp.zeros`` depends on nothing, and XLA:CPU's scheduler creates such buffers at the start of the program, so
+    a 30-layer pass held every layer's output and key/value-gradient buffers at once (SmolLM2: 46 KiB a token of
+    float32 key/value gradients that no split along the sequence divides)."""
+    return after(jnp.zeros(shape, dtype), anchor)
 
 
 def _forward(q, k, v, q_slots, q_seg, key_valid, kv_seg, window, block_k, softcap):
