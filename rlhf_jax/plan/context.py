@@ -47,14 +47,18 @@ def with_context(cfg: ConfigDict, context: int) -> ConfigDict:
 
 def candidates(cfg: ConfigDict, devices: int, hosts: int) -> dict[int, ConfigDict]:
     """The splits 1, 2, 4, ... (up to ``devices``) for which the config finalizes (the mesh axes multiply to the
-    devices and the batch sizes divide the data-parallel shards that remain), each with its finalized config."""
-    out, context = {}, 1
+    devices and the batch sizes divide the data-parallel shards that remain), each with its finalized config. The
+    unsplit config's error is raised as it is where no split finalizes: a config no split mends (a bad key) is
+    named, not reported as a split that does not divide."""
+    out, context, unsplit_error = {}, 1, None
     while context <= devices:
         try:
             out[context] = finalized(with_context(cfg, context), devices, hosts)
-        except ValueError:
-            pass
+        except ValueError as e:
+            unsplit_error = unsplit_error or e
         context *= 2
+    if not out:
+        raise unsplit_error
     return out
 
 
@@ -120,9 +124,6 @@ def _choose(cfg: ConfigDict, topology: str | None, progress: Callable[[str], Non
     if 1 in tried and unsplit_surely_fits(tried[1], usable, devices):
         progress("mesh.context=0 (automatic): 1 (one sequence's update surely fits a device unsplit)")
         return 1, None
-    if not tried:
-        raise ValueError(f"mesh.context=0 (automatic): no split of {len(devices)} devices divides the mesh and "
-                         "batch sizes; set mesh.context")
     last = None
     for context in tried:
         progress(f"mesh.context=0 (automatic): planning mesh.context={context} ...")

@@ -115,7 +115,7 @@ def test_the_bound_counts_each_devices_share_of_the_parameters(tmp_path):
 
 def test_processes_that_choose_differently_all_stop_when_one_finds_no_split(tmp_path):
     """Two processes over gloo: the first has plenty of memory (the bound says 1), the second too little for any
-    split (each plan stops at the resident arrays). Both stop with an error line instead of one of them building
+    split (its unsplit plan stops at the resident arrays, which no split shrinks). Both stop with an error line instead of one of them building
     a run the other never joins."""
     import os
     import subprocess
@@ -136,4 +136,5 @@ def test_processes_that_choose_differently_all_stop_when_one_finds_no_split(tmp_
     first, second = ([line for line in out.splitlines() if line.startswith("error:")][-1] for out, _ in outs)
     assert first == ("error: mesh.context=0 (automatic): process 1 found no split that fits its host's free memory; "
                      "set mesh.context"), first
-    assert second.startswith("error: mesh.context=0 (automatic): no split up to mesh.context=8 fits"), second
+    # the resident arrays alone do not fit: no split shrinks them, so the unsplit plan's own line is passed on
+    assert second.startswith("error: parameters and optimizer state alone need "), second
