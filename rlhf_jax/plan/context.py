@@ -16,6 +16,7 @@ Everything else that finalizes a config reads 0 as 1 (an unsplit pass).
 
 from __future__ import annotations
 
+import logging
 from typing import Callable
 
 import jax
@@ -33,6 +34,7 @@ from rlhf_jax.plan.targets import target, target_devices
 from rlhf_jax.train.pass_bound import pass_bound_bytes, tree_bytes
 from rlhf_jax.train.passes import HEADROOM, per_device_bytes
 
+log = logging.getLogger(__name__)
 AUTOMATIC = 0
 # bytes per parameter the bound counts resident: float32 weights, gradients and two Adam moments, and a float32
 # reference copy (each sharded as the parameters are)
@@ -122,8 +124,8 @@ def _choose(cfg: ConfigDict, topology: str | None, progress: Callable[[str], Non
     tried = candidates(cfg, len(devices), t.hosts)
     usable = _usable(t) if usable_bytes is None else usable_bytes
     if 1 in tried and unsplit_surely_fits(tried[1], usable, devices):
-        progress("mesh.context=0 (automatic): 1 (one sequence's update surely fits a device unsplit)")
-        return 1, None
+        log.info("mesh.context=0 (automatic): 1 (one sequence's update surely fits a device unsplit)")  # quiet:
+        return 1, None  # the common case, decided in a second; ``progress`` hears of the splits planned
     last = None
     for context in tried:
         progress(f"mesh.context=0 (automatic): planning mesh.context={context} ...")

@@ -8,6 +8,7 @@ else the smallest split whose plan fits.
 """
 
 import json
+import logging
 
 import jax
 
@@ -61,11 +62,13 @@ def _automatic(model_path: str, response: int):
     return cfg
 
 
-def test_automatic_context_is_one_without_compiling_where_the_bound_fits():
+def test_automatic_context_is_one_without_compiling_where_the_bound_fits(caplog):
     said = []
-    context, plan = choose_context(_automatic("builtin:tiny", 112), progress=said.append)
+    with caplog.at_level(logging.INFO, logger="rlhf_jax.plan.context"):
+        context, plan = choose_context(_automatic("builtin:tiny", 112), progress=said.append)
     assert (context, plan) == (1, None)
-    assert said == ["mesh.context=0 (automatic): 1 (one sequence's update surely fits a device unsplit)"]
+    assert said == []  # nothing planned, nothing printed: the common case stays quiet
+    assert "mesh.context=0 (automatic): 1 (one sequence's update surely fits a device unsplit)" in caplog.messages
 
 
 def test_automatic_context_takes_the_smallest_split_that_fits(tmp_path):
