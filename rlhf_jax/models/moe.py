@@ -170,7 +170,7 @@ def routed_experts(x_BTE, ids_BTK, weights_BTK, gate_XEF, up_XEF, down_XFE, act,
     if found is None:
         return local(x_BTE, ids_BTK, weights_BTK, gate_XEF, up_XEF, down_XFE, adapters or {})
     mesh, rows, length, width = found
-    embed = _stationary_axes(mesh, length, B * T, K, gate_XEF.shape, adapters)
+    embed = _stationary_axes(mesh, rows, length, B * T, K, gate_XEF.shape, adapters)
     if embed:
         return _weight_stationary(x_BTE, ids_BTK, weights_BTK, gate_XEF, up_XEF, down_XFE, act, dtype, mesh, rows,
                                   embed, width)
@@ -189,7 +189,7 @@ def routed_experts(x_BTE, ids_BTK, weights_BTK, gate_XEF, up_XEF, down_XFE, act,
         x_BTE, ids_BTK, weights_BTK, gate_XEF, up_XEF, down_XFE, adapters or {})
 
 
-def _stationary_axes(mesh, length, tokens: int, K: int, shape_XEF: tuple, adapters) -> tuple[str, ...]:
+def _stationary_axes(mesh, rows, length, tokens: int, K: int, shape_XEF: tuple, adapters) -> tuple[str, ...]:
     """The mesh axes the experts' E is split over where a sampler step should bring its tokens to each device's
     slice of the weights rather than gather the weights (empty otherwise). A decode step routes a few tokens
     through every layer: gathering the experts (3 X E F per layer and step; Qwen3-30B-A3B: 1.1 GiB a layer in
