@@ -314,8 +314,18 @@ class _OrbaxFailureFilter(logging.Filter):
         if record.name == "asyncio" and "exception was never retrieved" not in record.getMessage():
             return True
         error = record.exc_info[1]
-        # a plain future that TensorStore completed carries no Orbax frame: its error names the store's spec
-        return not (_raised_in_orbax(error.__traceback__) or "tensorstore_spec" in str(error))
+        return not (_raised_in_orbax(error.__traceback__) or _completed_by_tensorstore(error))
+
+
+# A future that TensorStore completed carries no Python frame at all: its error is a status line (absl's code
+# names), naming the store's spec or the OCDBT database it read.
+_STORE_STATUS = re.compile(r"[A-Z][A-Z_]+: .*(tensorstore_spec|OCDBT database|zarr|Error (reading|opening|writing))",
+                           re.DOTALL)
+
+
+def _completed_by_tensorstore(error: BaseException) -> bool:
+    return "tensorstore_spec" in str(error) or (error.__traceback__ is None
+                                                and _STORE_STATUS.match(str(error)) is not None)
 
 
 def _raised_in_orbax(tb) -> bool:

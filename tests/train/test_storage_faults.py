@@ -148,8 +148,8 @@ def test_damaged_latest_checkpoint_is_one_warning_line(tmp_path, two_checkpoints
 
 def test_asyncio_reports_of_a_failed_restores_reads_are_dropped_whenever_they_come():
     """A failed restore leaves reads in flight; asyncio logs each one's error ("exception was never retrieved")
-    when it is garbage-collected, at any later time. Those of TensorStore's futures carry no Orbax frame, only the
-    store's spec in their message; they are dropped too, and nothing else asyncio reports is."""
+    when it is garbage-collected, at any later time. Those of TensorStore's futures carry no frame, only a status
+    line naming the store's spec or its OCDBT database; they are dropped too, and nothing else asyncio reports is."""
     import logging
 
     from rlhf_jax.runtime.checkpoint import _ORBAX_FAILURES
@@ -162,6 +162,13 @@ def test_asyncio_reports_of_a_failed_restores_reads_are_dropped_whenever_they_co
                        '[tensorstore_spec=\'{"driver":"zarr"}\']')
     assert not _ORBAX_FAILURES.filter(record("Future exception was never retrieved\nfuture: <Future finished>", store))
     assert not _ORBAX_FAILURES.filter(record("Task exception was never retrieved\nfuture: <Task finished>", store))
+    ocdbt = ValueError('FAILED_PRECONDITION: Error reading "model.layers.1.mlp.down_proj.value/0.0" in OCDBT '
+                       'database at local file "run/checkpoints/2/actor_params/": ZSTD_decompressStream() failed')
+    assert not _ORBAX_FAILURES.filter(record("Future exception was never retrieved\nfuture: <Future finished>", ocdbt))
     other = ValueError("a user's own coroutine failed")
     assert _ORBAX_FAILURES.filter(record("Task exception was never retrieved\nfuture: <Task finished>", other))
+    try:  # the same status line raised by Python code (a frame in its traceback) is not TensorStore's: it stays
+        raise ValueError(str(ocdbt))
+    except ValueError as raised:
+        assert _ORBAX_FAILURES.filter(record("Task exception was never retrieved\nfuture: <Task finished>", raised))
     assert _ORBAX_FAILURES.filter(record("Unclosed client session", store))
