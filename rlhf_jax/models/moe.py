@@ -125,10 +125,11 @@ _SAMPLER_ROWS: contextvars.ContextVar[tuple | None] = contextvars.ContextVar("mo
 
 
 @contextlib.contextmanager
-def tokens_on(mesh, rows):
-    """While tracing inside it, the model's tokens lie with their rows over the mesh axes ``rows`` (the sampler
-    states this for its prefill and decode steps; training passes state their layout with ``sequence_split``)."""
-    token = _SAMPLER_ROWS.set((mesh, rows))
+def tokens_on(mesh, rows, rules=DEFAULT_RULES):
+    """While tracing inside it, the model's tokens lie with their rows over the mesh axes ``rows`` and its weights
+    by ``rules`` (the sampler states this for its prefill and decode steps; training passes state their layout with
+    ``sequence_split``)."""
+    token = _SAMPLER_ROWS.set((mesh, rows, rules))
     try:
         yield
     finally:
@@ -136,21 +137,22 @@ def tokens_on(mesh, rows):
 
 
 def _token_layout(B: int, T: int, F: int):
-    """(mesh, rows, length, width) where the pass being traced holds (B, T) tokens on several devices: the mesh
-    axes of the rows, of the length (context) and of the experts' width F (tensor; None where it does not divide);
-    None without a stated layout, on one device, or where the axes do not divide B and T."""
+    """(mesh, rows, length, width, rules) where the pass being traced holds (B, T) tokens on several devices: the
+    mesh axes of the rows, of the length (context) and of the experts' width F (tensor; None where it does not
+    divide), and the sharding rules of its weights; None without a stated layout, on one device, or where the axes
+    do not divide B and T."""
     split = sequence_split.on_mesh()  # a training pass
     if split is not None:
         mesh, rows, length, rules = split.mesh, split.rows, split.length, split.rules
     elif (sampler := _SAMPLER_ROWS.get()) is not None and sampler[0].size > 1:
-        (mesh, rows), length, rules = sampler, None, DEFAULT_RULES
+        (mesh, rows, rules), length = sampler, None
     else:
         return None
     ways = lambda entry: math.prod(mesh.shape[a] for a in sequence_split.axes_of(entry))  # noqa: E731
     if B % ways(rows) or T % ways(length):
         return None
     (width,) = logical_to_spec(("mlp",), rules, mesh, (F,))
-    return mesh, rows, length, width
+    return mesh, rows, length, width, rules
 
 
 def routed_experts(x_BTE, ids_BTK, weights_BTK, gate_XEF, up_XEF, down_XFE, act, dtype, adapters=None,
@@ -169,8 +171,8 @@ def routed_experts(x_BTE, ids_BTK, weights_BTK, gate_XEF, up_XEF, down_XFE, act,
     found = _token_layout(B, T, gate_XEF.shape[-1])
     if found is None:
         return local(x_BTE, ids_BTK, weights_BTK, gate_XEF, up_XEF, down_XFE, adapters or {})
-    mesh, rows, length, width = found
-    embed = _stationary_axes(mesh, rows, length, B * T, K, gate_XEF.shape, adapters)
+    mesh, rows, length, width, rules = found
+    embed = _stationary_axes(mesh, rules, length, B * T, K, gate_XEF.shape, adapters)
     if embed:
         return _weight_stationary(x_BTE, ids_BTK, weights_BTK, gate_XEF, up_XEF, down_XFE, act, dtype, mesh, rows,
                                   embed, width)
@@ -189,7 +191,7 @@ def routed_experts(x_BTE, ids_BTK, weights_BTK, gate_XEF, up_XEF, down_XFE, act,
         x_BTE, ids_BTK, weights_BTK, gate_XEF, up_XEF, down_XFE, adapters or {})
 
 
-def _stationary_axes(mesh, rows, length, tokens: int, K: int, shape_XEF: tuple, adapters) -> tuple[str, ...]:
+def _stationary_axes(mesh, rules, length, tokens: int, K: int, shape_XEF: tuple, adapters) -> tuple[str, ...]:
     """The mesh axes the experts' E is split over where a sampler step should bring its tokens to each device's
     slice of the weights rather than gather the weights (empty otherwise). A decode step routes a few tokens
     through every layer: gathering the experts (3 X E F per layer and step; Qwen3-30B-A3B: 1.1 GiB a layer in
@@ -199,7 +201,7 @@ def _stationary_axes(mesh, rows, length, tokens: int, K: int, shape_XEF: tuple, 
     if sequence_split.on_mesh() is not None or adapters or length is not None:
         return ()
     X, E, F = shape_XEF
-    (embed,) = logical_to_spec(("embed",), DEFAULT_RULES, mesh, (E,))
+    (embed,) = logical_to_spec(("embed",), rules, mesh, (E,))
     axes = sequence_split.axes_of(embed)
     if not axes or tokens * (2 * E + 2 * K * F) >= 3 * X * E * F:
         return ()

@@ -29,6 +29,7 @@ from rlhf_jax.train.losses import Loss
 from rlhf_jax.train.offload import place, to_device
 from rlhf_jax.train.passes import PassPlan, StepPasses, compile_pass, pass_batch, step_correction, step_passes
 from rlhf_jax.train.steps import CriticLossSpec
+from rlhf_jax.train.trainer_rollout import merge_dtype
 
 A = "actor_rollout_ref."
 
@@ -169,7 +170,7 @@ def merge_program(run: RunParts):
     state = device_state(run.actor)
     shardings = {lora.path_key(p): v.get_value() for p, v in nnx.to_flat_state(to_device(run.actor.frozen_shardings))}
     arr = run.cfg.actor_rollout_ref.rollout
-    merge = functools.partial(lora.merged_weights, spec=spec, dtype=arr.weight_dtype or arr.dtype)  # as Rollouts does
+    merge = functools.partial(lora.merged_weights, spec=spec, dtype=merge_dtype(arr.weight_dtype, arr.dtype))
     shapes = jax.eval_shape(merge, state)
     fn = jax.jit(merge, out_shardings={k: shardings[k] for k in shapes})
     merged = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=shardings[k]) for k, v in shapes.items()}

@@ -99,7 +99,7 @@ def _decode(model, slots, queue, responses, prompts, first_token, key, params, s
         # the decode kernels may run, per device, on a cache whose columns each device holds whole; a cache split
         # over the context axis takes XLA's multiply-reduce, whose softmax and value sums XLA combines across it
         layout = kernel_layout(shards.mesh, shards.batch, shards.kv_heads) if shards.length_ways == 1 else nullcontext()
-        with layout, tokens_on(shards.mesh, shards.batch):
+        with layout, tokens_on(shards.mesh, shards.batch, shards.rules):
             out = model.forward_cached(slots.last[:, None], slots.positions()[:, None],
                                        slots.key_valid(), slots.cache, width - 1, record_routes=params.record_routes)
         hidden, cache = out[:2]

@@ -130,7 +130,7 @@ def prefill_prompts(model, ids_BP: jax.Array, mask_BP: jax.Array, shards: BatchS
 
     def one_group(g, carry):
         kv, logits, routes = carry
-        with tokens_on(shards.mesh, shards.batch):  # a group's rows lie over the shards
+        with tokens_on(shards.mesh, shards.batch, shards.rules):  # a group's rows lie over the shards
             cache, last, group_routes = _prefill_group(model, ids_g[g], mask_g[g], chunk, record_routes)
         kv = [(jax.lax.dynamic_update_index_in_dim(kb, k, g, 0), jax.lax.dynamic_update_index_in_dim(vb, v, g, 0))
               for (kb, vb), (k, v) in zip(kv, cache)]

@@ -29,7 +29,7 @@ class BatchShards:
     """Where the batch axis lives on ``mesh``: the partition specs of batch-major arrays and of KV caches."""
 
     def __init__(self, mesh: Mesh, rules: Rules, num_kv_heads: int):
-        self.mesh = mesh
+        self.mesh, self.rules = mesh, rules
         self.batch = logical_to_spec(("batch",), rules, mesh)[0]  # None, one mesh axis or a tuple of them
         axes = () if self.batch is None else (self.batch,) if isinstance(self.batch, str) else tuple(self.batch)
         self.count = math.prod(mesh.shape[a] for a in axes)

@@ -33,6 +33,12 @@ from rlhf_jax.runtime.preemption import StepAbandoned, StopRequest
 from rlhf_jax.types import PromptBatch, RolloutBatch, ScoredBatch
 
 
+def merge_dtype(weight_dtype: str | None, compute_dtype: str | None) -> str | None:
+    """The dtype the LoRA merge makes the sampler's weights in: its copy's (``rollout.weight_dtype``) when set, else
+    the dtype it computes in (the model casts each weight at use, so a narrower merge changes no product)."""
+    return weight_dtype or compute_dtype
+
+
 class Rollouts:
     """The sampler over the actor's weights, and the scorers of its responses."""
 
@@ -49,7 +55,7 @@ class Rollouts:
         self.reward_model, self.multi_turn, self.rollout_mesh = reward_model, multi_turn, rollout_mesh
         self._key_fn = key_function(mesh)
         self.weight_dtype = weight_dtype
-        self.merge_dtype = weight_dtype or compute_dtype
+        self.merge_dtype = merge_dtype(weight_dtype, compute_dtype)
         self._merge_fn = None
         self._rollout_params_of: tuple[Any, Any] | None = None  # (actor params, their copy on the rollout mesh)
 
