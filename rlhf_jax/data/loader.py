@@ -23,6 +23,7 @@ from typing import Any
 import grain
 import numpy as np
 
+from rlhf_jax.parallel import groups
 from rlhf_jax.data.domains import DomainPlan, DomainSpec
 from rlhf_jax.data.prompts import bucket_length, pad_left, pad_token_id_of, resolve_buckets, tokenize_examples
 from rlhf_jax.data.records import Example, to_examples
@@ -92,9 +93,7 @@ def build_dataset(
 
 
 def _process_index_and_count() -> tuple[int, int]:
-    import jax
-
-    return jax.process_index(), jax.process_count()
+    return groups.process_index(), groups.process_count()
 
 
 class PromptLoader:

@@ -18,6 +18,7 @@ import ml_dtypes
 import numpy as np
 from flax import nnx
 
+from rlhf_jax.parallel import groups
 from rlhf_jax.models.config import TASK_CAUSAL_LM_VALUE, TASK_SEQ_CLS, TASK_TOKEN_VALUE, architecture_name
 from rlhf_jax.models.hf_names import TensorMapping, mapping_for
 from rlhf_jax.models.safetensors_io import save_file
@@ -34,9 +35,7 @@ def to_host(x: jax.Array) -> np.ndarray:
     """The full value of a (possibly sharded, possibly multi-process) array on this host."""
     if getattr(x, "is_fully_addressable", True):
         return np.asarray(jax.device_get(x))
-    from jax.experimental import multihost_utils
-
-    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return groups.allgather(x, tiled=True)
 
 
 def hf_config_dict(model: nnx.Module) -> dict:
@@ -100,7 +99,7 @@ def save_pretrained(
     ``copy_from``: a source HF directory whose generation_config.json and chat template are copied.
     """
     out_dir = os.path.abspath(os.path.expanduser(out_dir))
-    writer = jax.process_index() == 0
+    writer = groups.current().is_first
     entries = _hf_tensors(model)
     value_head = [e for e in entries if e[0] in VALUE_HEAD_NAMES] if model.task == TASK_CAUSAL_LM_VALUE else []
     entries = [e for e in entries if e not in value_head]

@@ -20,6 +20,7 @@ import jax
 import numpy as np
 from flax import nnx
 
+from rlhf_jax.parallel import groups
 from rlhf_jax.models import lora
 from rlhf_jax.models.hf_names import mapping_for
 from rlhf_jax.models.lora_targets import ALL_TARGETS, EXPERT_DOWN, EXPERT_GATE_UP, PEFT_PARAMETERS, resolve_targets
@@ -149,7 +150,7 @@ def save_adapter(model: nnx.Module, out_dir: str, base_model: str | None = None)
         lora_a, lora_b = _to_peft(to_host(a.get_value()), to_host(b.get_value()), lora.is_expert_weight(weight_path))
         tensors[f"{PREFIX}{module}.lora_A.weight"] = np.ascontiguousarray(lora_a)
         tensors[f"{PREFIX}{module}.lora_B.weight"] = np.ascontiguousarray(lora_b)
-    if jax.process_index() != 0:
+    if not groups.current().is_first:
         return out_dir
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, CONFIG_FILE), "w") as f:

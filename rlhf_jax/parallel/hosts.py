@@ -11,13 +11,14 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
+from rlhf_jax.parallel import groups
 from rlhf_jax.parallel.mesh import batch_sharding
 
 
 def to_global(mesh: Mesh, local: np.ndarray) -> jax.Array:
     """Process-local rows -> a global batch-sharded array (rows of process p form block p)."""
     sharding = batch_sharding(mesh, np.ndim(local))
-    if jax.process_count() == 1:
+    if groups.process_count() == 1:
         return jax.device_put(np.asarray(local), sharding)
     return jax.make_array_from_process_local_data(sharding, np.asarray(local))
 
@@ -34,18 +35,14 @@ def to_local(x: jax.Array) -> np.ndarray:
 
 
 def gather_all(x) -> np.ndarray:
-    """The whole global array on every process (for metrics over all processes' rows)."""
+    """The whole global array on every process of the group (for metrics over all processes' rows)."""
     if getattr(x, "is_fully_addressable", True):
         return np.asarray(jax.device_get(x))
-    from jax.experimental import multihost_utils
-
-    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return groups.allgather(x, tiled=True)
 
 
 def sum_over_processes(values: np.ndarray) -> np.ndarray:
-    """Element-wise sum of a same-shaped host array over all processes."""
-    if jax.process_count() == 1:
+    """Element-wise sum of a same-shaped host array over the processes of the group."""
+    if groups.process_count() == 1:
         return np.asarray(values)
-    from jax.experimental import multihost_utils
-
-    return np.asarray(multihost_utils.process_allgather(np.asarray(values))).sum(axis=0)
+    return groups.allgather(np.asarray(values)).sum(axis=0)

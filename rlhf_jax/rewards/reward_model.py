@@ -24,6 +24,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from rlhf_jax.parallel import groups
 from flax import nnx
 
 Messages = list[dict[str, str]]
@@ -63,7 +64,7 @@ class RewardModelScorer:
 
         self.tokenizer = tokenizer
         # Rows of one forward pass on this process: micro_batch_size per data-parallel shard it holds.
-        shards = data_parallel_size(mesh) // jax.process_count() if mesh is not None else 1
+        shards = data_parallel_size(mesh) // groups.process_count() if mesh is not None else 1
         self.micro_batch_size = int(micro_batch_size) * max(shards, 1)
         self.row_sharding = batch_sharding(mesh, 2, rules or DEFAULT_RULES) if mesh is not None else None
         self.max_length = max_length
@@ -146,7 +147,7 @@ class RewardModelScorer:
         """This process's rows of one micro-batch, as a global array split over the mesh's batch axes."""
         if self.row_sharding is None:
             return rows
-        if jax.process_count() == 1:
+        if groups.process_count() == 1:
             return jax.device_put(rows, self.row_sharding)
         return jax.make_array_from_process_local_data(self.row_sharding, rows)
 
@@ -161,7 +162,7 @@ class RewardModelScorer:
     def score_texts(self, prompts: Sequence[str | Messages], responses: Sequence[str]) -> np.ndarray:
         """Scores (float32 [B]) of decoded responses to their prompts, formatted with the RM's template."""
         rows = self.encode(prompts, responses)
-        longest = self.max_length if jax.process_count() > 1 and self.max_length else max(len(r) for r in rows)
+        longest = self.max_length if groups.process_count() > 1 and self.max_length else max(len(r) for r in rows)
         length = _bucket(longest, self.max_length)
         ids = np.full((len(rows), length), self.pad_token_id, np.int32)
         mask = np.zeros((len(rows), length), np.int32)

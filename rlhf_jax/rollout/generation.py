@@ -9,6 +9,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 
+from rlhf_jax.parallel import groups
 from rlhf_jax.data import PromptBatch
 from rlhf_jax.parallel import replicated
 from rlhf_jax.rollout.buckets import bucket_batch
@@ -30,7 +31,7 @@ def generate_batch(sampler, params, mesh, dp_size: int, pb: PromptBatch, samplin
     """
     ids, mask = pb.input_ids, pb.attention_mask
     B = ids.shape[0]
-    dp = max(dp_size // jax.process_count(), 1)
+    dp = max(dp_size // groups.process_count(), 1)
     padded = bucket_batch(B, multiple=dp) if bucket else -(-B // dp) * dp
     if padded != B:  # validation tails: repeat the first row, drop its samples afterwards
         ids = np.concatenate([ids, np.repeat(ids[:1], padded - B, 0)])

@@ -27,6 +27,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from rlhf_jax.parallel import groups
 import orbax.checkpoint as ocp
 
 log = logging.getLogger(__name__)
@@ -134,9 +135,12 @@ class Checkpointer:
 
     def __init__(self, directory: str, *, max_to_keep: int | None = None, async_save: bool = True):
         self.directory = os.path.abspath(os.path.expanduser(directory))
+        group = groups.current()
+        processes = {} if group.spans_the_run() else {"multiprocessing_options": ocp.options.MultiprocessingOptions(
+            primary_host=group.processes[0], active_processes=set(group.processes))}  # this group's alone
         self._options = ocp.CheckpointManagerOptions(
-            max_to_keep=max_to_keep, create=True, enable_async_checkpointing=async_save, cleanup_tmp_directories=True
-        )
+            max_to_keep=max_to_keep, create=True, enable_async_checkpointing=async_save, cleanup_tmp_directories=True,
+            **processes)
         self.manager = ocp.CheckpointManager(self.directory, options=self._options)
         self._writing: int | None = None  # the step whose (asynchronous) save may still be in flight
         self.failed: CheckpointWriteError | None = None
@@ -172,7 +176,7 @@ class Checkpointer:
         dst, n = src + ".unreadable", 1
         while os.path.exists(dst):
             dst, n = f"{src}.unreadable.{n}", n + 1
-        if jax.process_index() == 0:
+        if groups.current().is_first:
             os.rename(src, dst)
         sum_over_processes(np.zeros(1))  # every process waits for the rename before listing steps again
         self.manager.close()

@@ -20,6 +20,7 @@ import sys
 import time
 from typing import Any, Iterable
 
+from rlhf_jax.parallel import groups
 from rlhf_jax.config.names import LOGGERS
 
 VAL_GENERATIONS = "val_generations.jsonl"
@@ -149,10 +150,8 @@ def dump_generations(directory: str, step: int, inputs: list[str], outputs: list
     """verl's rollout / validation dump: ``<directory>/<step>.jsonl``, one line per response (process p of
     several writes ``<step>.p<p>.jsonl``: each holds its own prompts). ``weight_version``: the updates applied to
     the weights that sampled a training rollout (``step`` - 1 when sampled on-policy)."""
-    import jax
-
     os.makedirs(directory, exist_ok=True)
-    name = f"{step}.jsonl" if jax.process_count() == 1 else f"{step}.p{jax.process_index()}.jsonl"
+    name = f"{step}.jsonl" if groups.process_count() == 1 else f"{step}.p{groups.process_index()}.jsonl"
     path = os.path.join(directory, name)
     with open(path, "w") as f:
         for i, o, g, s in zip(inputs, outputs, gts, scores):

@@ -11,9 +11,9 @@ import fcntl
 import os
 import socket
 
-import jax
 import numpy as np
 
+from rlhf_jax.parallel import groups
 from rlhf_jax.parallel.hosts import sum_over_processes
 
 LOCK_NAME = ".run.lock"
@@ -32,7 +32,7 @@ def acquire(directory: str) -> None:
         _held[directory] = (fd, count + 1)
         return
     fd, holder = None, ""
-    if jax.process_index() == 0:
+    if groups.current().is_first:
         os.makedirs(directory, exist_ok=True)
         fd = os.open(os.path.join(directory, LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -44,7 +44,7 @@ def acquire(directory: str) -> None:
         else:
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
-    refused = sum_over_processes(np.asarray([jax.process_index() == 0 and fd is None], np.int64))[0]
+    refused = sum_over_processes(np.asarray([groups.current().is_first and fd is None], np.int64))[0]
     if refused:
         raise DirectoryInUse(f"trainer.default_local_dir {directory} is in use by another run "
                              f"({holder or 'see process 0'}); wait for it to end or choose another directory")

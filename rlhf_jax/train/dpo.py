@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from ml_collections import ConfigDict
 
+from rlhf_jax.parallel import groups
 from rlhf_jax.algos.dpo import dpo_loss
 from rlhf_jax.batch.trim import trimmed_width
 from rlhf_jax.config import finalize, with_dataset_size
@@ -49,7 +50,7 @@ def prepare(cfg: ConfigDict) -> tuple[Components, PreferenceDataset, PreferenceD
     cfg = ConfigDict(cfg.to_dict()) if cfg.is_locked else cfg
     cfg.unlock()
     model_path = resolve_model_path(cfg.actor_rollout_ref.model.path, cfg.actor_rollout_ref.model.revision)
-    cfg = finalize(cfg, num_devices=jax.device_count(), num_processes=jax.process_count())  # once, before data
+    cfg = finalize(cfg, num_devices=groups.device_count(), num_processes=groups.process_count())  # once, before data
     tokenizer_path = resolve_model_path(cfg.data.tokenizer) if cfg.data.tokenizer else model_path
     tokenizer = load_tokenizer(tokenizer_path, cfg.data.chat_template)
     train = preference_dataset_from_config(cfg.data, tokenizer, "train")
@@ -206,7 +207,7 @@ class DPOTrainer:
         loader = PromptLoader(self.val_data.prompts, cfg.data.val_batch_size or len(self.val_data),
                               pad_token_id=self.pad_id, max_prompt_length=cfg.data.max_prompt_length, shuffle=False,
                               num_epochs=1, drop_remainder=False)
-        rows_per_shard = validation_rows(cfg, jax.process_count())
+        rows_per_shard = validation_rows(cfg, groups.process_count())
         totals: dict[str, float] = {}
         count = 0.0
         for pb in loader:

@@ -13,9 +13,9 @@ import sys
 import time
 from typing import Any, Protocol
 
-import jax
 from ml_collections import ConfigDict
 
+from rlhf_jax.parallel import groups
 from rlhf_jax.runtime import run_lock
 from rlhf_jax.runtime.checkpoint import quiet_storage_noise
 from rlhf_jax.runtime.loggers import MetricLogger
@@ -76,7 +76,7 @@ class RunLoop:
         self.total_steps = int(cfg.derived.total_training_steps)
         self.hf_every_save = "hf_model" in checkpoint_contents[0]
         self.hint = memory_hint(cfg, "actor")
-        self.is_main = jax.process_index() == 0
+        self.is_main = groups.current().is_first
         self.out_dir = os.path.abspath(os.path.expanduser(t.default_local_dir))
         self.log_dir = os.path.abspath(os.path.expanduser(t.log_dir or self.out_dir))
         self._locks = 0

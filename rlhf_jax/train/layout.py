@@ -12,6 +12,7 @@ from typing import Callable
 import jax
 import numpy as np
 
+from rlhf_jax.parallel import groups
 from rlhf_jax.batch import pack_batch
 from rlhf_jax.parallel import batch_sharding
 from rlhf_jax.parallel.hosts import to_global
@@ -51,8 +52,8 @@ class Packer:
         counts[1] += float(packed.placed_tokens)
 
         def local(x: np.ndarray) -> np.ndarray:  # this process's shards: a contiguous block of every array
-            n = x.shape[0] // jax.process_count()
-            return x[jax.process_index() * n:(jax.process_index() + 1) * n]
+            n = x.shape[0] // groups.process_count()
+            return x[groups.process_index() * n:(groups.process_index() + 1) * n]
 
         micros = [{k: to_global(self.mesh, local(v)) for k, v in packed.micro(i).items()}
                   for i in range(packed.num_micro)]

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rlhf_jax.parallel import groups
 from rlhf_jax import algos
 from rlhf_jax.batch import trim_columns
 from rlhf_jax.rewards import place_on_last_token
@@ -94,7 +95,7 @@ class Preparer:
         out, metrics = scored.rollout, {}
         host = {k: gather_all(getattr(out, k)) for k in ("prompts", "prompt_mask", "responses", "response_mask")}
         rows = len(scored.prompts)
-        group_ids = to_global(self.mesh, np.repeat(np.arange(rows) + jax.process_index() * rows,
+        group_ids = to_global(self.mesh, np.repeat(np.arange(rows) + groups.process_index() * rows,
                                                    self.n).astype(np.int32))
         # batch statistics per data domain (ROLL groups its batch by domain), else over the whole batch
         domain = scored.prompts.domain

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 from ml_collections import ConfigDict
 
+from rlhf_jax.parallel import groups
 from rlhf_jax import models
 from rlhf_jax.config import finalize, names, with_dataset_size
 from rlhf_jax.models.hub import resolve_model_path
@@ -80,7 +81,7 @@ def prepare(cfg: ConfigDict) -> Components:
     cfg.unlock()
     model_path = resolve_model_path(cfg.actor_rollout_ref.model.path, cfg.actor_rollout_ref.model.revision)
     # Every check that needs no data (keys, rules, batch arithmetic, file paths) first, once.
-    cfg = finalize(cfg, num_devices=jax.device_count(), num_processes=jax.process_count())
+    cfg = finalize(cfg, num_devices=groups.device_count(), num_processes=groups.process_count())
     tokenizer_path = resolve_model_path(cfg.data.tokenizer) if cfg.data.tokenizer else model_path
     tokenizer = load_tokenizer(tokenizer_path, cfg.data.chat_template)
     tools = tool_schemas(cfg)
@@ -98,10 +99,11 @@ def prepare(cfg: ConfigDict) -> Components:
 def run_devices(cfg: ConfigDict) -> list:
     """The devices the run uses: the first ``trainer.n_gpus_per_node`` of each process (all when None)."""
     n = cfg.trainer.n_gpus_per_node
-    devices = jax.devices()
+    group = groups.current()
+    devices = group.devices() if not group.spans_the_run() else jax.devices()
     if n is None:
         return devices
-    return [d for p in range(jax.process_count()) for d in [d for d in devices if d.process_index == p][:n]]
+    return [d for p in group.processes for d in [d for d in devices if d.process_index == p][:n]]
 
 
 def rollout_mesh(cfg: ConfigDict):
@@ -137,7 +139,7 @@ def _note_fallback_scorer(cfg: ConfigDict, *datasets) -> None:
         return
     unknown = sorted({e.data_source for ds in datasets if ds is not None for e in ds.examples
                       if scorer_name(e.data_source) is None})
-    if unknown and jax.process_index() == 0:
+    if unknown and groups.current().is_first:
         log.warning("data_source %s: no built-in scorer, scored by answer_match (reward_model.answer_match=%s)",
                     ", ".join(unknown), cfg.reward_model.answer_match)
 

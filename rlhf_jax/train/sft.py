@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from ml_collections import ConfigDict
 
+from rlhf_jax.parallel import groups
 from rlhf_jax import models
 from rlhf_jax.config import finalize, with_dataset_size
 from rlhf_jax.models.hub import resolve_model_path
@@ -96,7 +97,7 @@ def prepare_sft(cfg: ConfigDict) -> SFTComponents:
     cfg = ConfigDict(cfg.to_dict()) if cfg.is_locked else cfg
     cfg.unlock()
     model_path = resolve_model_path(cfg.actor_rollout_ref.model.path, cfg.actor_rollout_ref.model.revision)
-    checked = finalize(cfg, num_devices=jax.device_count(), num_processes=jax.process_count())  # once, before data
+    checked = finalize(cfg, num_devices=groups.device_count(), num_processes=groups.process_count())  # once, before data
     check_context(checked, models.load_hf_config(model_path))
     tokenizer_path = resolve_model_path(cfg.data.tokenizer) if cfg.data.tokenizer else model_path
     tokenizer = load_tokenizer(tokenizer_path, cfg.data.chat_template)
@@ -249,7 +250,7 @@ class SFTTrainer:
         """val/loss: the token mean of the trained tokens' negative log-likelihood over the validation set."""
         if self.c.val is None:
             return {}
-        processes = jax.process_count()
+        processes = groups.process_count()
         loader = sft_loader(self.cfg.data, self.c.tokenizer, self.c.val, "val",
                             row_multiple=validation_rows(self.cfg, processes))
         totals = np.zeros(2)

@@ -21,9 +21,9 @@ import json
 import os
 from typing import Any
 
-import jax
 from ml_collections import ConfigDict
 
+from rlhf_jax.parallel import groups
 from rlhf_jax.config import finalize, schema
 from rlhf_jax.config.interpolation import has_reference, resolve
 from rlhf_jax.config.stage_overrides import NAME, flatten_stage
@@ -92,7 +92,7 @@ def stage_configs(cfg: ConfigDict) -> list[tuple[str, str, ConfigDict]]:
         c.trainer.log_dir = os.path.join(log_root, sub)
         c.trainer.experiment_name = f"{_resolved(base, 'trainer.experiment_name')}_{name}"
         try:
-            finalize(c, num_devices=jax.device_count(), num_processes=jax.process_count())
+            finalize(c, num_devices=groups.device_count(), num_processes=groups.process_count())
         except (KeyError, ValueError, FileNotFoundError) as e:
             raise ValueError(f"{where} ({name}): {e}") from None
         out.append((name, c.trainer.default_local_dir, c))
@@ -122,7 +122,7 @@ class StageRunner:
         if lock_dir:
             run_lock.acquire(self.run_dir)
             self._locked = True
-        self.is_main = jax.process_index() == 0
+        self.is_main = groups.current().is_first
         self.index, self.weights = self._first_unfinished()
         self.trainer = self._build(self.index) if self.index < len(self.stages) else None
 

@@ -5,13 +5,6 @@ with one line naming the step, the transfer and the process."""
 
 from __future__ import annotations
 
-import json
-import os
-import socket
-import subprocess
-import sys
-import time
-
 import jax
 import numpy as np
 import pytest
@@ -19,7 +12,7 @@ from jax.sharding import Mesh, NamedSharding
 
 from rlhf_jax.parallel.handoff import HandoffError, blocks_of, transfer_plan
 from tests.parallel.handoff_worker import layouts, value
-from tests.train.helpers import REPO
+from tests.parallel.rehearsal import rehearse
 
 DEADLINE_S = 4
 
@@ -58,35 +51,9 @@ def test_the_two_sides_must_agree_on_shapes():
         transfer_plan([a], [b])
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _rehearse(scenario: str, timeout: float = 120) -> tuple[dict[int, list[dict]], float]:
-    """Four worker processes of ``scenario``: each process's JSON lines, and the seconds until the receivers
-    (processes 2 and 3) had exited."""
-    port = _free_port()
-    procs = []
-    for i in range(4):
-        env = dict(os.environ, RLHF_JAX_COORDINATOR=f"127.0.0.1:{port}", RLHF_JAX_NUM_PROCESSES="4",
-                   RLHF_JAX_PROCESS_ID=str(i), JAX_PLATFORMS="cpu", HANDOFF_DEADLINE_S=str(DEADLINE_S),
-                   XLA_FLAGS="--xla_force_host_platform_device_count=2")
-        procs.append(subprocess.Popen([sys.executable, "-m", "tests.parallel.handoff_worker", scenario], cwd=REPO,
-                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                                      stdin=subprocess.DEVNULL))
-    start = time.monotonic()
-    try:
-        outs = {2: procs[2].communicate(timeout=timeout)[0], 3: procs[3].communicate(timeout=timeout)[0]}
-        receivers_done = time.monotonic() - start
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-            p.communicate()
-    lines = {i: [json.loads(line) for line in out.splitlines() if line.startswith("{")] for i, out in outs.items()}
-    return lines, receivers_done
+def _rehearse(scenario: str):
+    return rehearse("tests.parallel.handoff_worker", scenario, watch=(2, 3),
+                    env={"HANDOFF_DEADLINE_S": str(DEADLINE_S)})
 
 
 def test_four_processes_move_every_layout_between_the_groups():
