@@ -9,6 +9,7 @@ or cuDNN custom call), not a fallback. A missing libtpu or CUDA plugin fails the
 from __future__ import annotations
 
 import os
+import re
 
 import jax
 import jax.numpy as jnp
@@ -268,3 +269,36 @@ def test_model_gradient_on_a_tpu_slice(tpu_slice):
 
     assert jax.jit(in_layout).lower(state, ids, mask).compile().as_text().count(MOSAIC) >= 4
     assert MOSAIC not in jax.jit(grads).lower(state, ids, mask).compile().as_text()
+
+
+def test_moe_decode_step_keeps_the_experts_in_place_on_a_tpu_slice(tpu_slice):
+    """A sampler decode step of a MoE layer on 4 chips (experts split over fsdp) sends its tokens to each chip's
+    slice of the experts (models/moe._weight_stationary) and runs the grouped products natively there: what is
+    all-gathered is the tokens' routing (ids and weights, B x K), never expert weights, and the ragged dots stay."""
+    from rlhf_jax.parallel import DEFAULT_RULES, logical_to_spec, make_mesh
+
+    mesh = make_mesh(data=1, fsdp=4, tensor=1, devices=list(tpu_slice))
+    B, X, E, F, K = 16, 16, 512, 128, 2
+
+    def placed(shape, dtype, axes=None):
+        spec = PartitionSpec() if axes is None else logical_to_spec(axes, DEFAULT_RULES, mesh)
+        return jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, spec))
+
+    tokens = NamedSharding(mesh, PartitionSpec(("data", "fsdp")))
+    args = (jax.ShapeDtypeStruct((B, 1, E), jnp.bfloat16, sharding=tokens),
+            jax.ShapeDtypeStruct((B, 1, K), jnp.int32, sharding=tokens),
+            jax.ShapeDtypeStruct((B, 1, K), jnp.float32, sharding=tokens),
+            placed((X, E, F), jnp.bfloat16, ("expert", "embed", "mlp")),
+            placed((X, E, F), jnp.bfloat16, ("expert", "embed", "mlp")),
+            placed((X, F, E), jnp.bfloat16, ("expert", "mlp", "embed")))
+
+    def step(*a):
+        with moe.tokens_on(mesh, ("data", "fsdp")):
+            return moe.routed_experts(*a, jax.nn.silu, jnp.bfloat16)
+
+    with compiling_for("tpu"):
+        hlo = jax.jit(step).lower(*args).compile().as_text()
+    gathered = [int(np.prod([int(d) for d in dims.split(",") if d])) for dims in
+                re.findall(r"= \w+\[([\d,]*)\]\S* all-gather\(", hlo)]
+    assert gathered and max(gathered) <= B * K, gathered  # routing only: an expert slice is X x E x F / 4
+    assert "ragged-dot" in hlo
