@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import threading
 import time
 from typing import Any, Sequence
@@ -123,8 +122,9 @@ class Channel:
         if server is None:
             from jax.experimental import transfer
 
-            server = transfer.start_transfer_server(jax.local_devices()[0].client, "127.0.0.1:0", ["127.0.0.1:0"]) \
-                if _local_only() else transfer.start_transfer_server(jax.local_devices()[0].client)
+            host = reachable_address(distributed.global_state.coordinator_address or "")
+            where = f"[{host}]:0" if ":" in host else f"{host}:0"
+            server = transfer.start_transfer_server(jax.local_devices()[0].client, where, [where])
         self.server = server
         self.client.key_value_set(f"{PREFIX}/address/{self.process}", self.server.address())
         self._connections: dict[int, Any] = {}
@@ -265,11 +265,18 @@ class Channel:
         return out["value"]
 
 
-def _local_only() -> bool:
-    """Every process on this host (a rehearsal on 127.0.0.1): the transfer servers listen on loopback."""
-    import os
+def reachable_address(coordinator: str) -> str:
+    """This host's address on the network that reaches the coordinator (``host:port``): what the other processes
+    can connect to (loopback when the coordinator is on this host, as in a rehearsal on 127.0.0.1)."""
+    import socket
 
-    return os.environ.get("RLHF_JAX_COORDINATOR", "").startswith(("127.0.0.1", "localhost"))
+    host = coordinator.rsplit(":", 1)[0].strip("[]") or "127.0.0.1"
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((host, 9))  # no packet is sent: this only picks the route
+            return s.getsockname()[0]
+    except OSError:
+        return socket.gethostbyname(socket.gethostname())
 
 
 def _like(tree: Any) -> Any:
@@ -298,8 +305,3 @@ def _assemble(dst_like: Any, pieces: Sequence[Piece], got: dict, local: dict) ->
             blocks.append(block)
         out.append(jax.make_array_from_single_device_arrays(tuple(like.shape), like.sharding, blocks))
     return jax.tree.unflatten(tree, out)
-
-
-def describe(pieces: Sequence[Piece]) -> str:
-    """The plan as JSON (for a log or a test's message)."""
-    return json.dumps([dataclasses.asdict(p) for p in pieces])
