@@ -44,6 +44,11 @@ def main(argv: list[str] | None = None, *, restart: bool = False) -> int:
     from rlhf_jax.parallel.distributed import maybe_initialize
 
     maybe_initialize()  # a no-op unless a launcher set up several processes (launch/)
+    if cfg.mesh.rollout_processes:  # this process samples or trains, with its group (parallel/groups.py)
+        from rlhf_jax.train.split_run import join_split
+
+        if join_split(cfg) == "sampling":
+            return _sample(cfg)
     if cfg.mesh.context == 0:  # automatic: the split is planned on abstract weights before anything is built
         from rlhf_jax.plan.context import choose_context
 
@@ -89,6 +94,20 @@ def main(argv: list[str] | None = None, *, restart: bool = False) -> int:
             print(f"error: {message}", file=sys.stderr, flush=True)
             return 2
     return 0
+
+
+def _sample(cfg) -> int:
+    """A sampling process of a run with ``mesh.rollout_processes``: batches out until the training side stops."""
+    from rlhf_jax.parallel.handoff import HandoffError
+    from rlhf_jax.runtime.preemption import STOP
+    from rlhf_jax.train.split_run import sampling_loop
+
+    with STOP.installed():
+        try:
+            return sampling_loop(cfg).run()
+        except (KeyError, ValueError, FileNotFoundError, HandoffError) as e:
+            print(f"error: {e}", file=sys.stderr, flush=True)
+            return 2
 
 
 if __name__ == "__main__":

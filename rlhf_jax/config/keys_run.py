@@ -366,6 +366,13 @@ MESH = (
         choices=CONTEXT_ATTENTION),
     Key("mesh.rollout_devices", 0, "Sample on this many devices of their own (the last ones; their own data-parallel "
         "mesh) while the other devices train; the actor's weights move there after each update. 0 = every device does both."),
+    Key("mesh.rollout_processes", 0, "Sample on the last k JAX processes (their own data-parallel mesh) while the "
+        "others train, in one jax.distributed run: finished batches and new weights move between them device to "
+        "device, a batch trains 1 update after its weights (experience.overlap's schedule; launch/). 0 = every "
+        "process does both."),
+    Key("mesh.handoff_timeout_s", 1800.0, "In a run with mesh.rollout_processes: the longest wait for the other "
+        "side's weights or batch (a training step, a checkpoint save) before the run stops, naming the process and "
+        "the transfer.", type=float),
     Key("mesh.logical_axis_rules",
         (("batch", ("data", "fsdp", "expert")), ("length", "context"), ("embed", "fsdp"), ("mlp", "tensor"), ("heads", "tensor"),
          ("kv_heads", "tensor"), ("vocab", "tensor"), ("expert", "expert")),

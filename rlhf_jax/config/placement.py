@@ -28,7 +28,10 @@ def used_devices(cfg: ConfigDict, num_devices: int, num_processes: int) -> int:
 
 
 def train_devices(cfg: ConfigDict, num_devices: int, num_processes: int) -> int:
-    """Devices of the training mesh: all of them, or those left after ``mesh.rollout_devices``."""
+    """Devices of the training mesh: all of them, or those left after ``mesh.rollout_devices`` or the sampling
+    processes of ``mesh.rollout_processes``."""
+    if cfg.mesh.rollout_processes:
+        return _split_train_devices(cfg, num_devices, num_processes)
     k = cfg.mesh.rollout_devices
     if k == 0:
         return num_devices
@@ -43,3 +46,20 @@ def train_devices(cfg: ConfigDict, num_devices: int, num_processes: int) -> int:
         raise ValueError(f"mesh.rollout_devices={k} must divide data.train_batch_size={prompts} (the sampler splits "
                          "the prompts over its devices)")
     return num_devices - k
+
+
+def _split_train_devices(cfg: ConfigDict, num_devices: int, num_processes: int) -> int:
+    k = cfg.mesh.rollout_processes
+    if not 0 < k < num_processes:
+        raise ValueError(f"mesh.rollout_processes={k} must be in [1, {num_processes - 1}]: this run has "
+                         f"{num_processes} JAX process(es) and training needs at least one (launch/)")
+    if cfg.mesh.rollout_devices:
+        raise ValueError(f"mesh.rollout_processes={k} and mesh.rollout_devices={cfg.mesh.rollout_devices}: "
+                         "choose one way to give sampling devices of its own")
+    per_process = num_devices // num_processes
+    sampling = k * per_process
+    prompts = cfg.data.train_batch_size
+    if prompts % sampling:
+        raise ValueError(f"mesh.rollout_processes={k}: its {sampling} devices must divide data.train_batch_size="
+                         f"{prompts} (the sampler splits the prompts over them)")
+    return num_devices - sampling

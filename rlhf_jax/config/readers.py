@@ -28,7 +28,8 @@ READERS: dict[str, tuple[str, ...]] = {
         _A + "model.enable_gradient_checkpointing", _A + "model.remat_policy", _A + "model.attn_implementation",
         "critic.model.enable_gradient_checkpointing", "critic.model.remat_policy", "mesh.logical_axis_rules",
         _A + "model.lora_rank", _A + "model.lora_alpha", _A + "model.target_modules", _A + "model.lora_adapter_path",
-        "mesh.rollout_devices", "mesh.context_attention", "trainer.n_gpus_per_node", _A + "rollout.dtype",
+        "mesh.rollout_devices", "mesh.rollout_processes", "mesh.context_attention", "trainer.n_gpus_per_node",
+        _A + "rollout.dtype",
         _A + "ref.fsdp_config.param_offload",
         _A + "actor.fsdp_config.param_offload", _A + "actor.fsdp_config.optimizer_offload",
         "critic.model.fsdp_config.param_offload", "critic.model.fsdp_config.optimizer_offload",
@@ -60,6 +61,7 @@ READERS: dict[str, tuple[str, ...]] = {
     "rlhf_jax.train.dpo": ("algorithm.dpo.*",),
     "rlhf_jax.data.preferences": ("data.chosen_key", "data.rejected_key", "data.max_length"),
     "rlhf_jax.train.trainer_checkpoints": (_A + "actor.checkpoint.*", "critic.checkpoint.*"),
+    "rlhf_jax.train.split_run": ("mesh.handoff_timeout_s", "mesh.rollout_processes"),
     "rlhf_jax.train.trainer": (
         _A + "actor.shuffle", _A + "actor.grad_clip", _A + "actor.clip_ratio_low", _A + "actor.clip_ratio_high",
         _A + "actor.clip_ratio_c", _A + "actor.entropy_coeff", _A + "actor.kl_loss_coef",

@@ -53,7 +53,7 @@ RL_ONLY_PATTERNS = (
     A + "ref.log_prob_max_token_len_per_gpu", "critic.*", "reward_model.*", "custom_reward_function.*",
     "experience.*", "algorithm.*", "trainer.critic_warmup", "trainer.log_val_generations", "trainer.rollout_data_dir",
     "trainer.validation_data_dir", "trainer.max_critic_ckpt_to_keep", "data.ground_truth_key",
-    "data.default_data_source", "mesh.rollout_devices",
+    "data.default_data_source", "mesh.rollout_devices", "mesh.rollout_processes", "mesh.handoff_timeout_s",
 )
 DPO_PATTERNS = ("algorithm.type", "algorithm.dpo.*")
 RL_ONLY = tuple(p for p in schema.key_paths() if any(fnmatch.fnmatchcase(p, q) for q in RL_ONLY_PATTERNS)

@@ -24,11 +24,15 @@ _MAPS = (Mapping, ConfigDict)
 
 
 @rule("experience.buffer_size", "experience.overlap", "experience.max_staleness", "mesh.rollout_devices",
-      "algorithm.filter_groups.enable")
+      "algorithm.filter_groups.enable", "mesh.rollout_processes")
 def experience_schedule(cfg: ConfigDict, ctx: Context) -> None:
     """The experience schedule (buffer, overlap) has devices to overlap on and stays within the staleness bound."""
     e = cfg.experience
-    if e.overlap and cfg.mesh.rollout_devices == 0:
+    if cfg.mesh.rollout_processes and not (e.overlap and e.buffer_size == 1):
+        raise ValueError(f"mesh.rollout_processes={cfg.mesh.rollout_processes} samples each batch while the training "
+                         "processes train on the one before (a batch trains 1 update after its weights): set "
+                         "experience.overlap=True and experience.buffer_size=1")
+    if e.overlap and cfg.mesh.rollout_devices == 0 and not cfg.mesh.rollout_processes:
         raise ValueError("experience.overlap=True samples while the training devices update, so the rollout needs "
                          "devices of its own: set mesh.rollout_devices (e.g. half of the devices)")
     lag = 2 * e.buffer_size - 1 if e.overlap else e.buffer_size - 1
@@ -194,3 +198,30 @@ def multi_turn_driver(cfg: ConfigDict, ctx: Context) -> None:
                          "workflows give one reward per trajectory")
     if mt.workflow_args and not mt.workflow:
         raise ValueError(f"{k}.workflow_args is set but {k}.workflow is not: the arguments are a workflow's")
+
+
+_SPLIT_NOT_BUILT = ((_MT + "enable", "True"), ("algorithm.filter_groups.enable", "True"),
+                    ("actor_rollout_ref.model.lora_rank", "> 0"), ("reward_model.enable", "True"),
+                    ("actor_rollout_ref.actor.router_replay.mode", "R3"), ("distillation.enabled", "True"))
+
+
+@rule("mesh.rollout_processes", *(path for path, _ in _SPLIT_NOT_BUILT), "algorithm.type")
+def split_run_combinations(cfg: ConfigDict, ctx: Context) -> None:
+    """What a run with sampling processes of their own does not do yet (each refused by name)."""
+    k = cfg.mesh.rollout_processes
+    if not k:
+        return
+    values = {_MT + "enable": cfg.actor_rollout_ref.rollout.multi_turn.enable,
+              "algorithm.filter_groups.enable": cfg.algorithm.filter_groups.enable,
+              "actor_rollout_ref.model.lora_rank": (cfg.actor_rollout_ref.model.lora_rank or 0) > 0,
+              "reward_model.enable": cfg.reward_model.enable,
+              "actor_rollout_ref.actor.router_replay.mode": cfg.actor_rollout_ref.actor.router_replay.mode == "R3",
+              "distillation.enabled": cfg.distillation.enabled}
+    for path, setting in _SPLIT_NOT_BUILT:
+        if values[path]:
+            raise ValueError(f"mesh.rollout_processes={k} with {path} {setting} is not built yet: the sampling "
+                             f"processes run single-turn rollouts of the actor's own weights (set "
+                             "mesh.rollout_processes=0)")
+    if cfg.algorithm.type != "rl":
+        raise ValueError(f"mesh.rollout_processes={k} splits an RL run's sampling from its training; "
+                         f"algorithm.type={cfg.algorithm.type} samples nothing (set mesh.rollout_processes=0)")

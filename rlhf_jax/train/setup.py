@@ -81,7 +81,8 @@ def prepare(cfg: ConfigDict) -> Components:
     cfg.unlock()
     model_path = resolve_model_path(cfg.actor_rollout_ref.model.path, cfg.actor_rollout_ref.model.revision)
     # Every check that needs no data (keys, rules, batch arithmetic, file paths) first, once.
-    cfg = finalize(cfg, num_devices=groups.device_count(), num_processes=groups.process_count())
+    # the whole run: with mesh.rollout_processes the placement gives the training mesh its processes' devices
+    cfg = finalize(cfg, num_devices=jax.device_count(), num_processes=jax.process_count())
     tokenizer_path = resolve_model_path(cfg.data.tokenizer) if cfg.data.tokenizer else model_path
     tokenizer = load_tokenizer(tokenizer_path, cfg.data.chat_template)
     tools = tool_schemas(cfg)
@@ -97,9 +98,11 @@ def prepare(cfg: ConfigDict) -> Components:
 
 
 def run_devices(cfg: ConfigDict) -> list:
-    """The devices the run uses: the first ``trainer.n_gpus_per_node`` of each process (all when None)."""
+    """The devices the run trains on: the first ``trainer.n_gpus_per_node`` of each process (all when None), of the
+    training processes when ``mesh.rollout_processes`` gives sampling its own (on every process of the run)."""
     n = cfg.trainer.n_gpus_per_node
-    group = groups.current()
+    group = groups.current() if not cfg.mesh.rollout_processes else \
+        groups.split(jax.process_count(), cfg.mesh.rollout_processes)[0]
     devices = group.devices() if not group.spans_the_run() else jax.devices()
     if n is None:
         return devices
@@ -107,7 +110,14 @@ def run_devices(cfg: ConfigDict) -> list:
 
 
 def rollout_mesh(cfg: ConfigDict):
-    """With ``mesh.rollout_devices`` = k > 0: a data-parallel mesh over the last k devices of the run (else None)."""
+    """With ``mesh.rollout_devices`` = k > 0: a data-parallel mesh over the last k devices of the run; with
+    ``mesh.rollout_processes`` = k > 0, over the devices of the last k processes (the sampling group's); else
+    None."""
+    if cfg.mesh.rollout_processes:
+        sampling = groups.split(jax.process_count(), cfg.mesh.rollout_processes)[1]
+        n = cfg.trainer.n_gpus_per_node
+        devices = [d for p in sampling.processes for d in [d for d in sampling.devices() if d.process_index == p][:n]]
+        return make_mesh(data=len(devices), fsdp=1, tensor=1, expert=1, devices=devices)
     k = cfg.mesh.rollout_devices
     return make_mesh(data=k, fsdp=1, tensor=1, expert=1, devices=run_devices(cfg)[-k:]) if k else None
 

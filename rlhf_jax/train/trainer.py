@@ -47,7 +47,7 @@ from rlhf_jax.train.setup import (Components, actor_role, load_policy, offload_f
 from rlhf_jax.train.steps import ActorLossSpec, CriticLossSpec, advantage_stage
 from rlhf_jax.train.trainer_checkpoints import (CheckpointItems, export_policy, model_record, restore_roles,
                                                 role_arrays)
-from rlhf_jax.train.trainer_experience import ExperienceBuffer
+from rlhf_jax.train.split_run import experience_buffer, split_groups
 from rlhf_jax.train.trainer_rollout import Producer, Rollouts
 from rlhf_jax.train.update import UpdateSchedule, update_role
 from rlhf_jax.train.validation import Validator
@@ -144,9 +144,8 @@ class Trainer:
                                  greedy_baseline=algos.estimator_info(cfg.algorithm.adv_estimator).needs_greedy_baseline,
                                  rollout_data_dir=cfg.trainer.rollout_data_dir, loader=self.loader, stop=stop,
                                  component_keys=gdpo_keys(cfg))
-        e = cfg.experience
-        self.experience = ExperienceBuffer(e.buffer_size, e.overlap, self.loop.total_steps, self.loader,
-                                           self.producer.produce)
+        self.experience = experience_buffer(cfg, c, self.loop.total_steps, self.loader, self.producer.produce,
+                                            self.rollouts)
         self.validator = None if c.val_dataset is None else Validator(
             self.rollouts, lambda: loader_from_config(cfg.data, c.tokenizer, "val", dataset=c.val_dataset),
             c.val_dataset, c.val_sampling, stop, self.loop.logger, cfg.trainer.log_val_generations,
@@ -183,7 +182,9 @@ class Trainer:
         plain model on merged weights), the multi-turn rollout and the scorers."""
         spec = self.actor.config.lora
         graphdef = sampler_graphdef(cfg, self.actor.config, self.actor.task, None if spec else self.actor.graphdef)
-        sampler = Sampler(graphdef, mesh=c.rollout_mesh or c.mesh, rules=c.rules,
+        here = c.rollout_mesh if c.rollout_mesh is not None and split_groups(cfg) is None else None  # a split run
+        # samples on other processes; this sampler validates on the training mesh
+        sampler = Sampler(graphdef, mesh=here or c.mesh, rules=c.rules,
                           max_positions=self.actor.config.max_position_embeddings)
         multi_turn = None
         if cfg.actor_rollout_ref.rollout.multi_turn.enable:
@@ -201,7 +202,7 @@ class Trainer:
             reward_model = RewardModelScorer.from_config(cfg.reward_model, mesh=c.mesh, rules=c.rules)
         return Rollouts(self.actor, sampler, c.tokenizer, rewards, mesh=c.mesh, rules=c.rules,
                         dp_size=cfg.derived.dp_size, reward_model=reward_model, multi_turn=multi_turn,
-                        rollout_mesh=c.rollout_mesh, weight_dtype=cfg.actor_rollout_ref.rollout.weight_dtype,
+                        rollout_mesh=here, weight_dtype=cfg.actor_rollout_ref.rollout.weight_dtype,
                         compute_dtype=cfg.actor_rollout_ref.rollout.dtype)
 
     def _losses(self, cfg: ConfigDict, c: Components) -> tuple[losses.Loss, losses.Loss]:

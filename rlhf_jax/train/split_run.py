@@ -1,0 +1,211 @@
+"""A run whose last ``mesh.rollout_processes`` processes sample while the others train (parallel/groups.py).
+
+The schedule is ``experience.overlap``'s with one batch a round: batch 0 is sampled with the starting weights
+(version 0), batch k >= 1 with version k - 1, and each training step waits at its end for the next batch, so a
+step boundary (a checkpoint, a stop) holds it, as in one process.
+
+- The training processes' experience buffer is a :class:`RemoteExperience`: at step s it sends its current
+  weights "for batch s + 1" (a version number alone when the sampling side has them already), learns on batch s,
+  then receives batch s + 1.
+- The sampling processes run :class:`SamplingLoop`: for each batch, receive the weights for it, draw the prompts,
+  sample and score them (``trainer_rollout.Producer``), send the ``ScoredBatch`` (train/scored_handoff.py).
+
+Weights travel as a flat {path: array} dict of the sampler's state (adapters merged under LoRA, in
+``rollout.weight_dtype`` when set), with their layout sent first; every wait is bounded by
+``mesh.handoff_timeout_s`` (parallel/handoff.py).
+"""
+
+from __future__ import annotations
+
+import pickle
+import time
+from typing import Any, Callable
+
+import jax
+from flax import nnx
+from jax.sharding import NamedSharding
+
+from rlhf_jax.parallel import groups
+from rlhf_jax.parallel.handoff import Channel
+from rlhf_jax.train import experience as X
+from rlhf_jax.train import metrics as M
+from rlhf_jax.train.scored_handoff import receive_scored, send_scored
+from rlhf_jax.types import ScoredBatch
+
+WEIGHTS = "weights"
+
+
+def split_groups(cfg) -> tuple[groups.ProcessGroup, groups.ProcessGroup] | None:
+    """(training, sampling) process groups of a split run, or None."""
+    k = int(cfg.mesh.rollout_processes or 0)
+    return groups.split(jax.process_count(), k) if k else None
+
+
+def experience_buffer(cfg, c, total_steps: int, loader, produce, rollouts):
+    """The RL trainer's experience buffer: batches produced in this process (``ExperienceBuffer``), or by the
+    sampling processes of a split run (``RemoteExperience``, on a training process)."""
+    from rlhf_jax.train.trainer_experience import ExperienceBuffer
+
+    split = split_groups(cfg)
+    if split is None:
+        e = cfg.experience
+        return ExperienceBuffer(e.buffer_size, e.overlap, total_steps, loader, produce)
+    sampler_state = lambda: rollouts._in_weight_dtype(rollouts._sampler_params())  # noqa: E731
+    return RemoteExperience(Channel(deadline_s=cfg.mesh.handoff_timeout_s), *split, total_steps, sampler_state,
+                            c.rollout_mesh, c.mesh, c.rules, int(c.sampling.pad_token_id))
+
+
+def join_split(cfg) -> str:
+    """Join this process's group of a split run; "training" or "sampling"."""
+    training, sampling = split_groups(cfg)
+    mine = training if jax.process_index() in training.processes else sampling
+    groups.join(mine)
+    return mine.name
+
+
+def sampling_loop(cfg) -> "SamplingLoop":
+    training, sampling = split_groups(cfg)
+    return SamplingLoop(cfg, Channel(deadline_s=cfg.mesh.handoff_timeout_s), training, sampling)
+
+
+def _flat(state) -> dict[str, Any]:
+    return {"/".join(map(str, path)): v.get_value() for path, v in nnx.to_flat_state(state)}
+
+
+class RemoteExperience:
+    """The training processes' experience buffer in a split run (the ``ExperienceBuffer`` interface)."""
+
+    def __init__(self, channel: Channel, training: groups.ProcessGroup, sampling: groups.ProcessGroup,
+                 total_steps: int, sampler_state: Callable[[], Any], sampling_mesh, train_mesh, rules,
+                 pad_token_id: int):
+        """``sampler_state()``: the sampler's weights on the training mesh (an nnx State)."""
+        self.channel, self.training, self.sampling = channel, training, sampling
+        self.total_steps, self.sampler_state = total_steps, sampler_state
+        self.sampling_mesh, self.train_mesh, self.rules, self.pad = sampling_mesh, train_mesh, rules, pad_token_id
+        self.pending: list[ScoredBatch] = []
+        self.timeline: list[tuple[str, int, float, float]] = []
+        self._sent: int | None = None  # the weight version the sampling side holds
+        self._next_batch: int | None = None  # the batch the sampling side waits for weights for
+
+    def _send_weights(self, batch: int, version: int) -> None:
+        message: dict[str, Any] = {"version": version, "arrays": version != self._sent}
+        flat = None
+        if message["arrays"]:
+            flat = _flat(self.sampler_state())
+            message["layout"] = {k: (tuple(v.shape), str(v.dtype), tuple(v.sharding.spec)) for k, v in flat.items()}
+        receivers = self.sampling.processes
+        if self.training.is_first:
+            self.channel.send_bytes(f"{WEIGHTS}.version", batch, pickle.dumps(message), receivers)
+        if flat is not None:
+            dst = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=NamedSharding(self.sampling_mesh, v.sharding.spec))
+                   for k, v in flat.items()}
+            self.channel.send(WEIGHTS, batch, flat, dst, receivers)
+            self._sent = version
+        self._next_batch = batch + 1
+
+    def _receive(self, batch: int) -> ScoredBatch:
+        start = time.perf_counter()
+        scored = receive_scored(self.channel, batch, self.sampling_mesh, self.train_mesh, self.rules,
+                                self.sampling.processes, self.pad)
+        self.timeline.append(("receive", batch + 1, start, time.perf_counter()))
+        return scored
+
+    def train_next(self, step: int, weights: Callable[[], Any], learn: Callable[[ScoredBatch, M.Timer], dict]) -> dict:
+        """Step ``step`` (updates so far) on batch ``step``; ``weights`` is unused (the sampling side's copy
+        comes from ``sampler_state``)."""
+        timer = M.Timer()
+        with timer("step"):
+            if not self.pending:  # the first batch: sampled with the weights as they are (version ``step``)
+                self._send_weights(step, step)
+                with timer("wait_rollout"):
+                    self.pending.append(self._receive(step))
+            if step + 1 < self.total_steps:  # the next batch samples with this step's weights, before its update
+                self._send_weights(step + 1, step)
+        start = time.perf_counter()
+        metrics = learn(self.pending[0], timer)
+        self.timeline.append(("train", step + 1, start, time.perf_counter()))
+        self.pending.pop(0)
+        if step + 1 < self.total_steps:
+            with timer("step"), timer("wait_rollout"):
+                self.pending.append(self._receive(step + 1))
+        metrics["timing_s/step"] = timer.seconds["step"]
+        metrics["timing_s/wait_rollout"] = timer.seconds.get("wait_rollout", 0.0)
+        return metrics
+
+    def checkpoint(self) -> tuple[dict, list[dict], Any]:
+        """(arrays, description, the sampling processes' loader states before the pending batch's prompts)."""
+        arrays, described = X.to_checkpoint(self.pending)
+        return arrays, described, self.pending[0].data_state if self.pending else None
+
+    def restore(self, arrays: dict, described: list[dict]) -> None:
+        raise ValueError("resuming a run with mesh.rollout_processes is not built yet: start it in a new "
+                         "trainer.default_local_dir (or resume with mesh.rollout_processes=0)")
+
+    def close(self) -> None:
+        """Tell the sampling side to stop where it waits (the run ended, or stopped early)."""
+        if self._next_batch is not None and self._next_batch < self.total_steps and self.training.is_first:
+            self.channel.send_bytes(f"{WEIGHTS}.version", self._next_batch, pickle.dumps({"stop": True}),
+                                    self.sampling.processes)
+
+
+class SamplingLoop:
+    """The sampling processes' part of a split run: weights in, produced batches out."""
+
+    def __init__(self, cfg, channel: Channel, training: groups.ProcessGroup, sampling: groups.ProcessGroup):
+        from rlhf_jax import algos
+        from rlhf_jax.data import loader_from_config
+        from rlhf_jax.rewards import RewardManager
+        from rlhf_jax.rollout import Sampler
+        from rlhf_jax.train.setup import load_actor, prepare, sampler_graphdef
+        from rlhf_jax.train.trainer_rollout import Producer, Rollouts
+        from rlhf_jax.runtime.preemption import STOP
+
+        c = prepare(cfg)
+        self.c, self.cfg, self.channel, self.training, self.sampling = c, c.cfg, channel, training, sampling
+        cfg = self.cfg
+        mesh = c.rollout_mesh  # the sampling group's own data-parallel mesh
+        model = load_actor(cfg, c.model_path, mesh, c.rules)  # version 0, read as the training side reads it
+        graphdef, state = nnx.split(model)
+        self.graphdef = sampler_graphdef(cfg, model.config, model.task, graphdef)
+        sampler = Sampler(self.graphdef, mesh=mesh, rules=c.rules, max_positions=model.config.max_position_embeddings)
+        rewards = RewardManager.from_config(cfg.reward_model, cfg.custom_reward_function,
+                                            max_response_length=cfg.actor_rollout_ref.rollout.response_length,
+                                            experiment_name=cfg.trainer.experiment_name)
+        self.rollouts = Rollouts(None, sampler, c.tokenizer, rewards, mesh=mesh, rules=c.rules,
+                                 dp_size=mesh.devices.size, weight_dtype=cfg.actor_rollout_ref.rollout.weight_dtype)
+        self.loader = loader_from_config(cfg.data, c.tokenizer, "train", num_epochs=None, dataset=c.train_dataset)
+        self.producer = Producer(self.rollouts, c.sampling, cfg.algorithm.filter_groups,
+                                 greedy_baseline=algos.estimator_info(cfg.algorithm.adv_estimator).needs_greedy_baseline,
+                                 rollout_data_dir=cfg.trainer.rollout_data_dir, loader=self.loader, stop=STOP)
+        self.template = self.weights = self.rollouts._in_weight_dtype(state)  # version 0; later ones replace it
+        self.version = 0
+        self.train_mesh = c.mesh  # the training processes' mesh (setup.run_devices), known to every process
+
+    def _weights_for(self, batch: int) -> bool:
+        """Take the weights for ``batch``; False when the training side says stop."""
+        message = pickle.loads(self.channel.receive_bytes(f"{WEIGHTS}.version", batch, self.training.processes[0]))
+        if message.get("stop"):
+            return False
+        if message["arrays"]:
+            layout = message["layout"]
+            src = {k: jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(self.train_mesh, jax.sharding.PartitionSpec(*spec)))
+                   for k, (shape, dtype, spec) in layout.items()}
+            dst = {k: jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(self.c.rollout_mesh, jax.sharding.PartitionSpec(*spec)))
+                   for k, (shape, dtype, spec) in layout.items()}
+            flat = self.channel.receive(WEIGHTS, batch, src, dst, self.training.processes)
+            self.weights = nnx.from_flat_state([(path, var.replace(value=flat["/".join(map(str, path))]))
+                                                for path, var in nnx.to_flat_state(self.template)])
+        self.version = int(message["version"])
+        return True
+
+    def run(self, first: int = 0) -> int:
+        total = self.cfg.derived.total_training_steps if "total_training_steps" in self.cfg.derived else None
+        total = int(total or self.cfg.trainer.total_training_steps)
+        for batch in range(first, total):
+            if not self._weights_for(batch):
+                break
+            state = self.loader.get_state()
+            pb = next(self.loader)
+            scored = self.producer.produce(pb, batch, state, False, weights=self.weights, version=self.version)
+            send_scored(self.channel, batch, scored, self.train_mesh, self.c.rules, self.training.processes)
+        return 0
