@@ -138,9 +138,11 @@ class Checkpointer:
         group = groups.current()
         processes = {} if group.spans_the_run() else {"multiprocessing_options": ocp.options.MultiprocessingOptions(
             primary_host=group.processes[0], active_processes=set(group.processes))}  # this group's alone
+        if processes:  # Orbax creates the directory only for a manager of every process
+            os.makedirs(self.directory, exist_ok=True)
         self._options = ocp.CheckpointManagerOptions(
-            max_to_keep=max_to_keep, create=True, enable_async_checkpointing=async_save, cleanup_tmp_directories=True,
-            **processes)
+            max_to_keep=max_to_keep, create=not processes, enable_async_checkpointing=async_save,
+            cleanup_tmp_directories=True, **processes)
         self.manager = ocp.CheckpointManager(self.directory, options=self._options)
         self._writing: int | None = None  # the step whose (asynchronous) save may still be in flight
         self.failed: CheckpointWriteError | None = None
