@@ -57,6 +57,7 @@ def main(argv: list[str] | None = None, *, restart: bool = False) -> int:
         except (KeyError, ValueError, FileNotFoundError, MemoryError) as e:
             print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
             return 2
+    from rlhf_jax.parallel.handoff import HandoffError
     from rlhf_jax.rewards import RewardFunctionError, RewardLoadError
     from rlhf_jax.runtime.checkpoint import CheckpointError, CheckpointWriteError
     from rlhf_jax.runtime.preemption import STOP
@@ -78,9 +79,10 @@ def main(argv: list[str] | None = None, *, restart: bool = False) -> int:
             return 2
         try:
             trainer.fit()  # a signal received during the set-up stops it before the first step
-        except (RewardLoadError, RewardFunctionError, CheckpointError, StageSetupError) as e:  # a reward worker
-            # found the file broken, a reward call failed under fail_on_error=True, the checkpoint to resume from
-            # cannot be read, a save failed (a full disk), or a later stage cannot be built
+        except (RewardLoadError, RewardFunctionError, CheckpointError, StageSetupError, HandoffError) as e:  # a
+            # reward worker found the file broken, a reward call failed under fail_on_error=True, the checkpoint to
+            # resume from cannot be read, a save failed (a full disk), a later stage cannot be built, or the other
+            # side of a split run missed a hand-off
             trainer.close()
             print(f"error: {e}", file=sys.stderr, flush=True)
             if isinstance(e, CheckpointWriteError):

@@ -385,7 +385,8 @@ EXPERIENCE = (
         "a round trains i updates after its weights); untrained ones are saved with checkpoints.",
         check=at_least(1, " (1 = train on each batch as it is sampled)")),
     Key("experience.overlap", False,
-        "Sample the next round on mesh.rollout_devices (required) while the current one trains: a batch trains 1 "
+        "Sample the next round on mesh.rollout_devices or mesh.rollout_processes (one of them required) while the "
+        "current one trains: a batch trains 1 "
         "update after its weights (K to 2K-1 with buffer_size K); see algorithm.rollout_correction."),
     Key("experience.max_staleness", None,
         "Largest lag (updates between a batch's sampling weights and its training) the run may have; the "

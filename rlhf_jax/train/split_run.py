@@ -51,8 +51,8 @@ def experience_buffer(cfg, c, total_steps: int, loader, produce, rollouts):
         e = cfg.experience
         return ExperienceBuffer(e.buffer_size, e.overlap, total_steps, loader, produce)
     sampler_state = lambda: rollouts._in_weight_dtype(rollouts._sampler_params())  # noqa: E731
-    return RemoteExperience(Channel(deadline_s=cfg.mesh.handoff_timeout_s), *split, total_steps, sampler_state,
-                            c.rollout_mesh, c.mesh, c.rules, int(c.sampling.pad_token_id))
+    return RemoteExperience(Channel(deadline_s=cfg.mesh.handoff_timeout_s), *split, total_steps, loader,
+                            sampler_state, c.rollout_mesh, c.mesh, c.rules, int(c.sampling.pad_token_id))
 
 
 def join_split(cfg) -> str:
@@ -76,11 +76,13 @@ class RemoteExperience:
     """The training processes' experience buffer in a split run (the ``ExperienceBuffer`` interface)."""
 
     def __init__(self, channel: Channel, training: groups.ProcessGroup, sampling: groups.ProcessGroup,
-                 total_steps: int, sampler_state: Callable[[], Any], sampling_mesh, train_mesh, rules,
+                 total_steps: int, loader, sampler_state: Callable[[], Any], sampling_mesh, train_mesh, rules,
                  pad_token_id: int):
-        """``sampler_state()``: the sampler's weights on the training mesh (an nnx State)."""
+        """``loader``: this process's prompt loader, drawn in step with the sampling side's (its rows of each batch,
+        and the state a checkpoint keeps); ``sampler_state()``: the sampler's weights on the training mesh."""
         self.channel, self.training, self.sampling = channel, training, sampling
-        self.total_steps, self.sampler_state = total_steps, sampler_state
+        self.total_steps, self.loader, self.sampler_state = total_steps, loader, sampler_state
+        self._started = False
         self.sampling_mesh, self.train_mesh, self.rules, self.pad = sampling_mesh, train_mesh, rules, pad_token_id
         self.pending: list[ScoredBatch] = []
         self.timeline: list[tuple[str, int, float, float]] = []
@@ -107,13 +109,25 @@ class RemoteExperience:
         start = time.perf_counter()
         scored = receive_scored(self.channel, batch, self.sampling_mesh, self.train_mesh, self.rules,
                                 self.sampling.processes, self.pad)
+        state = self.loader.get_state()  # this process's rows of the batch's prompts: the sampling side drew them
+        next(self.loader)
         self.timeline.append(("receive", batch + 1, start, time.perf_counter()))
-        return scored
+        return scored.replace(data_state=state)
+
+    def _start(self, step: int) -> None:
+        """Tell the sampling side where the run starts: the first batch it samples (after a resume, the one
+        after those pending here)."""
+        self._started = True
+        if self.training.is_first:
+            self.channel.send_bytes(f"{WEIGHTS}.start", 0, pickle.dumps({"first": step + len(self.pending)}),
+                                    self.sampling.processes)
 
     def train_next(self, step: int, weights: Callable[[], Any], learn: Callable[[ScoredBatch, M.Timer], dict]) -> dict:
         """Step ``step`` (updates so far) on batch ``step``; ``weights`` is unused (the sampling side's copy
         comes from ``sampler_state``)."""
         timer = M.Timer()
+        if not self._started:
+            self._start(step)
         with timer("step"):
             if not self.pending:  # the first batch: sampled with the weights as they are (version ``step``)
                 self._send_weights(step, step)
@@ -133,17 +147,23 @@ class RemoteExperience:
         return metrics
 
     def checkpoint(self) -> tuple[dict, list[dict], Any]:
-        """(arrays, description, the sampling processes' loader states before the pending batch's prompts)."""
+        """(arrays, description, this process's loader state before the pending batch's prompts)."""
         arrays, described = X.to_checkpoint(self.pending)
-        return arrays, described, self.pending[0].data_state if self.pending else None
+        return arrays, described, self.pending[0].data_state if self.pending else self.loader.get_state()
 
     def restore(self, arrays: dict, described: list[dict]) -> None:
-        raise ValueError("resuming a run with mesh.rollout_processes is not built yet: start it in a new "
-                         "trainer.default_local_dir (or resume with mesh.rollout_processes=0)")
+        """Take back the pending batches of a checkpoint; the loader already stands before their prompts."""
+        pbs, states = [], []
+        for _ in described:
+            states.append(self.loader.get_state())
+            pbs.append(next(self.loader))
+        self.pending = X.from_checkpoint(arrays, described, pbs, states)
 
     def close(self) -> None:
-        """Tell the sampling side to stop where it waits (the run ended, or stopped early)."""
-        if self._next_batch is not None and self._next_batch < self.total_steps and self.training.is_first:
+        """Tell the sampling side to stop where it waits: for the weights of the next batch after an early stop,
+        or, after the last batch, for this word that its offers were taken (its transfer server must outlive
+        them)."""
+        if self._next_batch is not None and self.training.is_first:
             self.channel.send_bytes(f"{WEIGHTS}.version", self._next_batch, pickle.dumps({"stop": True}),
                                     self.sampling.processes)
 
@@ -198,14 +218,21 @@ class SamplingLoop:
         self.version = int(message["version"])
         return True
 
-    def run(self, first: int = 0) -> int:
-        total = self.cfg.derived.total_training_steps if "total_training_steps" in self.cfg.derived else None
-        total = int(total or self.cfg.trainer.total_training_steps)
+    def run(self) -> int:
+        """Sample from the batch the training side starts at (its loader position drawn again: the prompts are a
+        pure function of the data and the seed) until the last one, or until told to stop."""
+        start = pickle.loads(self.channel.receive_bytes(f"{WEIGHTS}.start", 0, self.training.processes[0]))
+        first = int(start["first"])
+        for _ in range(first):
+            next(self.loader)
+        total = int(self.cfg.derived.total_training_steps)
         for batch in range(first, total):
             if not self._weights_for(batch):
-                break
+                return 0
             state = self.loader.get_state()
             pb = next(self.loader)
             scored = self.producer.produce(pb, batch, state, False, weights=self.weights, version=self.version)
             send_scored(self.channel, batch, scored, self.train_mesh, self.c.rules, self.training.processes)
+        # the training side's last word: it has pulled the last batch (leaving earlier would end the transfer)
+        self._weights_for(total)
         return 0

@@ -6,9 +6,11 @@ k - 1), step for step, to the same weights."""
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -29,22 +31,36 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _split_run(out: str, timeout: float = 600, **overrides) -> subprocess.CompletedProcess:
+def _launch(out: str, **overrides) -> subprocess.Popen:
     env = dict(os.environ, RLHF_JAX_PORT=str(_free_port()),
                PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
     args = cli_args(out, **{**COMMON, "mesh.rollout_processes": 2, "mesh.handoff_timeout_s": 120.0, **overrides})
-    return subprocess.run(["bash", os.path.join(REPO, "launch", "local_multiprocess.sh"), "4", "2", *args], cwd=REPO,
-                          env=env, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    return subprocess.Popen(["bash", os.path.join(REPO, "launch", "local_multiprocess.sh"), "4", "2", *args],
+                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            stdin=subprocess.DEVNULL)
+
+
+def _split_run(out: str, timeout: float = 600, **overrides) -> subprocess.CompletedProcess:
+    proc = _launch(out, **overrides)
+    stdout, stderr = proc.communicate(timeout=timeout)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
 
 
 def _weights(out: str) -> LazyFile:
     return LazyFile(os.path.join(out, "hf", f"global_step_{STEPS}", "model.safetensors"))
 
 
-def test_two_sampling_and_two_training_processes_train_like_one_process_with_overlap(tmp_path):
-    single, split = str(tmp_path / "single"), str(tmp_path / "split")
-    proc = run_main(cli_args(single, **{**COMMON, "mesh.rollout_devices": 4}), devices=8)
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """One process of 8 devices, 4 of them sampling, with overlap: the run a split run must equal."""
+    out = str(tmp_path_factory.mktemp("single"))
+    proc = run_main(cli_args(out, **{**COMMON, "mesh.rollout_devices": 4}), devices=8)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    return out
+
+
+def test_two_sampling_and_two_training_processes_train_like_one_process_with_overlap(tmp_path, reference):
+    single, split = reference, str(tmp_path / "split")
     proc = _split_run(split)
     assert proc.returncode == 0, proc.stderr[-4000:]
     one, two = read_metrics(single), read_metrics(split)
@@ -56,3 +72,38 @@ def test_two_sampling_and_two_training_processes_train_like_one_process_with_ove
     reference = _weights(single)
     for name in reference.keys():
         np.testing.assert_allclose(_weights(split).get(name), reference.get(name), rtol=1e-6, atol=1e-6, err_msg=name)
+
+
+def _rows(out: str) -> int:
+    path = os.path.join(out, "metrics.jsonl")
+    return sum(1 for line in open(path) if line.endswith("\n")) if os.path.exists(path) else 0
+
+
+def test_a_stopped_split_run_resumes_to_the_same_steps_and_weights(tmp_path, reference):
+    """SIGTERM to every process after step 2: the training side stops at a step boundary with the next batch
+    in its checkpoint and tells the sampling side to stop; the same command resumes and the remaining steps and
+    the final weights are the uninterrupted run's."""
+    out = str(tmp_path / "split")
+    proc = _launch(out, **{"trainer.save_freq": STEPS})
+    deadline = time.monotonic() + 500
+    while _rows(out) < 2 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert proc.poll() is None, proc.communicate()[1][-3000:]
+    workers = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+    assert len(workers) == 4
+    for pid in workers:
+        os.kill(int(pid), signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 0, stderr[-3000:]
+    stopped = _rows(out)
+    assert 2 <= stopped < STEPS, stderr[-2000:]
+    proc = _split_run(out, **{"trainer.save_freq": STEPS})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    one, two = read_metrics(reference), read_metrics(out)
+    assert [r["step"] for r in two] == list(range(1, STEPS + 1))
+    for a, b in zip(one[stopped:], two[stopped:]):
+        for key in KEYS:
+            assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), (a["step"], key)
+    expected = _weights(reference)
+    for name in expected.keys():
+        np.testing.assert_allclose(_weights(out).get(name), expected.get(name), rtol=1e-6, atol=1e-6, err_msg=name)
