@@ -366,13 +366,10 @@ MESH = (
         choices=CONTEXT_ATTENTION),
     Key("mesh.rollout_devices", 0, "Sample on this many devices of their own (the last ones; their own data-parallel "
         "mesh) while the other devices train; the actor's weights move there after each update. 0 = every device does both."),
-    Key("mesh.rollout_processes", 0, "Sample on the last k JAX processes (their own data-parallel mesh) while the "
-        "others train, in one jax.distributed run: finished batches and new weights move between them device to "
-        "device, a batch trains 1 update after its weights (experience.overlap's schedule; launch/). 0 = every "
-        "process does both."),
-    Key("mesh.handoff_timeout_s", 1800.0, "In a run with mesh.rollout_processes: the longest wait for the other "
-        "side's weights or batch (a training step, a checkpoint save) before the run stops, naming the process and "
-        "the transfer.", type=float),
+    Key("mesh.rollout_processes", 0, "Sample on the last k processes while the others train (experience.overlap's "
+        "schedule; batches and weights move device to device; docs/placement.md). 0 = every process does both."),
+    Key("mesh.handoff_timeout_s", 1800.0, "With mesh.rollout_processes: the longest wait for the other side's "
+        "weights or batch before the run stops, naming the process and the transfer.", type=float),
     Key("mesh.logical_axis_rules",
         (("batch", ("data", "fsdp", "expert")), ("length", "context"), ("embed", "fsdp"), ("mlp", "tensor"), ("heads", "tensor"),
          ("kv_heads", "tensor"), ("vocab", "tensor"), ("expert", "expert")),
@@ -385,9 +382,8 @@ EXPERIENCE = (
         "a round trains i updates after its weights); untrained ones are saved with checkpoints.",
         check=at_least(1, " (1 = train on each batch as it is sampled)")),
     Key("experience.overlap", False,
-        "Sample the next round on mesh.rollout_devices or mesh.rollout_processes (one of them required) while the "
-        "current one trains: a batch trains 1 "
-        "update after its weights (K to 2K-1 with buffer_size K); see algorithm.rollout_correction."),
+        "Sample the next round on mesh.rollout_devices or mesh.rollout_processes while the current one trains: a "
+        "batch trains 1 update after its weights (K to 2K-1 with buffer_size K)."),
     Key("experience.max_staleness", None,
         "Largest lag (updates between a batch's sampling weights and its training) the run may have; the "
         "buffer size and overlap must stay within it. None = no bound; 0 = strictly on-policy.", type=int,
