@@ -14,6 +14,8 @@ exactly the batches an uninterrupted one would, in the same order.
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import numpy as np
 
@@ -71,3 +73,19 @@ def from_checkpoint(arrays: dict[str, jax.Array], described: list[dict], prompt_
                                  prompts=pb, version=int(d["version"]), data_state=state, metrics=dict(d["metrics"]),
                                  components=arrays.get(f"{i}.components")))
     return queue
+
+
+def checkpoint_pending(pending: list[ScoredBatch], loader) -> tuple[dict, list[dict], Any]:
+    """(arrays, description, the loader's state before the first pending batch's prompts) of a buffer's pending
+    batches (the loader's state now when none is pending)."""
+    arrays, described = to_checkpoint(pending)
+    return arrays, described, pending[0].data_state if pending else loader.get_state()
+
+
+def restore_pending(loader, arrays: dict, described: list[dict]) -> list[ScoredBatch]:
+    """The pending batches of a checkpoint, their prompts drawn again from ``loader`` (standing before them)."""
+    pbs, states = [], []
+    for _ in described:
+        states.append(loader.get_state())
+        pbs.append(next(loader))
+    return from_checkpoint(arrays, described, pbs, states)

@@ -148,16 +148,11 @@ class RemoteExperience:
 
     def checkpoint(self) -> tuple[dict, list[dict], Any]:
         """(arrays, description, this process's loader state before the pending batch's prompts)."""
-        arrays, described = X.to_checkpoint(self.pending)
-        return arrays, described, self.pending[0].data_state if self.pending else self.loader.get_state()
+        return X.checkpoint_pending(self.pending, self.loader)
 
     def restore(self, arrays: dict, described: list[dict]) -> None:
         """Take back the pending batches of a checkpoint; the loader already stands before their prompts."""
-        pbs, states = [], []
-        for _ in described:
-            states.append(self.loader.get_state())
-            pbs.append(next(self.loader))
-        self.pending = X.from_checkpoint(arrays, described, pbs, states)
+        self.pending = X.restore_pending(self.loader, arrays, described)
 
     def close(self) -> None:
         """Tell the sampling side to stop where it waits: for the weights of the next batch after an early stop,

@@ -85,17 +85,11 @@ class ExperienceBuffer:
     # ------------------------------------------------------------------ checkpoints
     def checkpoint(self) -> tuple[dict, list[dict], Any]:
         """(arrays, description, loader state before the first pending batch's prompts) of what is pending."""
-        arrays, described = X.to_checkpoint(self.pending)
-        state = self.pending[0].data_state if self.pending else self.loader.get_state()
-        return arrays, described, state
+        return X.checkpoint_pending(self.pending, self.loader)
 
     def restore(self, arrays: dict, described: list[dict]) -> None:
         """Take back the pending batches of a checkpoint; the loader already stands before their prompts."""
-        pbs, states = [], []
-        for _ in described:
-            states.append(self.loader.get_state())
-            pbs.append(next(self.loader))
-        self.pending = X.from_checkpoint(arrays, described, pbs, states)
+        self.pending = X.restore_pending(self.loader, arrays, described)
 
     def close(self) -> None:
         if self._worker is not None:

@@ -13,7 +13,7 @@ import time
 from tests.train.helpers import REPO
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -23,7 +23,7 @@ def rehearse(module: str, scenario: str, *, watch: tuple[int, ...] = (0, 1, 2, 3
              timeout: float = 120) -> tuple[dict[int, list[dict]], float]:
     """Each watched process's JSON lines, and the seconds until the watched processes had exited (the others are
     killed then)."""
-    port = _free_port()
+    port = free_port()
     procs = []
     for i in range(4):
         penv = dict(os.environ, RLHF_JAX_COORDINATOR=f"127.0.0.1:{port}", RLHF_JAX_NUM_PROCESSES="4",

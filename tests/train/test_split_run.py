@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ import numpy as np
 import pytest
 
 from rlhf_jax.models.safetensors_io import LazyFile
+from tests.parallel.rehearsal import free_port
 from tests.train.helpers import REPO, cli_args, read_metrics, run_main
 
 STEPS = 4
@@ -25,14 +25,8 @@ KEYS = ("critic/score/mean", "response_length/mean", "actor/pg_loss", "actor/kl_
         "actor/grad_norm")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _launch(out: str, **overrides) -> subprocess.Popen:
-    env = dict(os.environ, RLHF_JAX_PORT=str(_free_port()),
+    env = dict(os.environ, RLHF_JAX_PORT=str(free_port()),
                PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
     args = cli_args(out, **{**COMMON, "mesh.rollout_processes": 2, "mesh.handoff_timeout_s": 120.0, **overrides})
     return subprocess.Popen(["bash", os.path.join(REPO, "launch", "local_multiprocess.sh"), "4", "2", *args],
