@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None, *, restart: bool = False) -> int:
             return 2
     from rlhf_jax.parallel.handoff import HandoffError
     from rlhf_jax.rewards import RewardFunctionError, RewardLoadError
-    from rlhf_jax.runtime.checkpoint import CheckpointError, CheckpointWriteError
+    from rlhf_jax.runtime.checkpoint import CheckpointError, CheckpointWriteError, quiet_storage_noise_until_exit
     from rlhf_jax.runtime.preemption import STOP
     from rlhf_jax.train.stages import StageRunner, StageSetupError
     from rlhf_jax.train.tasks import trainer_class
@@ -83,8 +83,11 @@ def main(argv: list[str] | None = None, *, restart: bool = False) -> int:
             # reward worker found the file broken, a reward call failed under fail_on_error=True, the checkpoint to
             # resume from cannot be read, a save failed (a full disk), a later stage cannot be built, or the other
             # side of a split run missed a hand-off
+            if isinstance(e, CheckpointWriteError):  # its writer threads print until the process ends
+                quiet_storage_noise_until_exit()
             trainer.close()
-            print(f"error: {e}", file=sys.stderr, flush=True)
+            sys.stderr.write(f"error: {e}\n")  # one write: the writer threads' noise cannot split the line
+            sys.stderr.flush()
             if isinstance(e, CheckpointWriteError):
                 _ABANDON_WRITERS.append(e)
             return 2

@@ -22,6 +22,7 @@ import logging
 import os
 import re
 import sys
+import threading
 import time
 from typing import Any
 
@@ -271,10 +272,18 @@ class _NoiseFilter:
 
     def __init__(self, stream):
         self.stream, self.pending, self.header = stream, "", False
+        self.lock = threading.Lock()  # the storage threads and the main thread write at once
 
     def write(self, text: str) -> int:
+        with self.lock:
+            return self._write(text)
+
+    def _write(self, text: str) -> int:
         self.pending += text
         *lines, self.pending = self.pending.split("\n")
+        # a traceback that began in the middle of another writer's line: that line, then the traceback's header
+        lines = [part for line in lines for part in
+                 ([line] if line.find(_TRACEBACK) <= 0 else [line[:line.find(_TRACEBACK)], _TRACEBACK])]
         for line in lines:
             if line.strip() == _TRACEBACK:
                 self.header = True
@@ -362,6 +371,14 @@ def _drop_logged_orbax_failures() -> None:
         logging.getLogger(name).addFilter(_ORBAX_FAILURES)
     if not getattr(sys.unraisablehook, "orbax_dropped", False):
         sys.unraisablehook = _unraisable_hook(sys.unraisablehook)
+
+
+def quiet_storage_noise_until_exit() -> None:
+    """After a failed save the storage library's writer threads go on printing until the process ends (main then
+    leaves with ``os._exit``): drop their noise from stderr from now on, the error line excepted."""
+    _drop_logged_orbax_failures()
+    if not isinstance(sys.stderr, _NoiseFilter):
+        sys.stderr = _NoiseFilter(sys.stderr)
 
 
 @contextlib.contextmanager

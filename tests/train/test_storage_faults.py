@@ -172,3 +172,22 @@ def test_asyncio_reports_of_a_failed_restores_reads_are_dropped_whenever_they_co
     except ValueError as raised:
         assert _ORBAX_FAILURES.filter(record("Task exception was never retrieved\nfuture: <Task finished>", raised))
     assert _ORBAX_FAILURES.filter(record("Unclosed client session", store))
+
+
+def test_closed_loop_noise_that_starts_inside_another_line_is_dropped_and_the_line_kept():
+    """A writer thread's traceback can begin in the middle of the error line (between print's two writes): the
+    line stays, the closed-event-loop noise goes, and any other traceback still prints whole."""
+    import io
+
+    from rlhf_jax.runtime.checkpoint import _NoiseFilter
+
+    out = io.StringIO()
+    stream = _NoiseFilter(out)
+    stream.write("error: cannot write the checkpoint of step 2; resume)")
+    stream.write('Traceback (most recent call last):\n  File "/x/asyncio/base_events.py", line 806, in '
+                 "call_soon_threadsafe\n    self._check_closed()\n")
+    stream.write("\n    raise RuntimeError('Event loop is closed')\nRuntimeError: Event loop is closed\n")
+    stream.write('Traceback (most recent call last):\n  File "mine.py", line 1, in f\nValueError: mine\n')
+    stream.close()
+    assert out.getvalue() == ("error: cannot write the checkpoint of step 2; resume)\nTraceback (most recent call "
+                              'last):\n  File "mine.py", line 1, in f\nValueError: mine\n')
