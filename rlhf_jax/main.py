@@ -59,7 +59,8 @@ def main(argv: list[str] | None = None, *, restart: bool = False) -> int:
             return 2
     from rlhf_jax.parallel.handoff import HandoffError
     from rlhf_jax.rewards import RewardFunctionError, RewardLoadError
-    from rlhf_jax.runtime.checkpoint import CheckpointError, CheckpointWriteError, quiet_storage_noise_until_exit
+    from rlhf_jax.runtime.checkpoint import CheckpointError, CheckpointWriteError
+    from rlhf_jax.runtime.storage_noise import quiet_storage_noise_until_exit
     from rlhf_jax.runtime.preemption import STOP
     from rlhf_jax.train.stages import StageRunner, StageSetupError
     from rlhf_jax.train.tasks import trainer_class

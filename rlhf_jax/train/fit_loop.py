@@ -17,7 +17,7 @@ from ml_collections import ConfigDict
 
 from rlhf_jax.parallel import groups
 from rlhf_jax.runtime import run_lock
-from rlhf_jax.runtime.checkpoint import quiet_storage_noise
+from rlhf_jax.runtime.storage_noise import quiet_storage_noise
 from rlhf_jax.runtime.loggers import MetricLogger
 from rlhf_jax.runtime.oom import out_of_memory_message
 from rlhf_jax.runtime.oom import memory_hint

@@ -17,8 +17,8 @@ from rlhf_jax.models import lora, save_pretrained
 from rlhf_jax.models.lora_peft import ADAPTER_DIR, save_adapter
 from rlhf_jax.runtime import ckpt_contents
 from rlhf_jax.parallel.hosts import sum_over_processes
-from rlhf_jax.runtime.checkpoint import (CheckpointError, Checkpointer, CheckpointReadError, quiet_storage_noise,
-                                         resolve_resume)
+from rlhf_jax.runtime.checkpoint import CheckpointError, Checkpointer, CheckpointReadError, resolve_resume
+from rlhf_jax.runtime.storage_noise import quiet_storage_noise
 
 
 @dataclasses.dataclass

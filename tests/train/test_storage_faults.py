@@ -152,7 +152,7 @@ def test_asyncio_reports_of_a_failed_restores_reads_are_dropped_whenever_they_co
     line naming the store's spec or its OCDBT database; they are dropped too, and nothing else asyncio reports is."""
     import logging
 
-    from rlhf_jax.runtime.checkpoint import _ORBAX_FAILURES
+    from rlhf_jax.runtime.storage_noise import _ORBAX_FAILURES
 
     def record(message, error):
         return logging.LogRecord("asyncio", logging.ERROR, __file__, 1, message, None,
@@ -179,7 +179,7 @@ def test_closed_loop_noise_that_starts_inside_another_line_is_dropped_and_the_li
     line stays, the closed-event-loop noise goes, and any other traceback still prints whole."""
     import io
 
-    from rlhf_jax.runtime.checkpoint import _NoiseFilter
+    from rlhf_jax.runtime.storage_noise import _NoiseFilter
 
     out = io.StringIO()
     stream = _NoiseFilter(out)
