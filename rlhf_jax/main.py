@@ -45,18 +45,62 @@ def main(argv: list[str] | None = None, *, restart: bool = False) -> int:
 
     maybe_initialize()  # a no-op unless a launcher set up several processes (launch/)
     if cfg.mesh.rollout_processes:  # this process samples or trains, with its group (parallel/groups.py)
-        from rlhf_jax.train.split_run import join_split
+        return _split(cfg)
+    return _train(cfg)
 
-        if join_split(cfg) == "sampling":
-            return _sample(cfg)
+
+def _error(message: str) -> int:
+    """Report a failure in one line. In a split run the whole run stops with it (parallel/watchdog.py): the
+    other side may be waiting for this process, or blocked with it in a collective."""
+    _abort_split(message)
+    sys.stderr.write(f"error: {message}\n")  # one write: storage threads' noise cannot split the line
+    sys.stderr.flush()
+    return 2
+
+
+def _abort_split(message: str) -> None:
+    """In a split run, stop every process now, before closing anything (closing may wait for a peer that is
+    gone; the checkpoints are safe, see parallel/watchdog.py). Nothing happens in an ordinary run."""
+    from rlhf_jax.parallel import watchdog
+
+    if watchdog.current() is not None:
+        watchdog.current().abort(message)
+
+
+def _split(cfg) -> int:
+    """A process of a run with ``mesh.rollout_processes``: it samples or trains with its group, watched by the
+    others and watching them, so that one that fails or goes silent stops every process with one line."""
+    import traceback
+
+    import jax
+
+    from rlhf_jax.parallel import watchdog
+    from rlhf_jax.parallel.distributed import heartbeat_timeout_s
+    from rlhf_jax.train.split_run import join_split
+
+    role = join_split(cfg)
+    dog = watchdog.install(watchdog.Watchdog(range(jax.process_count()),
+                                             watchdog.silence_limit_s(heartbeat_timeout_s())))
+    try:
+        code = _sample(cfg) if role == "sampling" else _train(cfg)
+    except BaseException as e:  # a crash: the others must not wait for this process until their deadlines
+        traceback.print_exc()
+        if watchdog.lost_a_peer(e):  # a collective or transfer broke because a peer went: the watchdog names it
+            dog.await_verdict()
+        return _error(f"{role} failed: {type(e).__name__}: {(str(e).splitlines() or [''])[0]}")
+    dog.finish()
+    return code
+
+
+def _train(cfg) -> int:
+    """Train (every process of an ordinary run; the training processes of a split run)."""
     if cfg.mesh.context == 0:  # automatic: the split is planned on abstract weights before anything is built
         from rlhf_jax.plan.context import choose_context
 
         try:
             cfg.mesh.context, _ = choose_context(cfg, progress=lambda line: print(line, file=sys.stderr, flush=True))
         except (KeyError, ValueError, FileNotFoundError, MemoryError) as e:
-            print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
-            return 2
+            return _error(str(e).splitlines()[0])
     from rlhf_jax.parallel.handoff import HandoffError
     from rlhf_jax.rewards import RewardFunctionError, RewardLoadError
     from rlhf_jax.runtime.checkpoint import CheckpointError, CheckpointWriteError
@@ -70,14 +114,13 @@ def main(argv: list[str] | None = None, *, restart: bool = False) -> int:
             # a config listing stages runs them in order; otherwise algorithm.type names the trainer
             trainer = (StageRunner if cfg.stages else trainer_class(cfg.algorithm.type))(cfg, lock_dir=True)
         except (KeyError, ValueError, FileNotFoundError) as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
+            return _error(f"{e}")
         try:  # the memory plan compiles every training pass and stops before the first step if one cannot fit
             trainer.plan_memory()
         except MemoryError as e:
+            _abort_split(f"{e}")
             trainer.close()
-            print(f"error: {e}", file=sys.stderr)
-            return 2
+            return _error(f"{e}")
         try:
             trainer.fit()  # a signal received during the set-up stops it before the first step
         except (RewardLoadError, RewardFunctionError, CheckpointError, StageSetupError, HandoffError) as e:  # a
@@ -86,19 +129,18 @@ def main(argv: list[str] | None = None, *, restart: bool = False) -> int:
             # side of a split run missed a hand-off
             if isinstance(e, CheckpointWriteError):  # its writer threads print until the process ends
                 quiet_storage_noise_until_exit()
+            _abort_split(f"{e}")
             trainer.close()
-            sys.stderr.write(f"error: {e}\n")  # one write: the writer threads' noise cannot split the line
-            sys.stderr.flush()
             if isinstance(e, CheckpointWriteError):
                 _ABANDON_WRITERS.append(e)
-            return 2
+            return _error(f"{e}")
         except Exception as e:  # an out-of-memory in a step, despite the memory plan
             message = trainer.out_of_memory(e)
             if message is None:
                 raise
+            _abort_split(message)
             trainer.close()
-            print(f"error: {message}", file=sys.stderr, flush=True)
-            return 2
+            return _error(message)
     return 0
 
 
@@ -112,8 +154,7 @@ def _sample(cfg) -> int:
         try:
             return sampling_loop(cfg).run()
         except (KeyError, ValueError, FileNotFoundError, HandoffError) as e:
-            print(f"error: {e}", file=sys.stderr, flush=True)
-            return 2
+            return _error(f"{e}")
 
 
 if __name__ == "__main__":

@@ -16,8 +16,8 @@ runtime's key-value store):
   the step, the transfer and the peer process.
 
 Small host values (a step's metrics, a version number) go through the key-value store as bytes
-(:meth:`Channel.send_bytes`). A process that dies is also noticed by the distributed runtime's heartbeats, which stop
-every other process (parallel/distributed.py); the deadlines here are usually shorter.
+(:meth:`Channel.send_bytes`). A process that dies or stalls is also noticed by the others' watchdogs
+(parallel/watchdog.py), usually sooner than a deadline here; each wait names itself to the watchdog.
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ from typing import Any, Sequence
 
 import jax
 import numpy as np
+
+from rlhf_jax.parallel import watchdog
 
 PREFIX = "rlhf_jax/handoff"
 
@@ -158,6 +160,10 @@ class Channel:
         """``name`` of ``step`` from the processes ``senders``, laid out as ``dst_like`` on this process's
         devices; raises :class:`HandoffError` when a sender is not ready, or its pulls have not completed, within
         the deadline."""
+        with watchdog.doing(f"step {step}: receiving {name} from process {', '.join(map(str, senders))}"):
+            return self._receive(name, step, src_like, dst_like, senders)
+
+    def _receive(self, name: str, step: int, src_like: Any, dst_like: Any, senders: Sequence[int]) -> Any:
         start = time.monotonic()
         pieces = transfer_plan(src_like, dst_like)
         digest = plan_digest(pieces)
@@ -209,7 +215,8 @@ class Channel:
         start = time.monotonic()
         remaining = self._remaining(start, f"step {step}: {name} not sent by process {sender}")
         try:
-            data = self.client.blocking_key_value_get_bytes(key, remaining)
+            with watchdog.doing(f"step {step}: waiting for {name} from process {sender}"):
+                data = self.client.blocking_key_value_get_bytes(key, remaining)
         except Exception as e:  # the runtime's DEADLINE_EXCEEDED (an XlaRuntimeError)
             raise self._late(f"step {step}: {name} not sent by process {sender}", e) from None
         self.client.key_value_delete(key)

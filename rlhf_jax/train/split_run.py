@@ -25,7 +25,7 @@ import jax
 from flax import nnx
 from jax.sharding import NamedSharding
 
-from rlhf_jax.parallel import groups
+from rlhf_jax.parallel import groups, watchdog
 from rlhf_jax.parallel.handoff import Channel
 from rlhf_jax.train import experience as X
 from rlhf_jax.train import metrics as M
@@ -126,6 +126,7 @@ class RemoteExperience:
         """Step ``step`` (updates so far) on batch ``step``; ``weights`` is unused (the sampling side's copy
         comes from ``sampler_state``)."""
         timer = M.Timer()
+        watchdog.set_doing(f"step {step}: training")
         if not self._started:
             self._start(step)
         with timer("step"):
@@ -224,6 +225,7 @@ class SamplingLoop:
         for batch in range(first, total):
             if not self._weights_for(batch):
                 return 0
+            watchdog.set_doing(f"step {batch}: sampling")
             state = self.loader.get_state()
             pb = next(self.loader)
             scored = self.producer.produce(pb, batch, state, False, weights=self.weights, version=self.version)

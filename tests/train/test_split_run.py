@@ -16,7 +16,7 @@ import pytest
 
 from rlhf_jax.models.safetensors_io import LazyFile
 from tests.parallel.rehearsal import free_port
-from tests.train.helpers import REPO, cli_args, read_metrics, run_main
+from tests.train.helpers import REPO, cli_args, cpu_devices_flags, read_metrics, run_main
 
 STEPS = 4
 COMMON = {"trainer.total_training_steps": STEPS, "trainer.save_hf_checkpoint": "last", "mesh.data": 2,
@@ -98,6 +98,67 @@ def test_a_stopped_split_run_resumes_to_the_same_steps_and_weights(tmp_path, ref
     for a, b in zip(one[stopped:], two[stopped:]):
         for key in KEYS:
             assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), (a["step"], key)
+    expected = _weights(reference)
+    for name in expected.keys():
+        np.testing.assert_allclose(_weights(out).get(name), expected.get(name), rtol=1e-6, atol=1e-6, err_msg=name)
+
+
+def _launch_each(out: str, **overrides) -> list[subprocess.Popen]:
+    """The four processes started one by one (not through the launcher), each with its own stderr file, and
+    heartbeats of 30 s: a silent peer is called gone after 12 s (parallel/watchdog.py)."""
+    port = free_port()
+    args = cli_args(out, **{**COMMON, "mesh.rollout_processes": 2, "mesh.handoff_timeout_s": 300.0, **overrides})
+    procs = []
+    for i in range(4):
+        env = dict(os.environ, RLHF_JAX_COORDINATOR=f"127.0.0.1:{port}", RLHF_JAX_NUM_PROCESSES="4",
+                   RLHF_JAX_PROCESS_ID=str(i), RLHF_JAX_HEARTBEAT_TIMEOUT_S="30", JAX_PLATFORMS="cpu",
+                   XLA_FLAGS=cpu_devices_flags(2))
+        procs.append(subprocess.Popen([sys.executable, "-m", "rlhf_jax.main", *args], cwd=REPO, env=env,
+                                      stdout=subprocess.DEVNULL, stderr=open(f"{out}.{i}.err", "w"),
+                                      stdin=subprocess.DEVNULL))
+    return procs
+
+
+def _kill_after(out: str, rows: int, victim: int, **overrides) -> dict[int, tuple[int, float]]:
+    """Start the run, SIGKILL process ``victim`` once ``rows`` steps are logged (batches and weights move between
+    the groups at every step), and return each other process's (exit code, seconds from the kill to its exit)."""
+    procs = _launch_each(out, **overrides)
+    try:
+        deadline = time.monotonic() + 500
+        while _rows(out) < rows and all(p.poll() is None for p in procs) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert all(p.poll() is None for p in procs), [open(f"{out}.{i}.err").read()[-2000:] for i in range(4)]
+        procs[victim].kill()
+        killed, exits = time.monotonic(), {}
+        while len(exits) < 3 and time.monotonic() - killed < 120:
+            for i, p in enumerate(procs):
+                if i != victim and i not in exits and p.poll() is not None:
+                    exits[i] = (p.returncode, time.monotonic() - killed)
+            time.sleep(0.05)
+        return exits
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+
+
+def test_a_killed_process_stops_every_other_in_one_line_and_the_run_resumes(tmp_path, reference):
+    """SIGKILL a sampling process, rerun, SIGKILL a training process, rerun: each time every other process exits
+    within 60 s with one line naming the process gone; each rerun resumes from the last checkpoint, and the
+    weights at the end are the uninterrupted run's (the checkpoints and their pending batches survived)."""
+    out = str(tmp_path / "split")
+    for rows, victim in ((1, 3), (2, 1)):
+        exits = _kill_after(out, rows, victim, **{"trainer.save_freq": 1})
+        assert sorted(exits) == sorted({0, 1, 2, 3} - {victim}), exits
+        for process, (code, seconds) in exits.items():
+            err = open(f"{out}.{process}.err").read()
+            lines = [line for line in err.splitlines() if "error: " in line]
+            assert code == 2 and seconds < 60, (process, code, seconds, err[-2000:])
+            assert len(lines) == 1 and f"process {victim} stopped responding" in lines[0], (process, err[-2000:])
+    proc = _split_run(out, **{"trainer.save_freq": 1})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert [r["step"] for r in read_metrics(out)] == list(range(1, STEPS + 1))
     expected = _weights(reference)
     for name in expected.keys():
         np.testing.assert_allclose(_weights(out).get(name), expected.get(name), rtol=1e-6, atol=1e-6, err_msg=name)
