@@ -201,7 +201,7 @@ def multi_turn_driver(cfg: ConfigDict, ctx: Context) -> None:
 
 
 _SPLIT_NOT_BUILT = ((_MT + "enable", "True"), ("algorithm.filter_groups.enable", "True"),
-                    ("actor_rollout_ref.model.lora_rank", "> 0"), ("reward_model.enable", "True"),
+                    ("reward_model.enable", "True"),
                     ("actor_rollout_ref.actor.router_replay.mode", "R3"), ("distillation.enabled", "True"))
 
 
@@ -213,7 +213,6 @@ def split_run_combinations(cfg: ConfigDict, ctx: Context) -> None:
         return
     values = {_MT + "enable": cfg.actor_rollout_ref.rollout.multi_turn.enable,
               "algorithm.filter_groups.enable": cfg.algorithm.filter_groups.enable,
-              "actor_rollout_ref.model.lora_rank": (cfg.actor_rollout_ref.model.lora_rank or 0) > 0,
               "reward_model.enable": cfg.reward_model.enable,
               "actor_rollout_ref.actor.router_replay.mode": cfg.actor_rollout_ref.actor.router_replay.mode == "R3",
               "distillation.enabled": cfg.distillation.enabled}

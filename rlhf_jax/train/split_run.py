@@ -10,8 +10,9 @@ step boundary (a checkpoint, a stop) holds it, as in one process.
 - The sampling processes run :class:`SamplingLoop`: for each batch, receive the weights for it, draw the prompts,
   sample and score them (``trainer_rollout.Producer``), send the ``ScoredBatch`` (train/scored_handoff.py).
 
-Weights travel as a flat {path: array} dict of the sampler's state (adapters merged under LoRA, in
-``rollout.weight_dtype`` when set), with their layout sent first; every wait is bounded by
+Weights travel as a flat {path: array} dict, with their layout sent first: the sampler's state (in
+``rollout.weight_dtype`` when set), or under LoRA the adapters alone (the sampling side holds the base weights
+and merges them in itself, as the training side would: ``Rollouts.sampler_weights``). Every wait is bounded by
 ``mesh.handoff_timeout_s`` (parallel/handoff.py).
 """
 
@@ -50,7 +51,7 @@ def experience_buffer(cfg, c, total_steps: int, loader, produce, rollouts):
     if split is None:
         e = cfg.experience
         return ExperienceBuffer(e.buffer_size, e.overlap, total_steps, loader, produce)
-    sampler_state = lambda: rollouts._in_weight_dtype(rollouts._sampler_params())  # noqa: E731
+    sampler_state = rollouts.adapters if rollouts.lora else rollouts.sampler_weights
     return RemoteExperience(Channel(deadline_s=cfg.mesh.handoff_timeout_s), *split, total_steps, loader,
                             sampler_state, c.rollout_mesh, c.mesh, c.rules, int(c.sampling.pad_token_id))
 
@@ -89,7 +90,9 @@ class RemoteExperience:
         self._sent: int | None = None  # the weight version the sampling side holds
         self._next_batch: int | None = None  # the batch the sampling side waits for weights for
 
-    def _send_weights(self, batch: int, version: int) -> None:
+    def _send_weights(self, batch: int, version: int) -> int:
+        """Send the weights for ``batch`` (a version number alone when the sampling side has them); the bytes of
+        the arrays sent (their global size)."""
         message: dict[str, Any] = {"version": version, "arrays": version != self._sent}
         flat = None
         if message["arrays"]:
@@ -104,6 +107,7 @@ class RemoteExperience:
             self.channel.send(WEIGHTS, batch, flat, dst, receivers)
             self._sent = version
         self._next_batch = batch + 1
+        return 0 if flat is None else sum(int(v.nbytes) for v in flat.values())
 
     def _receive(self, batch: int) -> ScoredBatch:
         start = time.perf_counter()
@@ -129,13 +133,14 @@ class RemoteExperience:
         watchdog.set_doing(f"step {step}: training")
         if not self._started:
             self._start(step)
+        sent = 0
         with timer("step"):
             if not self.pending:  # the first batch: sampled with the weights as they are (version ``step``)
-                self._send_weights(step, step)
+                sent += self._send_weights(step, step)
                 with timer("wait_rollout"):
                     self.pending.append(self._receive(step))
             if step + 1 < self.total_steps:  # the next batch samples with this step's weights, before its update
-                self._send_weights(step + 1, step)
+                sent += self._send_weights(step + 1, step)
         start = time.perf_counter()
         metrics = learn(self.pending[0], timer)
         self.timeline.append(("train", step + 1, start, time.perf_counter()))
@@ -143,6 +148,7 @@ class RemoteExperience:
         if step + 1 < self.total_steps:
             with timer("step"), timer("wait_rollout"):
                 self.pending.append(self._receive(step + 1))
+        metrics["split/weight_bytes_sent"] = float(sent)  # the adapters alone under LoRA
         metrics["timing_s/step"] = timer.seconds["step"]
         metrics["timing_s/wait_rollout"] = timer.seconds.get("wait_rollout", 0.0)
         return metrics
@@ -182,18 +188,22 @@ class SamplingLoop:
         mesh = c.rollout_mesh  # the sampling group's own data-parallel mesh
         model = load_actor(cfg, c.model_path, mesh, c.rules)  # version 0, read as the training side reads it
         graphdef, state = nnx.split(model)
-        self.graphdef = sampler_graphdef(cfg, model.config, model.task, graphdef)
+        # under LoRA the sampler runs the plain model on merged weights
+        self.graphdef = sampler_graphdef(cfg, model.config, model.task, None if model.config.lora else graphdef)
         sampler = Sampler(self.graphdef, mesh=mesh, rules=c.rules, max_positions=model.config.max_position_embeddings)
         rewards = RewardManager.from_config(cfg.reward_model, cfg.custom_reward_function,
                                             max_response_length=cfg.actor_rollout_ref.rollout.response_length,
                                             experiment_name=cfg.trainer.experiment_name)
         self.rollouts = Rollouts(None, sampler, c.tokenizer, rewards, mesh=mesh, rules=c.rules,
-                                 dp_size=mesh.devices.size, weight_dtype=cfg.actor_rollout_ref.rollout.weight_dtype)
+                                 dp_size=mesh.devices.size, weight_dtype=cfg.actor_rollout_ref.rollout.weight_dtype,
+                                 compute_dtype=cfg.actor_rollout_ref.rollout.dtype, lora=model.config.lora)
         self.loader = loader_from_config(cfg.data, c.tokenizer, "train", num_epochs=None, dataset=c.train_dataset)
         self.producer = Producer(self.rollouts, c.sampling, cfg.algorithm.filter_groups,
                                  greedy_baseline=algos.estimator_info(cfg.algorithm.adv_estimator).needs_greedy_baseline,
                                  rollout_data_dir=cfg.trainer.rollout_data_dir, loader=self.loader, stop=STOP)
-        self.template = self.weights = self.rollouts._in_weight_dtype(state)  # version 0; later ones replace it
+        # what the training side sends replaces its part of this state: all of it, or under LoRA the adapters
+        self.state = state if model.config.lora else self.rollouts.sampler_weights(state)
+        self.weights = self.rollouts.sampler_weights(self.state) if model.config.lora else self.state  # version 0
         self.version = 0
         self.train_mesh = c.mesh  # the training processes' mesh (setup.run_devices), known to every process
 
@@ -209,8 +219,10 @@ class SamplingLoop:
             dst = {k: jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(self.c.rollout_mesh, jax.sharding.PartitionSpec(*spec)))
                    for k, (shape, dtype, spec) in layout.items()}
             flat = self.channel.receive(WEIGHTS, batch, src, dst, self.training.processes)
-            self.weights = nnx.from_flat_state([(path, var.replace(value=flat["/".join(map(str, path))]))
-                                                for path, var in nnx.to_flat_state(self.template)])
+            self.state = nnx.from_flat_state([(path, var.replace(value=flat.get(key, var.get_value())))
+                                              for path, var in nnx.to_flat_state(self.state)
+                                              for key in ["/".join(map(str, path))]])
+            self.weights = self.rollouts.sampler_weights(self.state) if self.rollouts.lora else self.state
         self.version = int(message["version"])
         return True
 

@@ -44,18 +44,20 @@ class Rollouts:
 
     def __init__(self, actor, sampler, tokenizer, reward_manager, *, mesh, rules, dp_size: int, reward_model=None,
                  multi_turn=None, rollout_mesh=None,
-                 weight_dtype: str | None = None, compute_dtype: str | None = None):
+                 weight_dtype: str | None = None, compute_dtype: str | None = None, lora: Any = None):
         """``sampler`` runs ``actor``'s weights on ``rollout_mesh`` (None: the training mesh); ``multi_turn``: the
         tool-calling rollout (train/multi_turn.py) or None; ``reward_model``: a scorer that replaces the rule-based
         ``reward_manager``, or None; ``weight_dtype``: the dtype of the sampler's copy of the weights
         (``rollout.weight_dtype``; None: no copy); ``compute_dtype``: the sampler's (under LoRA the merged weights
-        are made in it where it is narrower: the products are the same, the copy is smaller)."""
+        are made in it where it is narrower: the products are the same, the copy is smaller); ``lora``: the
+        actor's ``LoraSpec`` where there is no ``actor`` here (the sampling processes of a split run)."""
         self.actor, self.sampler, self.tok, self.reward_manager = actor, sampler, tokenizer, reward_manager
         self.mesh, self.rules, self.dp_size = mesh, rules, dp_size
         self.reward_model, self.multi_turn, self.rollout_mesh = reward_model, multi_turn, rollout_mesh
         self._key_fn = key_function(mesh)
         self.weight_dtype = weight_dtype
         self.merge_dtype = merge_dtype(weight_dtype, compute_dtype)
+        self.lora = actor.config.lora if actor is not None else lora
         self._merge_fn = None
         self._rollout_params_of: tuple[Any, Any] | None = None  # (actor params, their copy on the rollout mesh)
 
@@ -63,16 +65,21 @@ class Rollouts:
         """The sampler key of (seed, step) (see train/generation.py)."""
         return self._key_fn(seed, step)
 
-    def _sampler_params(self):
-        """The sampler's weights: the actor's, with the adapters merged in under LoRA (a temporary copy of the
-        adapted weights only, for the rollout; the decode step then runs no extra low-rank matmuls). Parameters the
-        actor keeps in host memory are copied to the devices here, and the copy is freed with the rollout."""
-        spec, state = self.actor.config.lora, self.actor.device_state()
+    def _sampler_params(self, state=None):
+        """The sampler's weights from the actor's state (default: the actor's own now), with the adapters merged in
+        under LoRA (a temporary copy of the adapted weights only, for the rollout; the decode step then runs no
+        extra low-rank matmuls). Parameters the actor keeps in host memory are copied to the devices here, and the
+        copy is freed with the rollout."""
+        spec = self.lora
+        state = self.actor.device_state() if state is None else state
         if not spec:
             return state
         if self._merge_fn is None:
-            shardings = {lora.path_key(p): v.get_value()
-                         for p, v in nnx.to_flat_state(to_device(self.actor.frozen_shardings))}
+            if self.actor is not None:
+                shardings = {lora.path_key(p): v.get_value()
+                             for p, v in nnx.to_flat_state(to_device(self.actor.frozen_shardings))}
+            else:  # the merged weights keep the base weights' layout
+                shardings = {lora.path_key(p): v.get_value().sharding for p, v in nnx.to_flat_state(state)}
             merge = functools.partial(lora.merged_weights, spec=spec, dtype=self.merge_dtype)
             shapes = jax.eval_shape(merge, state)
             self._merge_fn = jax.jit(merge, out_shardings={k: shardings[k] for k in shapes})
@@ -82,14 +89,24 @@ class Rollouts:
         """``weights`` in ``weight_dtype`` (a copy, freed when the rollout that reads it ends), or as they are."""
         return weights if self.weight_dtype is None else cast_floating(weights, self.weight_dtype)
 
+    def sampler_weights(self, state=None):
+        """What the sampler runs on, made from the actor's state (default: the actor's own now): adapters merged
+        under LoRA, in ``weight_dtype`` when set."""
+        return self._in_weight_dtype(self._sampler_params(state))
+
+    def adapters(self):
+        """The actor's LoRA adapters alone (what changes with each update under LoRA), as an ``nnx.State``."""
+        return nnx.from_flat_state([(p, v) for p, v in nnx.to_flat_state(self.actor.device_state())
+                                    if lora.is_adapter(p)])
+
     def weights(self):
         """The sampler's weights (in ``weight_dtype`` when set) where it runs: on separate rollout devices, a copy
         made once per update."""
         if self.rollout_mesh is None:
-            return self._in_weight_dtype(self._sampler_params())
+            return self.sampler_weights()
         params = self.actor.params  # replaced by every update
         if self._rollout_params_of is None or self._rollout_params_of[0] is not params:
-            weights = self._in_weight_dtype(self._sampler_params())  # cast first: fewer bytes to move
+            weights = self.sampler_weights()  # cast first: fewer bytes to move
             shardings = jax.tree.map(lambda x: NamedSharding(self.rollout_mesh, x.sharding.spec), weights)
             self._rollout_params_of = (params, jax.device_put(weights, shardings))
         return self._rollout_params_of[1]

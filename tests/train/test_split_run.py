@@ -64,6 +64,8 @@ def test_two_sampling_and_two_training_processes_train_like_one_process_with_ove
             assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), (a["step"], key)
     assert one[-1]["actor/grad_norm"] > 0
     reference = _weights(single)
+    model_bytes = sum(reference.get(name).nbytes for name in reference.keys())
+    assert all(r["split/weight_bytes_sent"] >= model_bytes for r in two[:-1]), model_bytes  # all of them
     for name in reference.keys():
         np.testing.assert_allclose(_weights(split).get(name), reference.get(name), rtol=1e-6, atol=1e-6, err_msg=name)
 
@@ -162,3 +164,28 @@ def test_a_killed_process_stops_every_other_in_one_line_and_the_run_resumes(tmp_
     expected = _weights(reference)
     for name in expected.keys():
         np.testing.assert_allclose(_weights(out).get(name), expected.get(name), rtol=1e-6, atol=1e-6, err_msg=name)
+
+
+LORA = {"actor_rollout_ref.model.lora_rank": 4, "actor_rollout_ref.model.lora_alpha": 8.0,
+        "actor_rollout_ref.actor.optim.lr": 2e-2}
+
+
+def test_under_lora_only_the_adapters_move_and_the_run_trains_like_one_process(tmp_path):
+    """The sampling side keeps the base weights and merges each update's adapters in itself: after the first
+    sync (the base weights are read from the checkpoint on both sides) the adapters alone move, and the run
+    trains like one process with mesh.rollout_devices and overlap."""
+    single, split = str(tmp_path / "single"), str(tmp_path / "split")
+    proc = run_main(cli_args(single, **{**COMMON, **LORA, "mesh.rollout_devices": 4}), devices=8)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = _split_run(split, **LORA)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    one, two = read_metrics(single), read_metrics(split)
+    for a, b in zip(one, two):
+        for key in KEYS:
+            assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), (a["step"], key)
+    model = _weights(single)
+    model_bytes = sum(model.get(name).nbytes for name in model.keys())
+    sent = [r["split/weight_bytes_sent"] for r in two]  # the last step has no next batch to send weights for
+    assert all(0 < s < 0.1 * model_bytes for s in sent[:-1]) and sent[-1] == 0, (sent, model_bytes)
+    for name in model.keys():
+        np.testing.assert_allclose(_weights(split).get(name), model.get(name), rtol=1e-6, atol=1e-6, err_msg=name)
