@@ -14,6 +14,7 @@ from typing import Any
 
 import jax
 from flax import nnx
+from jax.sharding import NamedSharding
 from ml_collections import ConfigDict
 
 from rlhf_jax.algos.rollout_correction import correction_from_config
@@ -55,9 +56,16 @@ class RunParts:
 def meshes(cfg: ConfigDict, devices: list) -> tuple[Any, Any, tuple]:
     """(training mesh, rollout mesh or None, rules) over ``devices``, as ``train/setup.mesh_and_rules`` and
     ``rollout_mesh`` lay them out over a run's devices."""
-    k = int(cfg.mesh.rollout_devices)
-    mesh = make_mesh(*cfg.derived.mesh_shape, devices=devices[:len(devices) - k])
-    rollout = make_mesh(data=k, fsdp=1, tensor=1, expert=1, devices=devices[-k:]) if k else None
+    if cfg.mesh.rollout_processes:  # the last processes' devices sample (parallel/groups.split)
+        hosts = sorted({d.process_index for d in devices})
+        sampling = set(hosts[len(hosts) - int(cfg.mesh.rollout_processes):])
+        train = [d for d in devices if d.process_index not in sampling]
+        roll = [d for d in devices if d.process_index in sampling]
+    else:
+        k = int(cfg.mesh.rollout_devices)
+        train, roll = devices[:len(devices) - k], devices[len(devices) - k:] if k else []
+    mesh = make_mesh(*cfg.derived.mesh_shape, devices=train)
+    rollout = make_mesh(data=len(roll), fsdp=1, tensor=1, expert=1, devices=roll) if roll else None
     rules = tuple((name, tuple(axes) if isinstance(axes, (list, tuple)) else axes)
                   for name, axes in cfg.mesh.logical_axis_rules)
     return mesh, rollout, rules
@@ -169,6 +177,10 @@ def merge_program(run: RunParts):
         return None, None, None
     state = device_state(run.actor)
     shardings = {lora.path_key(p): v.get_value() for p, v in nnx.to_flat_state(to_device(run.actor.frozen_shardings))}
+    if run.cfg.mesh.rollout_processes:  # the sampling processes merge the adapters they receive into their own
+        # copy of the base weights (train/split_run.py)
+        state = relocated(state, run.rollout_mesh)
+        shardings = {k: NamedSharding(run.rollout_mesh, v.spec) for k, v in shardings.items()}
     arr = run.cfg.actor_rollout_ref.rollout
     merge = functools.partial(lora.merged_weights, spec=spec, dtype=merge_dtype(arr.weight_dtype, arr.dtype))
     shapes = jax.eval_shape(merge, state)

@@ -216,8 +216,11 @@ def _rollout(st: _State) -> float | None:
     weight_bytes = float(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(weights)))
     merged_bytes = 0
     if merge is not None:
+        resident, resident_args = st.resident, per_device_bytes(run.actor.state())
+        if cfg.mesh.rollout_processes:  # the sampling processes merge into their own copy of the base weights
+            resident = resident_args = per_device_bytes(pg.relocated(pg.device_state(run.actor), run.rollout_mesh))
         cost = _cost_or_refusal(lambda: _timed(st.progress, "compiling the LoRA merge", merge.compile), "lora_merge",
-                                chip, resident_bytes=st.resident, resident_arg_bytes=per_device_bytes(run.actor.state()),
+                                chip, resident_bytes=resident, resident_arg_bytes=resident_args,
                                 note="adapters merged into the weights before each rollout")
         st.programs.append(cost)
         merged_bytes = per_device_bytes([merged])  # the merged weights are new arrays
@@ -247,9 +250,12 @@ def _rollout(st: _State) -> float | None:
                                                 work.step_bytes_per_device / chip.hbm_bytes_per_s))
     if run.rollout_mesh is not None:
         held = per_device_bytes(weights)
+        where = (f"sent to the {n_roll} devices of the sampling processes" if cfg.mesh.rollout_processes else
+                 f"copied onto the {n_roll} rollout devices")
+        what = "adapters" if cfg.mesh.rollout_processes and merge is not None else "weights"
         st.programs.append(dataclasses.replace(
             program_cost("rollout_copy", None, None), argument_bytes=held, peak_bytes=held,
-            note=f"weights copied onto the {n_roll} rollout devices after each update (device to device)"))
+            note=f"{what} {where} after each update (device to device)"))
         resident, resident_args = held, held
     elif arr.rollout.weight_dtype is not None:  # the sampler reads a copy of every weight, made for the rollout
         resident, resident_args = st.resident, 0
@@ -260,7 +266,8 @@ def _rollout(st: _State) -> float | None:
                             resident_arg_bytes=resident_args,
                         model_flops=(work.prefill_flops + work.decode_steps * work.step_flops) / n_roll,
                         model_bytes=work.decode_steps * work.step_bytes_per_device,
-                        note=f"{prompts} prompts x n={run.sampling.n}, {slots} slots, {work.decode_steps} decode steps")
+                        note=f"{prompts} prompts x n={run.sampling.n}, {slots} slots, {work.decode_steps} decode steps"
+                        + (f", on the sampling processes' {n_roll} devices" if cfg.mesh.rollout_processes else ""))
     st.programs.append(dataclasses.replace(cost, roofline_s=sampling_s))
     if cost.peak_bytes > HEADROOM * st.usable:
         dtype = "" if arr.rollout.dtype == "bfloat16" else ", or set actor_rollout_ref.rollout.dtype=bfloat16"

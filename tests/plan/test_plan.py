@@ -55,6 +55,28 @@ def test_two_host_slice_compiles():
     assert plan.devices == 8 and TARGETS["v5p-16"].hosts == 2 and plan.fits
 
 
+def test_a_split_run_plans_sampling_on_the_last_host_and_moves_only_adapters_under_lora():
+    """mesh.rollout_processes=1 on a two-host slice: the sampler's programs (the LoRA merge into the sampling
+    side's own base weights, the weights it holds, the sampler) on the second host's devices, training on the
+    first's."""
+    from rlhf_jax.plan import programs
+    from rlhf_jax.plan.run import finalized
+    from rlhf_jax.plan.targets import target_devices
+
+    cfg = load_recipe("grpo")
+    cfg.mesh.rollout_processes = 1
+    cfg.experience.overlap = True
+    cfg.actor_rollout_ref.model.lora_rank = 4
+    devices = target_devices(target("v5p-16"))
+    train, sampling, _ = programs.meshes(finalized(cfg.copy_and_resolve_references(), 8, 2), devices)
+    assert {d.process_index for d in train.devices.flat} == {0} and train.devices.size == 4
+    assert {d.process_index for d in sampling.devices.flat} == {1} and sampling.devices.size == 4
+    plan = plan_run(cfg, "v5p-16")
+    names = [p.name for p in plan.programs]
+    assert names[:3] == ["lora_merge", "rollout_copy", "sampler"] and plan.fits, names
+    assert "adapters sent to the 4 devices of the sampling processes" in plan.programs[1].note
+
+
 def test_unknown_topology_lists_the_known_ones():
     with pytest.raises(ValueError, match="unknown topology 'v9-8'; known: v5e-8, v5p-8"):
         target("v9-8")
