@@ -19,6 +19,8 @@ and merges them in itself, as the training side would: ``Rollouts.sampler_weight
 from __future__ import annotations
 
 import pickle
+import socket
+import sys
 import time
 from typing import Any, Callable
 
@@ -61,7 +63,16 @@ def join_split(cfg) -> str:
     training, sampling = split_groups(cfg)
     mine = training if jax.process_index() in training.processes else sampling
     groups.join(mine)
+    print(f"split run: process {jax.process_index()} on {socket.gethostname()} {_VERB[mine.name]} (training: "
+          f"processes {_span(training.processes)}, sampling: {_span(sampling.processes)})", file=sys.stderr, flush=True)
     return mine.name
+
+
+_VERB = {"training": "trains", "sampling": "samples"}
+
+
+def _span(processes: tuple[int, ...]) -> str:
+    return str(processes[0]) if len(processes) == 1 else f"{processes[0]}-{processes[-1]}"
 
 
 def sampling_loop(cfg) -> "SamplingLoop":
