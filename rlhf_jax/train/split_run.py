@@ -238,12 +238,11 @@ class SamplingLoop:
         return True
 
     def run(self) -> int:
-        """Sample from the batch the training side starts at (its loader position drawn again: the prompts are a
-        pure function of the data and the seed) until the last one, or until told to stop."""
+        """Sample from the batch the training side starts at (the loader skips to it: the prompts are a pure
+        function of the data, the seed and the position) until the last one, or until told to stop."""
         start = pickle.loads(self.channel.receive_bytes(f"{WEIGHTS}.start", 0, self.training.processes[0]))
         first = int(start["first"])
-        for _ in range(first):
-            next(self.loader)
+        self.loader.skip(first)
         total = int(self.cfg.derived.total_training_steps)
         for batch in range(first, total):
             if not self._weights_for(batch):

@@ -90,6 +90,21 @@ def test_restore_gives_the_uninterrupted_batches(dataset, k):
     assert rest[0].epoch == k // 4  # at a boundary the next epoch starts, iteration does not stop
 
 
+@pytest.mark.parametrize("k", [3, 4, 9])
+def test_skipping_batches_gives_what_drawing_them_would_without_reading_them(dataset, k, monkeypatch):
+    drawn = _loader(dataset, 5)
+    for _ in range(k):
+        next(drawn)
+    collated, collate = [], PromptLoader._collate
+    monkeypatch.setattr(PromptLoader, "_collate", lambda self, step, idx: collated.append(step) or collate(self, step, idx))
+    skipped = _loader(dataset, 5)
+    skipped.skip(k)
+    assert collated == [] and skipped.get_state() == drawn.get_state()
+    want, got = next(drawn), next(skipped)
+    assert got.index.tolist() == want.index.tolist() and (got.epoch, got.step) == (want.epoch, want.step) == (k // 4, k)
+    assert collated == [k]  # only the batch drawn after the skip was read
+
+
 def test_orbax_round_trip_on_disk(dataset, tmp_path):
     full = list(_loader(dataset, 5))
     it = _loader(dataset, 5)
