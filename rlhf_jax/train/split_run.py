@@ -80,8 +80,12 @@ def sampling_loop(cfg) -> "SamplingLoop":
     return SamplingLoop(cfg, Channel(deadline_s=cfg.mesh.handoff_timeout_s), training, sampling)
 
 
+def _key(path) -> str:
+    return "/".join(map(str, path))
+
+
 def _flat(state) -> dict[str, Any]:
-    return {"/".join(map(str, path)): v.get_value() for path, v in nnx.to_flat_state(state)}
+    return {_key(path): v.get_value() for path, v in nnx.to_flat_state(state)}
 
 
 class RemoteExperience:
@@ -214,9 +218,13 @@ class SamplingLoop:
                                  rollout_data_dir=cfg.trainer.rollout_data_dir, loader=self.loader, stop=STOP)
         # what the training side sends replaces its part of this state: all of it, or under LoRA the adapters
         self.state = state if model.config.lora else self.rollouts.sampler_weights(state)
-        self.weights = self.rollouts.sampler_weights(self.state) if model.config.lora else self.state  # version 0
+        self.weights = self._sampler_weights()  # version 0
         self.version = 0
         self.train_mesh = c.mesh  # the training processes' mesh (setup.run_devices), known to every process
+
+    def _sampler_weights(self):
+        """What the sampler runs on: the state as received, or under LoRA its adapters merged into the base."""
+        return self.rollouts.sampler_weights(self.state) if self.rollouts.lora else self.state
 
     def _weights_for(self, batch: int) -> bool:
         """Take the weights for ``batch``; False when the training side says stop."""
@@ -230,10 +238,9 @@ class SamplingLoop:
             dst = {k: jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(self.c.rollout_mesh, jax.sharding.PartitionSpec(*spec)))
                    for k, (shape, dtype, spec) in layout.items()}
             flat = self.channel.receive(WEIGHTS, batch, src, dst, self.training.processes)
-            self.state = nnx.from_flat_state([(path, var.replace(value=flat.get(key, var.get_value())))
-                                              for path, var in nnx.to_flat_state(self.state)
-                                              for key in ["/".join(map(str, path))]])
-            self.weights = self.rollouts.sampler_weights(self.state) if self.rollouts.lora else self.state
+            self.state = nnx.from_flat_state([(path, var.replace(value=flat[_key(path)]) if _key(path) in flat else var)
+                                              for path, var in nnx.to_flat_state(self.state)])
+            self.weights = self._sampler_weights()
         self.version = int(message["version"])
         return True
 
