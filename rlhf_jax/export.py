@@ -41,7 +41,7 @@ def locate(checkpoint: str, step: int | None) -> tuple[str, int]:
     base = os.path.basename(path.rstrip("/"))
     if base.isdigit() and step is None:
         return os.path.dirname(path), int(base)
-    ckpt = Checkpointer(path, async_save=False)
+    ckpt = Checkpointer(path, async_save=False, read_only=True)
     steps = ckpt.all_steps()
     ckpt.close()
     if not steps:
@@ -55,7 +55,7 @@ def locate(checkpoint: str, step: int | None) -> tuple[str, int]:
 
 def export(checkpoint: str, out_dir: str, step: int | None = None) -> str:
     root, step = locate(checkpoint, step)
-    ckpt = Checkpointer(root, async_save=False)
+    ckpt = Checkpointer(root, async_save=False, read_only=True)
     extra = ckpt.restore_extra(step)
     info = extra["model"]
     dtype = _DTYPES[info.get("param_dtype", "float32")]

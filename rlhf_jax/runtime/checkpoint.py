@@ -17,6 +17,7 @@ killed at any moment leaves the last complete checkpoint intact.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import logging
 import os
@@ -131,17 +132,23 @@ def abstract_like(tree: Any) -> Any:
 class Checkpointer:
     """Saves and restores training state under ``directory`` with an Orbax CheckpointManager."""
 
-    def __init__(self, directory: str, *, max_to_keep: int | None = None, async_save: bool = True):
+    def __init__(self, directory: str, *, max_to_keep: int | None = None, async_save: bool = True,
+                 read_only: bool = False):
+        """``read_only``: a reader (resume lookup, export) that creates and deletes nothing. Only the run's writer
+        deletes the unfinished steps a killed run left: two managers deleting them at once race, and the loser's
+        'No such file or directory' surfaces at its first save."""
         self.directory = os.path.abspath(os.path.expanduser(directory))
         group = groups.current()
         processes = {} if group.spans_the_run() else {"multiprocessing_options": ocp.options.MultiprocessingOptions(
             primary_host=group.processes[0], active_processes=set(group.processes))}  # this group's alone
-        if processes:  # Orbax creates the directory only for a manager of every process
+        if processes and not read_only:  # Orbax creates the directory only for a manager of every process
             os.makedirs(self.directory, exist_ok=True)
-        self._options = ocp.CheckpointManagerOptions(
-            max_to_keep=max_to_keep, create=not processes, enable_async_checkpointing=async_save,
-            cleanup_tmp_directories=True, **processes)
-        self.manager = ocp.CheckpointManager(self.directory, options=self._options)
+        with _quiet_absl(read_only):  # Orbax warns of each option a reader turns off, and of the reading itself
+            self._options = ocp.CheckpointManagerOptions(
+                max_to_keep=max_to_keep, create=not processes and not read_only,
+                enable_async_checkpointing=async_save, cleanup_tmp_directories=not read_only, read_only=read_only,
+                **processes)
+            self.manager = ocp.CheckpointManager(self.directory, options=self._options)
         self._writing: int | None = None  # the step whose (asynchronous) save may still be in flight
         self.failed: CheckpointWriteError | None = None
 
@@ -180,6 +187,8 @@ class Checkpointer:
             os.rename(src, dst)
         sum_over_processes(np.zeros(1))  # every process waits for the rename before listing steps again
         self.manager.close()
+        # the first manager's clean-up of unfinished steps may still run: a second one would race it
+        self._options = dataclasses.replace(self._options, cleanup_tmp_directories=False)
         self.manager = ocp.CheckpointManager(self.directory, options=self._options)
         return dst
 
@@ -251,6 +260,18 @@ class Checkpointer:
                 self.manager.close()
 
 
+@contextlib.contextmanager
+def _quiet_absl(quiet: bool):
+    logger = logging.getLogger("absl")
+    level = logger.level
+    if quiet:
+        logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 def _concrete(tree: Any) -> bool:
     leaves = jax.tree.leaves(tree)
     return bool(leaves) and isinstance(leaves[0], jax.Array)
@@ -266,7 +287,7 @@ def resolve_resume(root: str, mode: str, resume_from_path: str | None) -> tuple[
     if mode == "disable":
         return root, None
     if mode == "auto":
-        ckpt = Checkpointer(root, async_save=False)
+        ckpt = Checkpointer(root, async_save=False, read_only=True)
         step = ckpt.latest_step()
         ckpt.close()
         return root, step
@@ -280,7 +301,7 @@ def resolve_resume(root: str, mode: str, resume_from_path: str | None) -> tuple[
     base = os.path.basename(path.rstrip("/"))
     if base.isdigit():
         return os.path.dirname(path), int(base)
-    ckpt = Checkpointer(path, async_save=False)
+    ckpt = Checkpointer(path, async_save=False, read_only=True)
     step = ckpt.latest_step()
     ckpt.close()
     if step is None:

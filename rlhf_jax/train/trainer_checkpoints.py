@@ -120,7 +120,7 @@ class CheckpointService:
         root, step = resolve_resume(self.directory, mode, resume_from_path)
         own = root == self.directory
         while step is not None:
-            ckpt = self.checkpointer if own else Checkpointer(root, async_save=False)
+            ckpt = self.checkpointer if own else Checkpointer(root, async_save=False, read_only=True)
             with quiet_storage_noise() as quiet:
                 try:
                     record, restored, with_state = self._read(ckpt, step, trainer)
