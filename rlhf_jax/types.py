@@ -58,6 +58,9 @@ class RolloutBatch:
     # (N, P + R, sparse layers, K) int32: the expert ids the sampler routed each prompt and fed-back response token
     # to (router_replay.mode R3); -1 where no token was routed (padding, the last token). None: not recorded.
     routed_experts: jax.Array | None = None
+    # (N, R) int32: the weight version (updates applied) that drew each response token, -1 where none was drawn;
+    # None: one version drew the whole batch (``ScoredBatch.version``). Set by partial rollouts (rollout/segments.py).
+    versions: jax.Array | None = None
 
     def valid_mask(self) -> jax.Array:
         """(N, R) the response tokens the model reads (the attention mask's response part)."""

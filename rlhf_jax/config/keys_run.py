@@ -388,6 +388,15 @@ EXPERIENCE = (
         "Largest lag (updates between a batch's sampling weights and its training) the run may have; the "
         "buffer size and overlap must stay within it. None = no bound; 0 = strictly on-policy.", type=int,
         check=at_least(0, " (0 = strictly on-policy) or None")),
+    Key("experience.partial_rollout_tokens", 0,
+        "Partial rollouts (with mesh.rollout_processes): responses are sampled this many tokens at a time, and an "
+        "update that arrives meanwhile is taken at the next segment boundary, so sequences in flight continue with "
+        "the new weights (re-prefilled); each token records its version and algorithm.rollout_correction corrects "
+        "it. 0 = each response is sampled whole with one version.", check=at_least(0, " (0 = off)")),
+    Key("experience.partial_rollout_wait", False,
+        "With experience.partial_rollout_tokens: the sampler waits for the update at the first segment boundary "
+        "of each batch, so the swap point is fixed and a run repeats exactly; False takes it at the first "
+        "boundary after it arrives (no waiting; where it lands depends on timing)."),
 )
 
 STAGES = (

@@ -44,6 +44,19 @@ def experience_schedule(cfg: ConfigDict, ctx: Context) -> None:
                          "experience.buffer_size=1 and experience.overlap=False")
 
 
+@rule("experience.partial_rollout_tokens", "experience.partial_rollout_wait", "mesh.rollout_processes")
+def partial_rollouts(cfg: ConfigDict, ctx: Context) -> None:
+    """Partial rollouts swap weights into a batch being sampled: a split run's sampling processes do that."""
+    e = cfg.experience
+    if e.partial_rollout_wait and not e.partial_rollout_tokens:
+        raise ValueError("experience.partial_rollout_wait=True waits at a segment boundary: set "
+                         "experience.partial_rollout_tokens (the segment length)")
+    if e.partial_rollout_tokens and not cfg.mesh.rollout_processes:
+        raise ValueError(f"experience.partial_rollout_tokens={e.partial_rollout_tokens} takes updates into the "
+                         "batch being sampled, which needs sampling processes of their own: set "
+                         "mesh.rollout_processes (or experience.partial_rollout_tokens=0)")
+
+
 # Critic settings a shared trunk does not use: the actor's model, optimizer and mini-batches train the value head.
 SEPARATE_CRITIC_ONLY = ("critic.optim.lr", "critic.optim.weight_decay", "critic.optim.optimizer", "critic.grad_clip",
                         "critic.model.enable_gradient_checkpointing", "trainer.critic_warmup",

@@ -222,6 +222,18 @@ class Channel:
         self.client.key_value_delete(key)
         return data
 
+    def poll_bytes(self, name: str, step: int, sender: int) -> bytes | None:
+        """``receive_bytes`` if ``sender`` has sent it already, else None at once."""
+        key = f"{PREFIX}/bytes/{name}/{step}/{sender}->{self.process}"
+        try:
+            data = self.client.key_value_try_get_bytes(key)
+        except Exception as e:  # the runtime says NOT_FOUND for a key not set yet
+            if "NOT_FOUND" in str(e) or "not found" in str(e).lower():
+                return None
+            raise self._late(f"step {step}: {name} from process {sender}", e) from None
+        self.client.key_value_delete(key)
+        return data
+
     # -- internals ------------------------------------------------------------------------------------------
     def _remaining(self, start: float, what: str) -> int:
         left = self.deadline_s - (time.monotonic() - start)

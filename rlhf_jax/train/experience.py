@@ -40,8 +40,9 @@ def to_checkpoint(queue: list[ScoredBatch]) -> tuple[dict[str, jax.Array], list[
     arrays, described = {}, []
     for i, exp in enumerate(queue):
         fields = {name: getattr(exp.rollout, name) for name in ROLLOUT_ARRAYS}
-        if exp.rollout.response_valid is not None:  # multi-turn: the tool responses' tokens (not trained)
-            fields["response_valid"] = exp.rollout.response_valid
+        for optional in ("response_valid", "versions"):  # multi-turn's tool tokens; partial rollouts' versions
+            if getattr(exp.rollout, optional) is not None:
+                fields[optional] = getattr(exp.rollout, optional)
         fields["scores"] = exp.scores
         if exp.baselines is not None:
             fields["baselines"] = exp.baselines
@@ -68,7 +69,7 @@ def from_checkpoint(arrays: dict[str, jax.Array], described: list[dict], prompt_
     queue = []
     for i, (d, pb, state) in enumerate(zip(described, prompt_batches, data_states)):
         out = RolloutBatch(**{name: arrays[f"{i}.{name}"] for name in ROLLOUT_ARRAYS},
-                           response_valid=arrays.get(f"{i}.response_valid"))
+                           response_valid=arrays.get(f"{i}.response_valid"), versions=arrays.get(f"{i}.versions"))
         queue.append(ScoredBatch(rollout=out, scores=arrays[f"{i}.scores"], baselines=arrays.get(f"{i}.baselines"),
                                  prompts=pb, version=int(d["version"]), data_state=state, metrics=dict(d["metrics"]),
                                  components=arrays.get(f"{i}.components")))

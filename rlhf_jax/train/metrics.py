@@ -111,3 +111,21 @@ def variance_proxy_metrics(old_log_probs: np.ndarray, sum_pi_squared: np.ndarray
     return {"variance_proxy/proxy1_signal_strength": signal or 0.0, "variance_proxy/proxy2_total_power": total,
             "variance_proxy/proxy3_pure_noise": noise, "variance_proxy/expected_a_squared": float(np.mean(a**2)),
             "variance_proxy/expected_w": float(np.mean(w_values))}
+
+
+def version_metrics(version: int, versions, step: int) -> dict[str, float]:
+    """The weight versions a batch was drawn with, trained at ``step`` (updates so far): its first version and
+    lag; with per-token ``versions`` (N, R) (partial rollouts; -1 where no token was drawn) also the largest
+    token lag, the newest version, and the share of sequences that more than one version drew."""
+    out = {"training/weight_version": float(version), "training/staleness": float(step - version)}
+    if versions is None:
+        return out
+    drawn = versions >= 0
+    newest = jax.numpy.max(jax.numpy.where(drawn, versions, -1), axis=1)
+    oldest = jax.numpy.min(jax.numpy.where(drawn, versions, np.iinfo(np.int32).max), axis=1)
+    sequences = jax.numpy.any(drawn, axis=1)
+    mixed = jax.numpy.sum(sequences & (newest > oldest)) / jax.numpy.maximum(jax.numpy.sum(sequences), 1)
+    out.update({"training/staleness_max": float(step - jax.numpy.min(jax.numpy.where(sequences, oldest, step))),
+                "training/weight_version_newest": float(jax.numpy.max(newest)),
+                "rollout/partial_fraction": float(mixed)})
+    return out

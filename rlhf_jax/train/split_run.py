@@ -10,6 +10,11 @@ step boundary (a checkpoint, a stop) holds it, as in one process.
 - The sampling processes run :class:`SamplingLoop`: for each batch, receive the weights for it, draw the prompts,
   sample and score them (``trainer_rollout.Producer``), send the ``ScoredBatch`` (train/scored_handoff.py).
 
+With ``experience.partial_rollout_tokens`` (partial rollouts, rollout/segments.py) the training side also offers
+each update at once ("weights.update" for the batch being sampled): the sampling side takes it at the next segment
+boundary (or, with ``experience.partial_rollout_wait``, waits for it at the first one), and in any case before it
+sends the batch, so the weights for the next batch are a version number alone.
+
 Weights travel as a flat {path: array} dict, with their layout sent first: the sampler's state (in
 ``rollout.weight_dtype`` when set), or under LoRA the adapters alone (the sampling side holds the base weights
 and merges them in itself, as the training side would: ``Rollouts.sampler_weights``). Every wait is bounded by
@@ -18,6 +23,7 @@ and merges them in itself, as the training side would: ``Rollouts.sampler_weight
 
 from __future__ import annotations
 
+import functools
 import pickle
 import socket
 import sys
@@ -36,6 +42,7 @@ from rlhf_jax.train.scored_handoff import receive_scored, send_scored
 from rlhf_jax.types import ScoredBatch
 
 WEIGHTS = "weights"
+UPDATE = "weights.update"  # partial rollouts: an update offered while its successor batch is being sampled
 
 
 def split_groups(cfg) -> tuple[groups.ProcessGroup, groups.ProcessGroup] | None:
@@ -55,7 +62,8 @@ def experience_buffer(cfg, c, total_steps: int, loader, produce, rollouts):
         return ExperienceBuffer(e.buffer_size, e.overlap, total_steps, loader, produce)
     sampler_state = rollouts.adapters if rollouts.lora else rollouts.sampler_weights
     return RemoteExperience(Channel(deadline_s=cfg.mesh.handoff_timeout_s), *split, total_steps, loader,
-                            sampler_state, c.rollout_mesh, c.mesh, c.rules, int(c.sampling.pad_token_id))
+                            sampler_state, c.rollout_mesh, c.mesh, c.rules, int(c.sampling.pad_token_id),
+                            partial=bool(cfg.experience.partial_rollout_tokens))
 
 
 def join_split(cfg) -> str:
@@ -93,10 +101,11 @@ class RemoteExperience:
 
     def __init__(self, channel: Channel, training: groups.ProcessGroup, sampling: groups.ProcessGroup,
                  total_steps: int, loader, sampler_state: Callable[[], Any], sampling_mesh, train_mesh, rules,
-                 pad_token_id: int):
+                 pad_token_id: int, partial: bool = False):
         """``loader``: this process's prompt loader, drawn in step with the sampling side's (its rows of each batch,
-        and the state a checkpoint keeps); ``sampler_state()``: the sampler's weights on the training mesh."""
-        self.channel, self.training, self.sampling = channel, training, sampling
+        and the state a checkpoint keeps); ``sampler_state()``: the sampler's weights on the training mesh;
+        ``partial``: offer each update to the batch being sampled (partial rollouts)."""
+        self.channel, self.training, self.sampling, self.partial = channel, training, sampling, partial
         self.total_steps, self.loader, self.sampler_state = total_steps, loader, sampler_state
         self._started = False
         self.sampling_mesh, self.train_mesh, self.rules, self.pad = sampling_mesh, train_mesh, rules, pad_token_id
@@ -105,9 +114,9 @@ class RemoteExperience:
         self._sent: int | None = None  # the weight version the sampling side holds
         self._next_batch: int | None = None  # the batch the sampling side waits for weights for
 
-    def _send_weights(self, batch: int, version: int) -> int:
-        """Send the weights for ``batch`` (a version number alone when the sampling side has them); the bytes of
-        the arrays sent (their global size)."""
+    def _send_weights(self, batch: int, version: int, name: str = WEIGHTS) -> int:
+        """Send the weights for ``batch`` under ``name`` (a version number alone when the sampling side has them);
+        the bytes of the arrays sent (their global size)."""
         message: dict[str, Any] = {"version": version, "arrays": version != self._sent}
         flat = None
         if message["arrays"]:
@@ -115,13 +124,14 @@ class RemoteExperience:
             message["layout"] = {k: (tuple(v.shape), str(v.dtype), tuple(v.sharding.spec)) for k, v in flat.items()}
         receivers = self.sampling.processes
         if self.training.is_first:
-            self.channel.send_bytes(f"{WEIGHTS}.version", batch, pickle.dumps(message), receivers)
+            self.channel.send_bytes(f"{name}.version", batch, pickle.dumps(message), receivers)
         if flat is not None:
             dst = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=NamedSharding(self.sampling_mesh, v.sharding.spec))
                    for k, v in flat.items()}
-            self.channel.send(WEIGHTS, batch, flat, dst, receivers)
+            self.channel.send(name, batch, flat, dst, receivers)
             self._sent = version
-        self._next_batch = batch + 1
+        if name == WEIGHTS:
+            self._next_batch = batch + 1
         return 0 if flat is None else sum(int(v.nbytes) for v in flat.values())
 
     def _receive(self, batch: int) -> ScoredBatch:
@@ -138,8 +148,8 @@ class RemoteExperience:
         after those pending here)."""
         self._started = True
         if self.training.is_first:
-            self.channel.send_bytes(f"{WEIGHTS}.start", 0, pickle.dumps({"first": step + len(self.pending)}),
-                                    self.sampling.processes)
+            self.channel.send_bytes(f"{WEIGHTS}.start", 0, pickle.dumps({"first": step + len(self.pending),
+                                                                          "step": step}), self.sampling.processes)
 
     def train_next(self, step: int, weights: Callable[[], Any], learn: Callable[[ScoredBatch, M.Timer], dict]) -> dict:
         """Step ``step`` (updates so far) on batch ``step``; ``weights`` is unused (the sampling side's copy
@@ -160,6 +170,9 @@ class RemoteExperience:
         metrics = learn(self.pending[0], timer)
         self.timeline.append(("train", step + 1, start, time.perf_counter()))
         self.pending.pop(0)
+        if self.partial and step + 1 < self.total_steps:  # to batch step + 1, in flight: its later segments
+            with timer("step"):
+                sent += self._send_weights(step + 1, step + 1, UPDATE)
         if step + 1 < self.total_steps:
             with timer("step"), timer("wait_rollout"):
                 self.pending.append(self._receive(step + 1))
@@ -215,11 +228,14 @@ class SamplingLoop:
         self.loader = loader_from_config(cfg.data, c.tokenizer, "train", num_epochs=None, dataset=c.train_dataset)
         self.producer = Producer(self.rollouts, c.sampling, cfg.algorithm.filter_groups,
                                  greedy_baseline=algos.estimator_info(cfg.algorithm.adv_estimator).needs_greedy_baseline,
-                                 rollout_data_dir=cfg.trainer.rollout_data_dir, loader=self.loader, stop=STOP)
+                                 rollout_data_dir=cfg.trainer.rollout_data_dir, loader=self.loader, stop=STOP,
+                                 partial_tokens=int(cfg.experience.partial_rollout_tokens or 0))
         # what the training side sends replaces its part of this state: all of it, or under LoRA the adapters
         self.state = state if model.config.lora else self.rollouts.sampler_weights(state)
         self.weights = self._sampler_weights()  # version 0
         self.version = 0
+        self.partial_wait = bool(cfg.experience.partial_rollout_wait)
+        self._updated: int | None = None  # the last batch whose update was taken
         self.train_mesh = c.mesh  # the training processes' mesh (setup.run_devices), known to every process
 
     def _sampler_weights(self):
@@ -231,24 +247,46 @@ class SamplingLoop:
         message = pickle.loads(self.channel.receive_bytes(f"{WEIGHTS}.version", batch, self.training.processes[0]))
         if message.get("stop"):
             return False
+        self._take(message, WEIGHTS, batch)
+        return True
+
+    def _refresh(self, batch: int) -> tuple[Any, int] | None:
+        """Between the segments of ``batch``: its update, once (see ``_update``)."""
+        return None if self._updated == batch else self._update(batch, self.partial_wait)
+
+    def _update(self, batch: int, wait: bool) -> tuple[Any, int] | None:
+        """Partial rollouts: the update offered to ``batch`` in flight, taken if it has arrived (or waited for with
+        ``wait``); (weights, version), or None."""
+        sender = self.training.processes[0]
+        if wait:
+            data = self.channel.receive_bytes(f"{UPDATE}.version", batch, sender)
+        else:
+            data = self.channel.poll_bytes(f"{UPDATE}.version", batch, sender)
+            if data is None:
+                return None
+        self._take(pickle.loads(data), UPDATE, batch)
+        self._updated = batch
+        return self.weights, self.version
+
+    def _take(self, message: dict, name: str, batch: int) -> None:
+        """Take the weights a version message announces (their arrays, when it says they come)."""
         if message["arrays"]:
             layout = message["layout"]
             src = {k: jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(self.train_mesh, jax.sharding.PartitionSpec(*spec)))
                    for k, (shape, dtype, spec) in layout.items()}
             dst = {k: jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(self.c.rollout_mesh, jax.sharding.PartitionSpec(*spec)))
                    for k, (shape, dtype, spec) in layout.items()}
-            flat = self.channel.receive(WEIGHTS, batch, src, dst, self.training.processes)
+            flat = self.channel.receive(name, batch, src, dst, self.training.processes)
             self.state = nnx.from_flat_state([(path, var.replace(value=flat[_key(path)]) if _key(path) in flat else var)
                                               for path, var in nnx.to_flat_state(self.state)])
             self.weights = self._sampler_weights()
         self.version = int(message["version"])
-        return True
 
     def run(self) -> int:
         """Sample from the batch the training side starts at (the loader skips to it: the prompts are a pure
         function of the data, the seed and the position) until the last one, or until told to stop."""
         start = pickle.loads(self.channel.receive_bytes(f"{WEIGHTS}.start", 0, self.training.processes[0]))
-        first = int(start["first"])
+        first, start_step = int(start["first"]), int(start["step"])
         self.loader.skip(first)
         total = int(self.cfg.derived.total_training_steps)
         for batch in range(first, total):
@@ -257,7 +295,14 @@ class SamplingLoop:
             watchdog.set_doing(f"step {batch}: sampling")
             state = self.loader.get_state()
             pb = next(self.loader)
-            scored = self.producer.produce(pb, batch, state, False, weights=self.weights, version=self.version)
+            # every batch sampled while the training side updates gets that update (not the first one of a run
+            # that starts with nothing pending: the training side waits for it)
+            updated = bool(self.producer.partial_tokens) and batch > start_step
+            refresh = functools.partial(self._refresh, batch) if updated else None
+            scored = self.producer.produce(pb, batch, state, False, weights=self.weights, version=self.version,
+                                           refresh=refresh)
+            if updated and self._updated != batch:  # finished before the update came: take it now, at no cost
+                self._update(batch, wait=True)  # (the next batch's weights are its version number alone)
             send_scored(self.channel, batch, scored, self.train_mesh, self.c.rules, self.training.processes)
         # the training side's last word: it has pulled the last batch (leaving earlier would end the transfer)
         self._weights_for(total)

@@ -259,8 +259,7 @@ class Trainer:
         """prepare -> update on one produced batch; ``timer`` is the step's (its "step" phase may already hold
         the batch's production)."""
         self.plan_memory()
-        metrics = {**scored.metrics, "training/weight_version": float(scored.version),
-                   "training/staleness": float(step - scored.version)}
+        metrics = {**scored.metrics, **M.version_metrics(scored.version, scored.rollout.versions, step)}
         with timer("step"):
             prepared = self.prepare(scored, self.kl_ctrl["value"], timer)
             metrics.update(prepared.metrics)

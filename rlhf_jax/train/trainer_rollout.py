@@ -28,6 +28,7 @@ from rlhf_jax.train.offload import to_device
 from rlhf_jax.parallel.hosts import to_global, to_local
 from rlhf_jax.rollout.dynamic_sampling import ROLLOUT_KEYS, Collected, varied_groups
 from rlhf_jax.rollout.generation import generate_batch, key_function
+from rlhf_jax.rollout.segments import Refresh, SegmentedSampler
 from rlhf_jax.runtime.loggers import dump_generations
 from rlhf_jax.runtime.preemption import StepAbandoned, StopRequest
 from rlhf_jax.types import PromptBatch, RolloutBatch, ScoredBatch
@@ -111,23 +112,27 @@ class Rollouts:
             self._rollout_params_of = (params, jax.device_put(weights, shardings))
         return self._rollout_params_of[1]
 
-    def generate(self, pb: PromptBatch, sampling, key, bucket: bool = True, weights: Any = None):
+    def generate(self, pb: PromptBatch, sampling, key, bucket: bool = True, weights: Any = None,
+                 segments: SegmentedSampler | None = None):
         """Sample from a (process-local) prompt batch (see train/generation.py) with ``weights`` (default: the
-        current ones); the result is on the training mesh."""
+        current ones), in segments that may take newer weights when ``segments`` is given (partial rollouts); the
+        result is on the training mesh."""
         mesh = self.rollout_mesh or self.mesh
         dp = self.dp_size if self.rollout_mesh is None else self.rollout_mesh.devices.size
         weights = self.weights() if weights is None else weights
-        out, keep = generate_batch(self.sampler, weights, mesh, dp, pb, sampling, key, bucket)
+        sampler = self.sampler if segments is None else segments
+        out, keep = generate_batch(sampler, weights, mesh, dp, pb, sampling, key, bucket)
         if self.rollout_mesh is not None:
             rows = {1: batch_sharding(self.mesh, 1, self.rules), 2: batch_sharding(self.mesh, 2, self.rules)}
             out = jax.tree.map(lambda x: jax.device_put(x, rows[x.ndim]), out)
         return out, keep
 
-    def sample(self, pb: PromptBatch, sampling, key, out_metrics: dict, bucket: bool = True, weights: Any = None):
+    def sample(self, pb: PromptBatch, sampling, key, out_metrics: dict, bucket: bool = True, weights: Any = None,
+               segments: SegmentedSampler | None = None):
         """Single-turn sampling (``generate``) or the multi-turn rollout; (batch, kept rows, the mask of the
         response tokens the reward reads: every token of the sequence, tool responses included)."""
         if self.multi_turn is None:
-            out, keep = self.generate(pb, sampling, key, bucket, weights)
+            out, keep = self.generate(pb, sampling, key, bucket, weights, segments)
             return out, keep, out.response_mask
         weights = self.weights() if weights is None else weights
         out, metrics = self.multi_turn.rollout(weights, pb, sampling, key)
@@ -182,19 +187,25 @@ class Producer:
     loader: Any  # dynamic sampling draws further prompt batches from it
     stop: StopRequest
     component_keys: tuple[str, ...] = ()  # GDPO: the reward function's values kept per response (N, K)
+    partial_tokens: int = 0  # experience.partial_rollout_tokens: responses drawn in segments this long (0: whole)
 
     def produce(self, pb: PromptBatch, step: int, data_state: Any = None, abandonable: bool = True,
-                weights: Any = None, version: int = 0) -> ScoredBatch:
+                weights: Any = None, version: int = 0, refresh: Refresh | None = None) -> ScoredBatch:
         """Sample and score one prompt batch for training step ``step`` (0-based) with ``weights`` of version
-        ``version`` (default: the current ones)."""
+        ``version`` (default: the current ones); with ``partial_tokens``, between segments ``refresh`` may hand
+        over newer weights (each token then records its version)."""
         timer = M.Timer()
         out_metrics: dict[str, Any] = {}
         extras: dict[str, np.ndarray] = {}
+        segments = None
+        if self.partial_tokens:
+            segments = SegmentedSampler(self.rollouts.sampler, self.partial_tokens, version, refresh)
         if self.filter_groups.enable:
             out, pb, scores = self._dynamic_rollout(pb, timer, out_metrics, step, version)
         else:
             out, scores = self._rollout(pb, timer, out_metrics, self.rollouts.key(self.sampling.seed, step), step,
-                                        extras, abandonable=abandonable, weights=weights, version=version)
+                                        extras, abandonable=abandonable, weights=weights, version=version,
+                                        segments=segments)
         baselines = None
         if self.greedy_baseline:
             with timer("gen_max"):  # verl's name for ReMax's greedy baseline rollout
@@ -210,15 +221,19 @@ class Producer:
                            data_state=data_state, metrics=out_metrics, components=components)
 
     def _rollout(self, pb: PromptBatch, timer, out_metrics: dict, key, step: int, extras: dict | None = None,
-                 abandonable: bool = True, weights: Any = None, version: int = 0):
+                 abandonable: bool = True, weights: Any = None, version: int = 0,
+                 segments: SegmentedSampler | None = None):
         """Sample the prompts and score the responses for training step ``step`` (0-based): (the sampler's batch,
         process-local scores (N,), or token-level rewards (N, R) with multi_turn.per_turn_rewards).
         ``abandonable``: a stop request abandons the step after the sampling."""
         r, n = self.rollouts, self.sampling.n
         with timer("gen"):  # waits for the sampler: dispatch is asynchronous, the reward would be billed for it
             # every row is trained on
-            out, _, text_mask = r.sample(pb, self.sampling, key, out_metrics, bucket=False, weights=weights)
+            out, _, text_mask = r.sample(pb, self.sampling, key, out_metrics, bucket=False, weights=weights,
+                                         segments=segments)
             out = jax.block_until_ready(out)
+        if segments is not None:
+            out_metrics["rollout/segment_versions"] = float(len(set(segments.used)))
         if abandonable and self.stop.agreed():
             raise StepAbandoned
         with timer("reward"):

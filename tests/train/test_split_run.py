@@ -189,3 +189,24 @@ def test_under_lora_only_the_adapters_move_and_the_run_trains_like_one_process(t
     assert all(0 < s < 0.1 * model_bytes for s in sent[:-1]) and sent[-1] == 0, (sent, model_bytes)
     for name in model.keys():
         np.testing.assert_allclose(_weights(split).get(name), model.get(name), rtol=1e-6, atol=1e-6, err_msg=name)
+
+
+def test_partial_rollouts_carry_two_versions_per_sequence_and_train(tmp_path):
+    """experience.partial_rollout_tokens=2 of 4 with partial_rollout_wait: every batch after the first is
+    sampled 2 tokens with the weights before the update that trains meanwhile and the rest with that update's
+    weights (re-prefilled); per-token versions reach the training side, which corrects with rollout_is."""
+    out = str(tmp_path / "split")
+    proc = _split_run(out, **{"experience.partial_rollout_tokens": 2, "experience.partial_rollout_wait": True,
+                              "algorithm.rollout_correction.rollout_is": "token"})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    rows = read_metrics(out)
+    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
+    first, later = rows[0], rows[1:]
+    assert first["rollout/segment_versions"] == 1 and first["training/staleness_max"] == 0
+    assert first["rollout/partial_fraction"] == 0
+    for r in later:  # batch s: its first tokens from version s - 1, the rest from version s (π_old: no lag)
+        assert r["rollout/segment_versions"] == 2, r
+        assert r["training/weight_version"] == r["step"] - 2 and r["training/weight_version_newest"] == r["step"] - 1
+        assert r["training/staleness_max"] == 1 and r["rollout/partial_fraction"] > 0, r
+        assert np.isfinite(r["rollout_corr/rollout_is_mean"]) and np.isfinite(r["actor/pg_loss"]), r
+    assert all(r["split/weight_bytes_sent"] > 0 for r in rows[:-1])  # each update, offered as soon as made
