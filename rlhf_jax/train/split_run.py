@@ -236,6 +236,7 @@ class SamplingLoop:
         self.version = 0
         self.partial_wait = bool(cfg.experience.partial_rollout_wait)
         self._updated: int | None = None  # the last batch whose update was taken
+        self.receive_s = 0.0  # seconds spent taking weights in (pulls, LoRA merge) for the batch being made
         self.train_mesh = c.mesh  # the training processes' mesh (setup.run_devices), known to every process
 
     def _sampler_weights(self):
@@ -270,6 +271,7 @@ class SamplingLoop:
 
     def _take(self, message: dict, name: str, batch: int) -> None:
         """Take the weights a version message announces (their arrays, when it says they come)."""
+        start = time.perf_counter()
         if message["arrays"]:
             layout = message["layout"]
             src = {k: jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(self.train_mesh, jax.sharding.PartitionSpec(*spec)))
@@ -279,7 +281,8 @@ class SamplingLoop:
             flat = self.channel.receive(name, batch, src, dst, self.training.processes)
             self.state = nnx.from_flat_state([(path, var.replace(value=flat[_key(path)]) if _key(path) in flat else var)
                                               for path, var in nnx.to_flat_state(self.state)])
-            self.weights = self._sampler_weights()
+            self.weights = jax.block_until_ready(self._sampler_weights())
+            self.receive_s += time.perf_counter() - start
         self.version = int(message["version"])
 
     def run(self) -> int:
@@ -290,6 +293,7 @@ class SamplingLoop:
         self.loader.skip(first)
         total = int(self.cfg.derived.total_training_steps)
         for batch in range(first, total):
+            self.receive_s = 0.0
             if not self._weights_for(batch):
                 return 0
             watchdog.set_doing(f"step {batch}: sampling")
@@ -303,6 +307,7 @@ class SamplingLoop:
                                            refresh=refresh)
             if updated and self._updated != batch:  # finished before the update came: take it now, at no cost
                 self._update(batch, wait=True)  # (the next batch's weights are its version number alone)
+            scored.metrics["split/weight_receive_s"] = self.receive_s
             send_scored(self.channel, batch, scored, self.train_mesh, self.c.rules, self.training.processes)
         # the training side's last word: it has pulled the last batch (leaving earlier would end the transfer)
         self._weights_for(total)

@@ -127,7 +127,33 @@ def test_buffer_of_two_trains_each_batch_once_in_order_and_a_resume_loses_none(t
     ({"experience.overlap": True, "experience.max_staleness": 0, **SPLIT}, r"experience\.max_staleness=0"),
     ({"experience.buffer_size": 2, "algorithm.filter_groups.enable": True}, r"algorithm\.filter_groups\.enable"),
     ({"mesh.rollout_devices": 9}, r"mesh\.rollout_devices=9 must be 0 \(shared devices\) or in \[1, 7\]"),
+    ({"experience.partial_rollout_tokens": 2, **SPLIT, "experience.overlap": True},
+     r"experience\.partial_rollout_tokens=2 .*set mesh\.rollout_processes"),
+    ({"experience.partial_rollout_wait": True}, r"experience\.partial_rollout_wait=True .*partial_rollout_tokens"),
 ])
 def test_bad_experience_settings_name_the_key(tmp_path, overrides, message):
     with pytest.raises(ValueError, match=message):
         prepare(make_config(str(tmp_path), **overrides))
+
+
+def test_pending_batches_keep_their_per_token_versions_through_a_checkpoint():
+    """Partial rollouts' per-token versions are saved with the pending batches and come back as they were."""
+    from rlhf_jax.train import experience as X
+    from rlhf_jax.types import RolloutBatch, ScoredBatch
+
+    rng = np.random.default_rng(0)
+    rows = {name: jax.numpy.asarray(rng.integers(0, 5, (4, 3)), np.int32) for name in X.ROLLOUT_ARRAYS}
+    rows["logprobs"] = jax.numpy.asarray(rng.normal(size=(4, 3)), np.float32)
+    rows["finished"] = jax.numpy.asarray([True, False, True, False])
+    versions = jax.numpy.asarray([[3, 3, 4], [3, 4, 4], [3, -1, -1], [4, 4, 4]], np.int32)
+    batch = ScoredBatch(rollout=RolloutBatch(**rows, versions=versions), scores=jax.numpy.zeros(4), baselines=None,
+                        prompts=None, version=3, data_state=None, metrics={"m": 1.0}, components=None)
+    arrays, described = X.to_checkpoint([batch])
+    assert described[0]["arrays"]["versions"] == [[4, 3], "int32"]
+    back = X.from_checkpoint(arrays, described, [None], [None])[0]
+    np.testing.assert_array_equal(back.rollout.versions, versions)
+    assert back.version == 3
+    plain = batch.replace(rollout=batch.rollout.replace(versions=None))
+    arrays, described = X.to_checkpoint([plain])
+    assert "versions" not in described[0]["arrays"]
+    assert X.from_checkpoint(arrays, described, [None], [None])[0].rollout.versions is None
