@@ -26,6 +26,7 @@ from ml_collections import ConfigDict
 
 from rlhf_jax import algos, models
 from rlhf_jax.models import TASK_CAUSAL_LM
+from rlhf_jax.parallel import groups
 from rlhf_jax.plan.abstract import abstract_model, hf_config, model_config
 from rlhf_jax.plan.arithmetic import ModelShape
 from rlhf_jax.plan.programs import meshes
@@ -95,16 +96,15 @@ def choose_context(cfg: ConfigDict, topology: str | None = None, *, progress: Ca
     ``ResidentMemoryError`` (the resident arrays alone, which no split shrinks). ``usable_bytes``: the
     memory per device to plan against, as ``plan_run``'s. The processes of a run on several hosts each measure
     their own host's free memory, so they agree on the largest split any of them chose (one collective)."""
-    together = topology in (None, "local") and jax.process_count() > 1 and int(cfg.mesh.context) == AUTOMATIC
+    # the processes that train together (a split run's sampling processes plan nothing)
+    together = topology in (None, "local") and groups.process_count() > 1 and int(cfg.mesh.context) == AUTOMATIC
     if not together:
         return _choose(cfg, topology, progress, usable_bytes)
-    from jax.experimental import multihost_utils
-
     try:
         context, plan, failure = *_choose(cfg, topology, progress, usable_bytes), None
     except (MemoryError, ValueError) as e:  # the others must hear of it, or they would wait for this process
         context, plan, failure = -1, None, e
-    chosen = [int(c) for c in multihost_utils.process_allgather(np.int32(context))]
+    chosen = [int(c) for c in groups.allgather(np.int32(context))]
     if min(chosen) < 0:
         raise failure or MemoryError(f"mesh.context=0 (automatic): process {chosen.index(-1)} found no split that "
                                      "fits its host's free memory; set mesh.context")
@@ -120,7 +120,7 @@ def _choose(cfg: ConfigDict, topology: str | None, progress: Callable[[str], Non
         return int(cfg.mesh.context), None
     local = topology in (None, "local")
     t = local_target() if local else target(topology)
-    devices = jax.devices() if local else target_devices(t)
+    devices = jax.devices() if local else target_devices(t)  # the whole run's: the plan splits it (meshes)
     tried = candidates(cfg, len(devices), t.hosts)
     usable = _usable(t) if usable_bytes is None else usable_bytes
     if 1 in tried and unsplit_surely_fits(tried[1], usable, devices):

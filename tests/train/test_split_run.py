@@ -194,10 +194,11 @@ def test_under_lora_only_the_adapters_move_and_the_run_trains_like_one_process(t
 def test_partial_rollouts_carry_two_versions_per_sequence_and_train(tmp_path):
     """experience.partial_rollout_tokens=2 of 4 with partial_rollout_wait: every batch after the first is
     sampled 2 tokens with the weights before the update that trains meanwhile and the rest with that update's
-    weights (re-prefilled); per-token versions reach the training side, which corrects with rollout_is."""
+    weights (re-prefilled); per-token versions reach the training side, which corrects with rollout_is. The
+    context split is left automatic (the recipe's default): the training processes agree on it among themselves."""
     out = str(tmp_path / "split")
     proc = _split_run(out, **{"experience.partial_rollout_tokens": 2, "experience.partial_rollout_wait": True,
-                              "algorithm.rollout_correction.rollout_is": "token"})
+                              "algorithm.rollout_correction.rollout_is": "token", "mesh.context": 0})
     assert proc.returncode == 0, proc.stderr[-4000:]
     rows = read_metrics(out)
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
