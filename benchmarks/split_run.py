@@ -1,7 +1,7 @@
 """Sampling on processes of their own (``mesh.rollout_processes``) against the layouts a user would pick instead.
 
-The default GRPO recipe (built-in tiny model, synthetic arithmetic) with long responses (``ignore_eos``), so the
-sampler is slower than the trainer, in five layouts on the same 8 fake CPU devices:
+The default GRPO recipe (built-in tiny model, synthetic arithmetic) with long responses (``ignore_eos``) on few
+rows, so the sampler is slower than the trainer, in five layouts on the same 8 fake CPU devices:
 
 - colocated: one process, every device samples then trains;
 - overlap: one process, 4 devices sample the next batch while 4 train (``mesh.rollout_devices=4`` +
@@ -17,7 +17,7 @@ them in, and the fraction of the sampling time hidden behind training (1 - wait 
 machine's matmul FLOP/s and host copy bandwidth are measured in the same run (the floor of a weight transfer is
 its bytes over the copy bandwidth).
 
-    chrt -f 1 python benchmarks/split_run.py                 # 8 steps, 96 new tokens
+    chrt -f 1 python benchmarks/split_run.py                 # 8 steps, 8 prompts x 2, 384 new tokens
     python benchmarks/split_run.py --steps 4 --json ''       # smoke run
 """
 
@@ -50,11 +50,12 @@ def layouts(new_tokens: int) -> dict[str, tuple[int, dict]]:
     }
 
 
-def _args(out_dir: str, steps: int, new_tokens: int, overrides: dict) -> list[str]:
-    settings = {"trainer.total_training_steps": steps, "trainer.default_local_dir": out_dir, "trainer.test_freq": 0,
+def _args(out_dir: str, a: argparse.Namespace, overrides: dict) -> list[str]:
+    settings = {"trainer.total_training_steps": a.steps, "trainer.default_local_dir": out_dir, "trainer.test_freq": 0,
                 "trainer.val_before_train": False, "trainer.save_freq": 0, "trainer.save_hf_checkpoint": "never",
-                "trainer.logger": "('jsonl',)", "data.max_response_length": new_tokens, "data.train_batch_size": 16,
-                "actor_rollout_ref.rollout.n": 4, "actor_rollout_ref.rollout.ignore_eos": True, **overrides}
+                "trainer.logger": "('jsonl',)", "data.max_response_length": a.new_tokens,
+                "data.train_batch_size": a.prompts, "actor_rollout_ref.actor.ppo_mini_batch_size": a.prompts,
+                "actor_rollout_ref.rollout.n": a.samples, "actor_rollout_ref.rollout.ignore_eos": True, **overrides}
     return [f"--config={os.path.join(REPO, 'configs', 'grpo.py')}", *(f"--config.{k}={v}" for k, v in settings.items())]
 
 
@@ -82,14 +83,17 @@ def run_layout(processes: int, args: list[str]) -> float:
 
 
 def summary(rows: list[dict]) -> dict:
-    """Medians over the steps after the first two (both compile: the second batch is the first with new weights)."""
-    timed = rows[2:] or rows[-1:]
+    """Medians over the steps after the first two (both compile: the second batch is the first with new weights)
+    but the last (it has no next batch to wait for or send weights to). Sampling is hidden only where it overlaps
+    training (a colocated step contains it)."""
+    timed = rows[2:-1] or rows[-1:]
     med = lambda key: statistics.median(r.get(key, 0.0) for r in timed)  # noqa: E731
     sampling = med("timing_s/gen") + med("timing_s/reward")
+    overlaps = "timing_s/wait_rollout" in timed[0]
     return {"step_s": med("timing_s/step"), "wait_rollout_s": med("timing_s/wait_rollout"), "gen_s": med("timing_s/gen"),
             "sampling_s": sampling, "update_s": med("timing_s/update_actor"),
             "weight_bytes_sent": med("split/weight_bytes_sent"), "weight_receive_s": med("split/weight_receive_s"),
-            "hidden": 1.0 - med("timing_s/wait_rollout") / sampling if sampling else 0.0,
+            "hidden": 1.0 - med("timing_s/wait_rollout") / sampling if sampling and overlaps else 0.0,
             "partial_fraction": med("rollout/partial_fraction"), "score_last": rows[-1]["critic/score/mean"]}
 
 
@@ -117,20 +121,23 @@ def roofline() -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=8)
-    parser.add_argument("--new-tokens", type=int, default=96)
+    parser.add_argument("--new-tokens", type=int, default=384)
+    parser.add_argument("--prompts", type=int, default=8, help="prompts per step (one mini-batch)")
+    parser.add_argument("--samples", type=int, default=2, help="responses per prompt")
     parser.add_argument("--only", nargs="*", help="layout names to run (default: all)")
     parser.add_argument("--json", default=os.path.join(REPO, "benchmarks", "results", "split_run.json"))
     args = parser.parse_args()
     roof = roofline()
     print(f"{os.cpu_count()} CPU cores; matmul {roof['matmul_flops'] / 1e9:.1f} GFLOP/s, host copy "
-          f"{roof['copy_bytes_per_s'] / 1e9:.1f} GB/s; {args.steps} steps, 16 prompts x 4 samples, "
+          f"{roof['copy_bytes_per_s'] / 1e9:.1f} GB/s; {args.steps} steps, {args.prompts} prompts x {args.samples} "
+          f"samples, "
           f"{args.new_tokens} new tokens (ignore_eos)", flush=True)
     results = {}
     for name, (processes, overrides) in layouts(args.new_tokens).items():
         if args.only and name not in args.only:
             continue
         with tempfile.TemporaryDirectory() as out_dir:
-            wall = run_layout(processes, _args(out_dir, args.steps, args.new_tokens, overrides))
+            wall = run_layout(processes, _args(out_dir, args, overrides))
             with open(os.path.join(out_dir, "metrics.jsonl")) as f:
                 rows = [json.loads(line) for line in f]
         results[name] = {**summary(rows), "wall_s": wall, "processes": processes}
@@ -150,8 +157,7 @@ def main() -> int:
     if args.json:
         os.makedirs(os.path.dirname(args.json), exist_ok=True)
         with open(args.json, "w") as f:
-            json.dump({"steps": args.steps, "new_tokens": args.new_tokens, "roofline": roof, "results": results}, f,
-                      indent=1)
+            json.dump({**vars(args), "roofline": roof, "results": results}, f, indent=1)
     return 0
 
 

@@ -83,6 +83,9 @@ def generate_in_segments(generate: Generate, weights: Any, version: int, prompt_
     buffers = _merged(buffers, first, jnp.int32(version), start=0, pad=pad)
     used, start = [version], lengths[0]
     for length in lengths[1:]:
+        # at the boundary itself: dispatch is asynchronous, so without this wait every segment would be queued
+        # before the first had run, and an update arriving meanwhile could not be taken
+        jax.block_until_ready(buffers["finished"])
         newer = refresh() if refresh is not None else None
         if newer is not None:
             weights, version = newer

@@ -46,15 +46,26 @@ def test_a_sequence_spanning_an_update_records_both_versions_and_its_correction_
     ids, mask = left_pad(ragged_prompts(seed=3, count=4), 16, 4, PAD_ID)
     params = SamplingParams(max_new_tokens=R, temperature=TEMPERATURE, n=N_SAMPLES, eos_token_ids=(EOS_ID,),
                             pad_token_id=PAD_ID)
-    calls = []
+    calls, drawn = [], []
+
+    @jax.jit
+    def slowly(batch):  # the segment's outputs come 0.1-0.5 s after the call returns (dispatch is asynchronous)
+        m = jax.random.normal(jax.random.key(0), (512, 512))
+        work = jax.lax.fori_loop(0, 40, lambda _, x: jnp.tanh(x @ m), m).sum()
+        return jax.tree.map(lambda a: a + (0 * work).astype(a.dtype), batch)
+
+    def generate(*args):
+        drawn.append(slowly(sampler.generate(*args)))
+        return drawn[-1]
 
     def refresh():  # the update arrives after the first segment
-        calls.append(len(calls))
+        # asked at the boundary itself: the segment before it has been computed, not just dispatched
+        calls.append(all(leaf.is_ready() for leaf in jax.tree.leaves(drawn[-1])))
         return (new, 8) if len(calls) == 1 else None
 
-    batch, used = generate_in_segments(sampler.generate, old, 7, jnp.asarray(ids), jnp.asarray(mask), params,
+    batch, used = generate_in_segments(generate, old, 7, jnp.asarray(ids), jnp.asarray(mask), params,
                                        rollout_key(0), SEGMENT, refresh)
-    assert used == [7, 8, 8] and len(calls) == 2
+    assert used == [7, 8, 8] and calls == [True, True]
     b = jax.device_get(batch)
     live = b.response_mask.astype(bool)
     cols = np.arange(R)[None, :]
