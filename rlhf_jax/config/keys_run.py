@@ -1,5 +1,5 @@
 """Schema keys of ``data``, ``critic``, ``reward_model``, ``custom_reward_function``, ``algorithm``,
-``trainer`` and the JAX-specific ``mesh`` section (verl names wherever verl has the concept)."""
+``trainer``, with ``mesh`` and ``experience`` from :mod:`keys_placement` (verl names wherever verl has the concept)."""
 
 from __future__ import annotations
 
@@ -13,12 +13,12 @@ from rlhf_jax.algos.bypass import BYPASS_LOSS_TYPES
 from rlhf_jax.algos.rollout_correction import IS_LEVELS, RS_LEVELS
 from rlhf_jax.config.domain_weights import weights_problem
 from rlhf_jax.config.key import Check, Key, above, at_least, micro_size, registered, step_numbers, within
+from rlhf_jax.config.keys_placement import EXPERIENCE, MESH
 from rlhf_jax.config.keys_policy import TOKEN_BUDGET_DOC, checkpoint_keys, optim_keys
 from rlhf_jax.config.keys_shaping import SHAPING
-from rlhf_jax.config.names import (ANSWER_MATCH_MODES, CONTEXT_ATTENTION, FILTER_GROUP_METRICS, LOGGERS,
+from rlhf_jax.config.names import (ANSWER_MATCH_MODES, FILTER_GROUP_METRICS, LOGGERS,
                                    PROMPT_TRUNCATION, REMAT_POLICIES, RESUME_MODES, REWARD_MANAGERS, TRAINER_TYPES)
 
-MESH_AXES = ("data", "fsdp", "tensor", "expert", "context")
 # trainer.logger entries that are optional packages: name -> (module, pip command)
 OPTIONAL_TRACKERS = {"wandb": ("wandb", "pip install wandb"), "mlflow": ("mlflow", "pip install mlflow")}
 
@@ -37,26 +37,8 @@ def _missing_tracker(backends: tuple) -> str | None:
     return None
 
 
-def _axis_rules_problem(rules: tuple) -> str | None:
-    seen = set()
-    for rule in rules:
-        if not (isinstance(rule, tuple) and len(rule) == 2 and isinstance(rule[0], str)):
-            return f"mesh.logical_axis_rules: each rule is (logical_name, mesh_axes), got {rule!r}"
-        name, axes = rule
-        if name in seen:
-            return f"mesh.logical_axis_rules: logical axis {name!r} appears twice"
-        seen.add(name)
-        for ax in () if axes is None else (axes,) if isinstance(axes, str) else axes:
-            if ax not in MESH_AXES:
-                return f"mesh.logical_axis_rules: {name!r} -> {ax!r} is not a mesh axis ({', '.join(MESH_AXES)})"
-    return None
-
-
 TRACKERS_INSTALLED = Check(lambda v: _missing_tracker(v) is None, ": the optional packages named are installed",
                            _missing_tracker)
-AXIS_RULES = Check(lambda v: _axis_rules_problem(v) is None, ": (logical name, mesh axes) pairs over the mesh's "
-                   "axes, each name once", _axis_rules_problem)
-
 # algorithm.type: the message names the trainers (as a stage override's check does, names.check_type)
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -348,55 +330,6 @@ TRAINER = (
     Key(_T + "env_vars", None, "Environment variables of the run, {NAME: 'value'}: set before anything reads them "
         "(the command restarts once with them) and logged; None = none (docs/formats.md).", type=object,
         check=ENV_VARS),
-)
-
-MESH = (
-    Key("mesh.data", -1, "Devices on the pure data-parallel axis; -1 = the devices left over."),
-    Key("mesh.fsdp", 1, "Devices on the fully-sharded data-parallel axis (parameters sharded); -1 = the rest."),
-    Key("mesh.tensor", 1, "Devices on the tensor-parallel axis (heads, mlp, vocab sharded); -1 = the rest."),
-    Key("mesh.expert", 1,
-        "Devices on the expert-parallel axis (a MoE model's experts split over it); the batch is split over it "
-        "too, like data. -1 = the rest."),
-    Key("mesh.context", 0,
-        "Devices splitting each sequence of the training passes (mesh.context_attention). 0 = automatic: the "
-        "smallest split that fits, planned at start (docs/placement.md); -1 = the rest."),
-    Key("mesh.context_attention", "auto",
-        "Attention under mesh.context > 1: ulysses (heads split over tensor x context; they must divide), gather "
-        "(keys/values all-gathered over context), auto (ulysses where the heads divide, else gather).",
-        choices=CONTEXT_ATTENTION),
-    Key("mesh.rollout_devices", 0, "Sample on this many devices of their own (the last ones; their own data-parallel "
-        "mesh) while the other devices train; the actor's weights move there after each update. 0 = every device does both."),
-    Key("mesh.rollout_processes", 0, "Sample on the last k processes while the others train (experience.overlap's "
-        "schedule; batches and weights move device to device; docs/placement.md). 0 = every process does both."),
-    Key("mesh.handoff_timeout_s", 1800.0, "With mesh.rollout_processes: the longest wait for the other side's "
-        "weights or batch before the run stops, naming the process and the transfer.", type=float),
-    Key("mesh.logical_axis_rules",
-        (("batch", ("data", "fsdp", "expert")), ("length", "context"), ("embed", "fsdp"), ("mlp", "tensor"), ("heads", "tensor"),
-         ("kv_heads", "tensor"), ("vocab", "tensor"), ("expert", "expert")),
-        "(logical axis name, mesh axis or axes or None) pairs; names not listed are replicated.", check=AXIS_RULES),
-)
-
-EXPERIENCE = (
-    Key("experience.buffer_size", 1,
-        "Rollout batches sampled with one set of weights, then trained on one per step, oldest first (batch i of "
-        "a round trains i updates after its weights); untrained ones are saved with checkpoints.",
-        check=at_least(1, " (1 = train on each batch as it is sampled)")),
-    Key("experience.overlap", False,
-        "Sample the next round on mesh.rollout_devices or mesh.rollout_processes while the current one trains: a "
-        "batch trains 1 update after its weights (K to 2K-1 with buffer_size K)."),
-    Key("experience.max_staleness", None,
-        "Largest lag (updates between a batch's sampling weights and its training) the run may have; the "
-        "buffer size and overlap must stay within it. None = no bound; 0 = strictly on-policy.", type=int,
-        check=at_least(0, " (0 = strictly on-policy) or None")),
-    Key("experience.partial_rollout_tokens", 0,
-        "Partial rollouts (with mesh.rollout_processes): responses are sampled this many tokens at a time, and an "
-        "update that arrives meanwhile is taken at the next segment boundary, so sequences in flight continue with "
-        "the new weights (re-prefilled); each token records its version and algorithm.rollout_correction corrects "
-        "it. 0 = each response is sampled whole with one version.", check=at_least(0, " (0 = off)")),
-    Key("experience.partial_rollout_wait", False,
-        "With experience.partial_rollout_tokens: the sampler waits for the update at the first segment boundary "
-        "of each batch, so the swap point is fixed and a run repeats exactly; False takes it at the first "
-        "boundary after it arrives (no waiting; where it lands depends on timing)."),
 )
 
 STAGES = (

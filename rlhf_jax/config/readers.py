@@ -61,7 +61,8 @@ READERS: dict[str, tuple[str, ...]] = {
     "rlhf_jax.train.dpo": ("algorithm.dpo.*",),
     "rlhf_jax.data.preferences": ("data.chosen_key", "data.rejected_key", "data.max_length"),
     "rlhf_jax.train.trainer_checkpoints": (_A + "actor.checkpoint.*", "critic.checkpoint.*"),
-    "rlhf_jax.train.split_run": ("mesh.handoff_timeout_s", "mesh.rollout_processes"),
+    "rlhf_jax.train.split_run": ("mesh.handoff_timeout_s", "mesh.rollout_processes", "experience.partial_rollout_tokens",
+                                 "experience.partial_rollout_wait"),
     "rlhf_jax.train.trainer": (
         _A + "actor.shuffle", _A + "actor.grad_clip", _A + "actor.clip_ratio_low", _A + "actor.clip_ratio_high",
         _A + "actor.clip_ratio_c", _A + "actor.entropy_coeff", _A + "actor.kl_loss_coef",
