@@ -217,3 +217,23 @@ def _free_compiled_programs():
 
     jax.clear_caches()
     gc.collect()
+
+
+# Seconds per test file (setup, call and teardown of its tests, summed over the workers), printed at the end: where
+# the suite's time goes, file by file (pytest's --durations lists single tests only).
+_FILE_SECONDS: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    path = report.nodeid.split("::", 1)[0]
+    _FILE_SECONDS[path] = _FILE_SECONDS.get(path, 0.0) + float(getattr(report, "duration", 0.0) or 0.0)
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _FILE_SECONDS:
+        return
+    ranked = sorted(_FILE_SECONDS.items(), key=lambda kv: -kv[1])
+    total = sum(_FILE_SECONDS.values())
+    terminalreporter.write_sep("=", f"slowest files ({total:.0f} s of test time in all)")
+    for path, seconds in ranked[:25]:
+        terminalreporter.write_line(f"{seconds:8.1f}s {100 * seconds / total:5.1f}%  {path}")
