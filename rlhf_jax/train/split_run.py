@@ -113,6 +113,7 @@ class RemoteExperience:
         self.timeline: list[tuple[str, int, float, float]] = []
         self._sent: int | None = None  # the weight version the sampling side holds
         self._next_batch: int | None = None  # the batch the sampling side waits for weights for
+        self._updated: int | None = None  # partial rollouts: the last batch offered its update
 
     def _send_weights(self, batch: int, version: int, name: str = WEIGHTS) -> int:
         """Send the weights for ``batch`` under ``name`` (a version number alone when the sampling side has them);
@@ -173,6 +174,7 @@ class RemoteExperience:
         if self.partial and step + 1 < self.total_steps:  # to batch step + 1, in flight: its later segments
             with timer("step"):
                 sent += self._send_weights(step + 1, step + 1, UPDATE)
+            self._updated = step + 1
         if step + 1 < self.total_steps:
             with timer("step"), timer("wait_rollout"):
                 self.pending.append(self._receive(step + 1))
@@ -194,8 +196,12 @@ class RemoteExperience:
         or, after the last batch, for this word that its offers were taken (its transfer server must outlive
         them)."""
         if self._next_batch is not None and self.training.is_first:
-            self.channel.send_bytes(f"{WEIGHTS}.version", self._next_batch, pickle.dumps({"stop": True}),
-                                    self.sampling.processes)
+            stop = pickle.dumps({"stop": True})
+            in_flight = self._next_batch - 1
+            if self.partial and self._updated != in_flight:  # a step abandoned before its update: the sampling
+                # side would wait for that update at the end of the batch in flight
+                self.channel.send_bytes(f"{UPDATE}.version", in_flight, stop, self.sampling.processes)
+            self.channel.send_bytes(f"{WEIGHTS}.version", self._next_batch, stop, self.sampling.processes)
 
 
 class SamplingLoop:
@@ -236,6 +242,7 @@ class SamplingLoop:
         self.version = 0
         self.partial_wait = bool(cfg.experience.partial_rollout_wait)
         self._updated: int | None = None  # the last batch whose update was taken
+        self.stopped = False  # the training side said stop instead of sending an update
         self.receive_s = 0.0  # seconds spent taking weights in (pulls, LoRA merge) for the batch being made
         self.train_mesh = c.mesh  # the training processes' mesh (setup.run_devices), known to every process
 
@@ -265,8 +272,12 @@ class SamplingLoop:
             data = self.channel.poll_bytes(f"{UPDATE}.version", batch, sender)
             if data is None:
                 return None
-        self._take(pickle.loads(data), UPDATE, batch)
+        message = pickle.loads(data)
         self._updated = batch
+        if message.get("stop"):  # the training side stopped before this update: the batch is not wanted
+            self.stopped = True
+            return None
+        self._take(message, UPDATE, batch)
         return self.weights, self.version
 
     def _take(self, message: dict, name: str, batch: int) -> None:
@@ -307,6 +318,8 @@ class SamplingLoop:
                                            refresh=refresh)
             if updated and self._updated != batch:  # finished before the update came: take it now, at no cost
                 self._update(batch, wait=True)  # (the next batch's weights are its version number alone)
+            if self.stopped:
+                return 0
             scored.metrics["split/weight_receive_s"] = self.receive_s
             send_scored(self.channel, batch, scored, self.train_mesh, self.c.rules, self.training.processes)
         # the training side's last word: it has pulled the last batch (leaving earlier would end the transfer)

@@ -75,14 +75,12 @@ def _rows(out: str) -> int:
     return sum(1 for line in open(path) if line.endswith("\n")) if os.path.exists(path) else 0
 
 
-def test_a_stopped_split_run_resumes_to_the_same_steps_and_weights(tmp_path, reference):
-    """SIGTERM to every process after step 2: the training side stops at a step boundary with the next batch
-    in its checkpoint and tells the sampling side to stop; the same command resumes and the remaining steps and
-    the final weights are the uninterrupted run's."""
-    out = str(tmp_path / "split")
-    proc = _launch(out, **{"trainer.save_freq": STEPS})
+def _sigterm_after(out: str, rows: int, **overrides) -> int:
+    """Start the run, SIGTERM every process once ``rows`` steps are logged, and return the steps it finished (it
+    stops at the next step boundary, or abandons the step in flight before its update)."""
+    proc = _launch(out, **overrides)
     deadline = time.monotonic() + 500
-    while _rows(out) < 2 and proc.poll() is None and time.monotonic() < deadline:
+    while _rows(out) < rows and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
     assert proc.poll() is None, proc.communicate()[1][-3000:]
     workers = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
@@ -91,8 +89,16 @@ def test_a_stopped_split_run_resumes_to_the_same_steps_and_weights(tmp_path, ref
         os.kill(int(pid), signal.SIGTERM)
     _, stderr = proc.communicate(timeout=300)
     assert proc.returncode == 0, stderr[-3000:]
-    stopped = _rows(out)
-    assert 2 <= stopped < STEPS, stderr[-2000:]
+    return _rows(out)
+
+
+def test_a_stopped_split_run_resumes_to_the_same_steps_and_weights(tmp_path, reference):
+    """SIGTERM to every process after step 2: the training side stops at a step boundary with the next batch
+    in its checkpoint and tells the sampling side to stop; the same command resumes and the remaining steps and
+    the final weights are the uninterrupted run's."""
+    out = str(tmp_path / "split")
+    stopped = _sigterm_after(out, 2, **{"trainer.save_freq": STEPS})
+    assert 2 <= stopped < STEPS
     proc = _split_run(out, **{"trainer.save_freq": STEPS})
     assert proc.returncode == 0, proc.stderr[-4000:]
     one, two = read_metrics(reference), read_metrics(out)
@@ -197,8 +203,9 @@ def test_partial_rollouts_carry_two_versions_per_sequence_and_train(tmp_path):
     weights (re-prefilled); per-token versions reach the training side, which corrects with rollout_is. The
     context split is left automatic (the recipe's default): the training processes agree on it among themselves."""
     out = str(tmp_path / "split")
-    proc = _split_run(out, **{"experience.partial_rollout_tokens": 2, "experience.partial_rollout_wait": True,
-                              "algorithm.rollout_correction.rollout_is": "token", "mesh.context": 0})
+    partial = {"experience.partial_rollout_tokens": 2, "experience.partial_rollout_wait": True,
+               "algorithm.rollout_correction.rollout_is": "token", "mesh.context": 0, "trainer.save_freq": STEPS}
+    proc = _split_run(out, **partial)
     assert proc.returncode == 0, proc.stderr[-4000:]
     rows = read_metrics(out)
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
@@ -211,3 +218,14 @@ def test_partial_rollouts_carry_two_versions_per_sequence_and_train(tmp_path):
         assert r["training/staleness_max"] == 1 and r["rollout/partial_fraction"] > 0, r
         assert np.isfinite(r["rollout_corr/rollout_is_mean"]) and np.isfinite(r["actor/pg_loss"]), r
     assert all(r["split/weight_bytes_sent"] > 0 for r in rows[:-1])  # each update, offered as soon as made
+    # stopped while step 2 runs (abandoned before its update, or after it) and resumed: the same steps, exactly
+    again = str(tmp_path / "stopped")
+    stopped = _sigterm_after(again, 1, **partial)
+    assert 1 <= stopped < STEPS
+    proc = _split_run(again, **partial)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    resumed = read_metrics(again)
+    assert [r["step"] for r in resumed] == list(range(1, STEPS + 1))
+    for a, b in zip(rows[stopped:], resumed[stopped:]):
+        for key in (*KEYS, "training/staleness_max", "rollout/partial_fraction", "rollout_corr/rollout_is_mean"):
+            assert b[key] == pytest.approx(a[key], rel=1e-6, abs=1e-8), (a["step"], key)
