@@ -222,11 +222,14 @@ def _free_compiled_programs():
 # Seconds per test file (setup, call and teardown of its tests, summed over the workers), printed at the end: where
 # the suite's time goes, file by file (pytest's --durations lists single tests only).
 _FILE_SECONDS: dict[str, float] = {}
+_TEST_SECONDS: dict[str, float] = {}
 
 
 def pytest_runtest_logreport(report):
+    seconds = float(getattr(report, "duration", 0.0) or 0.0)
     path = report.nodeid.split("::", 1)[0]
-    _FILE_SECONDS[path] = _FILE_SECONDS.get(path, 0.0) + float(getattr(report, "duration", 0.0) or 0.0)
+    _FILE_SECONDS[path] = _FILE_SECONDS.get(path, 0.0) + seconds
+    _TEST_SECONDS[report.nodeid] = _TEST_SECONDS.get(report.nodeid, 0.0) + seconds
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -237,3 +240,6 @@ def pytest_terminal_summary(terminalreporter):
     terminalreporter.write_sep("=", f"slowest files ({total:.0f} s of test time in all)")
     for path, seconds in ranked[:25]:
         terminalreporter.write_line(f"{seconds:8.1f}s {100 * seconds / total:5.1f}%  {path}")
+    terminalreporter.write_sep("=", "slowest tests (setup, call and teardown)")
+    for nodeid, seconds in sorted(_TEST_SECONDS.items(), key=lambda kv: -kv[1])[:40]:
+        terminalreporter.write_line(f"{seconds:8.1f}s {100 * seconds / total:5.1f}%  {nodeid}")

@@ -92,25 +92,6 @@ def _sigterm_after(out: str, rows: int, **overrides) -> int:
     return _rows(out)
 
 
-def test_a_stopped_split_run_resumes_to_the_same_steps_and_weights(tmp_path, reference):
-    """SIGTERM to every process after step 2: the training side stops at a step boundary with the next batch
-    in its checkpoint and tells the sampling side to stop; the same command resumes and the remaining steps and
-    the final weights are the uninterrupted run's."""
-    out = str(tmp_path / "split")
-    stopped = _sigterm_after(out, 2, **{"trainer.save_freq": STEPS})
-    assert 2 <= stopped < STEPS
-    proc = _split_run(out, **{"trainer.save_freq": STEPS})
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    one, two = read_metrics(reference), read_metrics(out)
-    assert [r["step"] for r in two] == list(range(1, STEPS + 1))
-    for a, b in zip(one[stopped:], two[stopped:]):
-        for key in KEYS:
-            assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), (a["step"], key)
-    expected = _weights(reference)
-    for name in expected.keys():
-        np.testing.assert_allclose(_weights(out).get(name), expected.get(name), rtol=1e-6, atol=1e-6, err_msg=name)
-
-
 def _launch_each(out: str, **overrides) -> list[subprocess.Popen]:
     """The four processes started one by one (not through the launcher), each with its own stderr file, and
     heartbeats of 30 s: a silent peer is called gone after 12 s (parallel/watchdog.py)."""
@@ -201,7 +182,10 @@ def test_partial_rollouts_carry_two_versions_per_sequence_and_train(tmp_path):
     """experience.partial_rollout_tokens=2 of 4 with partial_rollout_wait: every batch after the first is
     sampled 2 tokens with the weights before the update that trains meanwhile and the rest with that update's
     weights (re-prefilled); per-token versions reach the training side, which corrects with rollout_is. The
-    context split is left automatic (the recipe's default): the training processes agree on it among themselves."""
+    context split is left automatic (the recipe's default): the training processes agree on it among themselves.
+    Then SIGTERM to every process while step 2 runs: the training side stops at a step boundary with the next
+    batch in its checkpoint (or abandons the step before its update) and tells the sampling side to stop; the same
+    command resumes, and the remaining steps and the final weights are the uninterrupted run's."""
     out = str(tmp_path / "split")
     partial = {"experience.partial_rollout_tokens": 2, "experience.partial_rollout_wait": True,
                "algorithm.rollout_correction.rollout_is": "token", "mesh.context": 0, "trainer.save_freq": STEPS}
@@ -229,3 +213,6 @@ def test_partial_rollouts_carry_two_versions_per_sequence_and_train(tmp_path):
     for a, b in zip(rows[stopped:], resumed[stopped:]):
         for key in (*KEYS, "training/staleness_max", "rollout/partial_fraction", "rollout_corr/rollout_is_mean"):
             assert b[key] == pytest.approx(a[key], rel=1e-6, abs=1e-8), (a["step"], key)
+    expected = _weights(out)
+    for name in expected.keys():
+        np.testing.assert_allclose(_weights(again).get(name), expected.get(name), rtol=1e-6, atol=1e-6, err_msg=name)
