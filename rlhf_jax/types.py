@@ -89,6 +89,9 @@ class ScoredBatch:
     data_state: Any = struct.field(pytree_node=False)  # the loader's state before its prompts were drawn
     metrics: dict[str, float] = struct.field(pytree_node=False)  # reward metrics and production timings
     components: jax.Array | None = None  # GDPO's reward components (N, K) (algorithm.gdpo_reward_keys), or None
+    # prompt batches drawn from the loader for it: more than one when dynamic sampling (algorithm.filter_groups)
+    # sampled further batches to fill it
+    draws: int = struct.field(pytree_node=False, default=1)
 
 
 TOPK_FIELDS = ("teacher_topk_ids", "teacher_topk_log_probs")  # TrainBatch's (N, R, k) fields

@@ -24,7 +24,7 @@ _MAPS = (Mapping, ConfigDict)
 
 
 @rule("experience.buffer_size", "experience.overlap", "experience.max_staleness", "mesh.rollout_devices",
-      "algorithm.filter_groups.enable", "mesh.rollout_processes")
+      "mesh.rollout_processes")
 def experience_schedule(cfg: ConfigDict, ctx: Context) -> None:
     """The experience schedule (buffer, overlap) has devices to overlap on and stays within the staleness bound."""
     e = cfg.experience
@@ -39,9 +39,6 @@ def experience_schedule(cfg: ConfigDict, ctx: Context) -> None:
     if e.max_staleness is not None and lag > e.max_staleness:
         raise ValueError(f"experience.max_staleness={e.max_staleness}: experience.buffer_size={e.buffer_size} with "
                          f"experience.overlap={e.overlap} trains batches up to {lag} updates after their weights")
-    if (e.buffer_size > 1 or e.overlap) and cfg.algorithm.filter_groups.enable:
-        raise ValueError("algorithm.filter_groups.enable=True samples extra batches within a step; it needs "
-                         "experience.buffer_size=1 and experience.overlap=False")
 
 
 @rule("experience.partial_rollout_tokens", "experience.partial_rollout_wait", "mesh.rollout_processes")

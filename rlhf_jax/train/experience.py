@@ -50,7 +50,9 @@ def to_checkpoint(queue: list[ScoredBatch]) -> tuple[dict[str, jax.Array], list[
             fields["components"] = exp.components
         arrays.update({f"{i}.{name}": x for name, x in fields.items()})
         described.append({"version": int(exp.version), "metrics": {k: float(v) for k, v in exp.metrics.items()},
-                          "arrays": {name: [list(x.shape), str(x.dtype)] for name, x in fields.items()}})
+                          "arrays": {name: [list(x.shape), str(x.dtype)] for name, x in fields.items()},
+                          "draws": int(exp.draws), "domain": None if exp.prompts.domain is None else
+                          [int(d) for d in exp.prompts.domain]})
     return arrays, described
 
 
@@ -72,7 +74,7 @@ def from_checkpoint(arrays: dict[str, jax.Array], described: list[dict], prompt_
                            response_valid=arrays.get(f"{i}.response_valid"), versions=arrays.get(f"{i}.versions"))
         queue.append(ScoredBatch(rollout=out, scores=arrays[f"{i}.scores"], baselines=arrays.get(f"{i}.baselines"),
                                  prompts=pb, version=int(d["version"]), data_state=state, metrics=dict(d["metrics"]),
-                                 components=arrays.get(f"{i}.components")))
+                                 components=arrays.get(f"{i}.components"), draws=int(d.get("draws", 1))))
     return queue
 
 
@@ -84,9 +86,15 @@ def checkpoint_pending(pending: list[ScoredBatch], loader) -> tuple[dict, list[d
 
 
 def restore_pending(loader, arrays: dict, described: list[dict]) -> list[ScoredBatch]:
-    """The pending batches of a checkpoint, their prompts drawn again from ``loader`` (standing before them)."""
+    """The pending batches of a checkpoint, their prompts drawn again from ``loader`` (standing before them): as
+    many batches per pending batch as it drew (dynamic sampling draws further ones), so that the loader ends where
+    the checkpointed run's stood; a batch's prompts are the last it drew, with the domains of the rows it kept."""
     pbs, states = [], []
-    for _ in described:
+    for d in described:
         states.append(loader.get_state())
-        pbs.append(next(loader))
+        for _ in range(int(d.get("draws", 1))):
+            pb = next(loader)
+        if d.get("domain") is not None:
+            pb = pb.replace(domain=np.asarray(d["domain"], np.int32))
+        pbs.append(pb)
     return from_checkpoint(arrays, described, pbs, states)

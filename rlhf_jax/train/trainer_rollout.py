@@ -200,8 +200,10 @@ class Producer:
         segments = None
         if self.partial_tokens:
             segments = SegmentedSampler(self.rollouts.sampler, self.partial_tokens, version, refresh)
+        draws = 1
         if self.filter_groups.enable:
-            out, pb, scores = self._dynamic_rollout(pb, timer, out_metrics, step, version)
+            out, pb, scores, draws = self._dynamic_rollout(pb, timer, out_metrics, step, version, weights,
+                                                           abandonable)
         else:
             out, scores = self._rollout(pb, timer, out_metrics, self.rollouts.key(self.sampling.seed, step), step,
                                         extras, abandonable=abandonable, weights=weights, version=version,
@@ -218,7 +220,7 @@ class Producer:
                 components = to_global(mesh, reward_components(extras, self.component_keys))
         out_metrics.update({f"timing_s/{k}": v for k, v in timer.seconds.items()})
         return ScoredBatch(rollout=out, scores=scores, baselines=baselines, prompts=pb, version=version,
-                           data_state=data_state, metrics=out_metrics, components=components)
+                           data_state=data_state, metrics=out_metrics, components=components, draws=draws)
 
     def _rollout(self, pb: PromptBatch, timer, out_metrics: dict, key, step: int, extras: dict | None = None,
                  abandonable: bool = True, weights: Any = None, version: int = 0,
@@ -250,15 +252,18 @@ class Producer:
             return out, token_rewards
         return out, scores
 
-    def _dynamic_rollout(self, pb: PromptBatch, timer, out_metrics: dict, step: int, version: int):
-        """DAPO's dynamic sampling (train/dynamic_sampling.py): batches until train_batch_size groups vary."""
+    def _dynamic_rollout(self, pb: PromptBatch, timer, out_metrics: dict, step: int, version: int,
+                         weights: Any = None, abandonable: bool = True):
+        """DAPO's dynamic sampling (rollout/dynamic_sampling.py): batches until train_batch_size groups vary, all
+        sampled with ``weights`` (version ``version``). Returns (rollout, prompts, scores, prompt batches drawn)."""
         fg, n = self.filter_groups, self.sampling.n
         collected = Collected(n, int(self.sampling.pad_token_id))
         base_key, rounds = self.rollouts.key(self.sampling.seed, step), 0
         while True:
             extras: dict = {}
             key = base_key if rounds == 0 else jax.random.fold_in(base_key, rounds)
-            out, scores = self._rollout(pb, timer, out_metrics, key, step, extras, version=version)
+            out, scores = self._rollout(pb, timer, out_metrics, key, step, extras, abandonable=abandonable,
+                                        weights=weights, version=version)
             rounds += 1
             if fg.metric == "acc" and "acc" not in extras:
                 raise ValueError("algorithm.filter_groups.metric=acc: the reward function returns no 'acc' (return "
@@ -278,7 +283,7 @@ class Producer:
         if "domain" in rows:  # the kept groups' domains, not the last batch's
             pb = pb.replace(domain=rows["domain"][::n])
         out = RolloutBatch(**{k: to_global(self.rollouts.mesh, rows[k]) for k in ROLLOUT_KEYS})
-        return out, pb, rows["scores"]
+        return out, pb, rows["scores"], rounds
 
     def _greedy_baselines(self, pb: PromptBatch, n: int, step: int, weights: Any = None) -> jax.Array:
         """ReMax's baseline: the score of one greedy response per prompt, repeated for the prompt's n samples."""

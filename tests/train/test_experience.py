@@ -43,8 +43,8 @@ def _dumps(rollout_dir: str) -> dict[int, list[dict]]:
     return out
 
 
-def _run(out_dir: str, stop_after: int | None = None, **overrides) -> Trainer:
-    cfg = make_config(out_dir, **{"trainer.rollout_data_dir": os.path.join(out_dir, "rollouts"), **overrides})
+def _run(out_dir: str, stop_after: int | None = None, recipe: str = "grpo", **overrides) -> Trainer:
+    cfg = make_config(out_dir, recipe, **{"trainer.rollout_data_dir": os.path.join(out_dir, "rollouts"), **overrides})
     stop = StopAfter(stop_after) if stop_after is not None else StopRequest()
     trainer = Trainer(cfg, stop=stop)
     stop.trainer = trainer
@@ -119,13 +119,42 @@ def test_buffer_of_two_trains_each_batch_once_in_order_and_a_resume_loses_none(t
         np.testing.assert_array_equal(x, y)
 
 
+def test_dynamic_sampling_overlapped_with_training_resumes_exactly(tmp_path):
+    """DAPO's dynamic sampling (algorithm.filter_groups) while the previous batch trains: each batch draws further
+    prompt batches until its groups vary, all sampled with the weights copied before the update. A checkpoint
+    keeps how many prompt batches each pending batch drew, so the resumed run's loader stands where the
+    uninterrupted run's did: the batch sampled after the resume draws the same prompts, and every step is the same."""
+    from tests.train.test_verl_semantics import HALF_FLAT_REWARD
+
+    reward = tmp_path / "reward.py"
+    reward.write_text(HALF_FLAT_REWARD)
+    steps = {"custom_reward_function.path": str(reward), "algorithm.filter_groups.metric": "acc",
+             "actor_rollout_ref.rollout.n": 4, "data.max_response_length": 8,
+             "reward_model.overlong_buffer.enable": False, "trainer.total_training_steps": 4,
+             "trainer.save_freq": 2, "experience.overlap": True, **SPLIT}
+    full = _run(str(tmp_path / "full"), recipe="dapo", **steps)
+    rows = read_metrics(str(tmp_path / "full"))
+    assert [r["training/weight_version"] for r in rows] == [0, 0, 1, 2]
+    assert all(r["train/num_gen_batches"] >= 2 for r in rows)  # half the groups are flat: one batch never fills
+    assert all(0 < r["critic/score/mean"] < 1 for r in rows)  # only varied groups are trained on
+
+    part = str(tmp_path / "part")
+    _run(part, stop_after=2, recipe="dapo", **steps)
+    extra = Checkpointer(os.path.join(part, "checkpoints"), async_save=False).restore_extra(2)
+    assert [p["version"] for p in extra["pending"]] == [1] and extra["pending"][0]["draws"] >= 2
+    # step 4's batch is sampled after the resume, from where the pending batch's draws left the loader
+    resumed = _run(part, recipe="dapo", **steps)
+    _same_rows(rows, read_metrics(part))
+    for a, b in zip(_params(full), _params(resumed)):
+        np.testing.assert_array_equal(a, b)
+
+
 @pytest.mark.parametrize("overrides,message", [
     ({"experience.overlap": True}, r"experience\.overlap=True .* set mesh\.rollout_devices"),
     ({"experience.max_staleness": -1}, r"experience\.max_staleness=-1 must be >= 0"),
     ({"experience.buffer_size": 0}, r"experience\.buffer_size=0 must be >= 1"),
     ({"experience.buffer_size": 2, "experience.max_staleness": 0}, r"experience\.max_staleness=0: .*up to 1 updates"),
     ({"experience.overlap": True, "experience.max_staleness": 0, **SPLIT}, r"experience\.max_staleness=0"),
-    ({"experience.buffer_size": 2, "algorithm.filter_groups.enable": True}, r"algorithm\.filter_groups\.enable"),
     ({"mesh.rollout_devices": 9}, r"mesh\.rollout_devices=9 must be 0 \(shared devices\) or in \[1, 7\]"),
     ({"experience.partial_rollout_tokens": 2, **SPLIT, "experience.overlap": True},
      r"experience\.partial_rollout_tokens=2 .*set mesh\.rollout_processes"),
