@@ -135,14 +135,6 @@ def files_exist(cfg: ConfigDict, ctx: Context) -> None:
         raise ValueError(f"custom_reward_function.path: file {custom!r} does not exist")
 
 
-@rule("algorithm.filter_groups.enable")
-def filter_groups_one_process(cfg: ConfigDict, ctx: Context) -> None:
-    """Dynamic sampling regroups the batch on the host: one process."""
-    if cfg.algorithm.filter_groups.enable and ctx.num_processes > 1:
-        raise ValueError("algorithm.filter_groups runs in one process (it regroups the batch on the host); "
-                         f"this run has {ctx.num_processes}")
-
-
 @rule("actor_rollout_ref.actor.router_replay.mode", _MT + "enable", "algorithm.filter_groups.enable",
       "mesh.rollout_devices", "algorithm.rollout_correction.bypass_mode",
       "distillation.enabled")
@@ -210,8 +202,7 @@ def multi_turn_driver(cfg: ConfigDict, ctx: Context) -> None:
         raise ValueError(f"{k}.workflow_args is set but {k}.workflow is not: the arguments are a workflow's")
 
 
-_SPLIT_NOT_BUILT = ((_MT + "enable", "True"), ("algorithm.filter_groups.enable", "True"),
-                    ("reward_model.enable", "True"),
+_SPLIT_NOT_BUILT = ((_MT + "enable", "True"), ("reward_model.enable", "True"),
                     ("actor_rollout_ref.actor.router_replay.mode", "R3"), ("distillation.enabled", "True"))
 
 
@@ -222,7 +213,6 @@ def split_run_combinations(cfg: ConfigDict, ctx: Context) -> None:
     if not k:
         return
     values = {_MT + "enable": cfg.actor_rollout_ref.rollout.multi_turn.enable,
-              "algorithm.filter_groups.enable": cfg.algorithm.filter_groups.enable,
               "reward_model.enable": cfg.reward_model.enable,
               "actor_rollout_ref.actor.router_replay.mode": cfg.actor_rollout_ref.actor.router_replay.mode == "R3",
               "distillation.enabled": cfg.distillation.enabled}

@@ -196,17 +196,6 @@ class PromptLoader:
     def get_state(self) -> dict[str, Any]:
         return self._grain_iterator.get_state()
 
-    def skip(self, batches: int) -> None:
-        """Advance by ``batches`` without reading or tokenizing them (grain's position counts batches: the
-        collation, which reads the rows, runs only for a batch that is drawn); draws them where the state has no
-        such position."""
-        state = self.get_state()
-        if isinstance(state, dict) and isinstance(state.get("next_index"), int):
-            self.set_state({**state, "next_index": state["next_index"] + int(batches)})
-            return
-        for _ in range(batches):
-            next(self)
-
     def set_state(self, state: dict[str, Any]) -> None:
         self._grain_iterator.set_state(state)
 

@@ -44,6 +44,7 @@ def to_checkpoint(queue: list[ScoredBatch]) -> tuple[dict[str, jax.Array], list[
             if getattr(exp.rollout, optional) is not None:
                 fields[optional] = getattr(exp.rollout, optional)
         fields["scores"] = exp.scores
+        domain = getattr(exp.prompts, "domain", None)  # the kept rows' (dynamic sampling mixes batches)
         if exp.baselines is not None:
             fields["baselines"] = exp.baselines
         if exp.components is not None:
@@ -51,8 +52,7 @@ def to_checkpoint(queue: list[ScoredBatch]) -> tuple[dict[str, jax.Array], list[
         arrays.update({f"{i}.{name}": x for name, x in fields.items()})
         described.append({"version": int(exp.version), "metrics": {k: float(v) for k, v in exp.metrics.items()},
                           "arrays": {name: [list(x.shape), str(x.dtype)] for name, x in fields.items()},
-                          "draws": int(exp.draws), "domain": None if exp.prompts.domain is None else
-                          [int(d) for d in exp.prompts.domain]})
+                          "draws": int(exp.draws), "domain": None if domain is None else [int(d) for d in domain]})
     return arrays, described
 
 

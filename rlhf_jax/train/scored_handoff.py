@@ -46,7 +46,7 @@ def send_scored(channel: Channel, step: int, scored: ScoredBatch, train_mesh, ru
     if groups.current().is_first:
         channel.send_bytes(f"{NAME}.shapes", step, pickle.dumps(shapes), receivers)
     host = {"prompts": scored.prompts, "version": scored.version, "data_state": scored.data_state,
-            "metrics": scored.metrics}
+            "metrics": scored.metrics, "draws": scored.draws}
     channel.send_bytes(f"{NAME}.host", step, pickle.dumps(host), receivers)
     channel.send(NAME, step, arrays, _laid_out(shapes, train_mesh, rules), receivers)
 
@@ -65,7 +65,7 @@ def receive_scored(channel: Channel, step: int, sampling_mesh, train_mesh, rules
     return ScoredBatch(rollout=rollout, scores=arrays["scores"], baselines=arrays.get("baselines"),
                        prompts=sliced_prompts(prompts, *own_rows(len(prompts))), version=hosts[0]["version"],
                        data_state=tuple(h["data_state"] for h in hosts), metrics=metrics,
-                       components=arrays.get("components"))
+                       components=arrays.get("components"), draws=int(hosts[0]["draws"]))
 
 
 def own_rows(count: int) -> tuple[int, int]:

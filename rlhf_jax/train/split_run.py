@@ -140,17 +140,19 @@ class RemoteExperience:
         scored = receive_scored(self.channel, batch, self.sampling_mesh, self.train_mesh, self.rules,
                                 self.sampling.processes, self.pad)
         state = self.loader.get_state()  # this process's rows of the batch's prompts: the sampling side drew them
-        next(self.loader)
+        for _ in range(scored.draws):  # (dynamic sampling draws further batches for one)
+            next(self.loader)
         self.timeline.append(("receive", batch + 1, start, time.perf_counter()))
         return scored.replace(data_state=state)
 
     def _start(self, step: int) -> None:
         """Tell the sampling side where the run starts: the first batch it samples (after a resume, the one
-        after those pending here)."""
+        after those pending here) and the loader's position before its prompts (this loader's: it stands after
+        the pending batches' prompts, however many batches each drew)."""
         self._started = True
         if self.training.is_first:
-            self.channel.send_bytes(f"{WEIGHTS}.start", 0, pickle.dumps({"first": step + len(self.pending),
-                                                                          "step": step}), self.sampling.processes)
+            start = {"first": step + len(self.pending), "step": step, "loader": self.loader.get_state()}
+            self.channel.send_bytes(f"{WEIGHTS}.start", 0, pickle.dumps(start), self.sampling.processes)
 
     def train_next(self, step: int, weights: Callable[[], Any], learn: Callable[[ScoredBatch, M.Timer], dict]) -> dict:
         """Step ``step`` (updates so far) on batch ``step``; ``weights`` is unused (the sampling side's copy
@@ -297,11 +299,12 @@ class SamplingLoop:
         self.version = int(message["version"])
 
     def run(self) -> int:
-        """Sample from the batch the training side starts at (the loader skips to it: the prompts are a pure
-        function of the data, the seed and the position) until the last one, or until told to stop."""
+        """Sample from the batch the training side starts at (the loader takes the training side's position: the
+        prompts are a pure function of the data, the seed and the position) until the last one, or until told to
+        stop."""
         start = pickle.loads(self.channel.receive_bytes(f"{WEIGHTS}.start", 0, self.training.processes[0]))
         first, start_step = int(start["first"]), int(start["step"])
-        self.loader.skip(first)
+        self.loader.set_state(start["loader"])
         total = int(self.cfg.derived.total_training_steps)
         for batch in range(first, total):
             self.receive_s = 0.0

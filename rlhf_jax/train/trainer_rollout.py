@@ -25,7 +25,8 @@ from rlhf_jax.rewards.manager import RewardFunctionError
 from rlhf_jax.rollout.sampler import cast_floating
 from rlhf_jax.train import metrics as M
 from rlhf_jax.train.offload import to_device
-from rlhf_jax.parallel.hosts import to_global, to_local
+from rlhf_jax.parallel import groups
+from rlhf_jax.parallel.hosts import gather_all, to_global, to_local
 from rlhf_jax.rollout.dynamic_sampling import ROLLOUT_KEYS, Collected, varied_groups
 from rlhf_jax.rollout.generation import generate_batch, key_function
 from rlhf_jax.rollout.segments import Refresh, SegmentedSampler
@@ -174,6 +175,12 @@ def reward_components(extras: dict[str, np.ndarray], keys: tuple[str, ...]) -> n
     return np.stack(columns, axis=1)
 
 
+def _whole(local) -> np.ndarray:
+    """Every process's rows of a process-local array, in process order (this process's own when it is alone)."""
+    local = np.asarray(local)
+    return local if groups.process_count() == 1 else groups.allgather(local, tiled=True)
+
+
 @dataclasses.dataclass
 class Producer:
     """Prompt batch -> ScoredBatch for training step ``step``: sample, score (per-turn rewards of multi-turn
@@ -255,8 +262,14 @@ class Producer:
     def _dynamic_rollout(self, pb: PromptBatch, timer, out_metrics: dict, step: int, version: int,
                          weights: Any = None, abandonable: bool = True):
         """DAPO's dynamic sampling (rollout/dynamic_sampling.py): batches until train_batch_size groups vary, all
-        sampled with ``weights`` (version ``version``). Returns (rollout, prompts, scores, prompt batches drawn)."""
+        sampled with ``weights`` (version ``version``). Returns (rollout, prompts, scores, prompt batches drawn).
+
+        Over several processes every process sees every row: the groups kept are chosen from the whole batch (the
+        same choice everywhere, so all draw the same number of batches), and each takes its block of the kept
+        rows back, as ``to_global`` lays a batch out."""
         fg, n = self.filter_groups, self.sampling.n
+        processes = groups.process_count()
+        wanted = len(pb) * processes  # prompt groups in the global batch
         collected = Collected(n, int(self.sampling.pad_token_id))
         base_key, rounds = self.rollouts.key(self.sampling.seed, step), 0
         while True:
@@ -269,17 +282,20 @@ class Producer:
                 raise ValueError("algorithm.filter_groups.metric=acc: the reward function returns no 'acc' (return "
                                  "{'score': ..., 'acc': ...}) ; or set the metric to score")
             values = extras["acc"] if fg.metric == "acc" else scores
-            collected.add({k: np.asarray(getattr(out, k)) for k in ROLLOUT_KEYS}, scores, varied_groups(values, n),
-                          None if pb.domain is None else np.repeat(pb.domain, n))
-            if collected.num_groups >= len(pb):
+            domain = None if pb.domain is None else _whole(np.repeat(pb.domain, n))
+            collected.add({k: gather_all(getattr(out, k)) for k in ROLLOUT_KEYS}, _whole(scores),
+                          varied_groups(_whole(values), n), domain)
+            if collected.num_groups >= wanted:
                 break
             if 0 < fg.max_num_gen_batches <= rounds:
                 raise ValueError(f"algorithm.filter_groups: {rounds} generation batches gave {collected.num_groups} of "
-                                 f"{len(pb)} prompt groups with varied {fg.metric}: the data may be too easy or too "
+                                 f"{wanted} prompt groups with varied {fg.metric}: the data may be too easy or too "
                                  "hard; raise max_num_gen_batches (0 = no limit)")
             pb = next(self.loader)
         out_metrics["train/num_gen_batches"] = float(rounds)
-        rows = collected.batch(len(pb))
+        rows = collected.batch(wanted)
+        own = slice(groups.process_index() * len(pb) * n, (groups.process_index() + 1) * len(pb) * n)
+        rows = {k: v[own] for k, v in rows.items()}
         if "domain" in rows:  # the kept groups' domains, not the last batch's
             pb = pb.replace(domain=rows["domain"][::n])
         out = RolloutBatch(**{k: to_global(self.rollouts.mesh, rows[k]) for k in ROLLOUT_KEYS})

@@ -91,18 +91,20 @@ def test_restore_gives_the_uninterrupted_batches(dataset, k):
 
 
 @pytest.mark.parametrize("k", [3, 4, 9])
-def test_skipping_batches_gives_what_drawing_them_would_without_reading_them(dataset, k, monkeypatch):
+def test_another_loaders_state_moves_a_loader_there_without_reading_the_batches_before(dataset, k, monkeypatch):
+    """A split run's sampling processes start where the training processes' loader stands (after a resume, past
+    the pending batches' prompts): taking that state gives what drawing the batches before would, unread."""
     drawn = _loader(dataset, 5)
     for _ in range(k):
         next(drawn)
     collated, collate = [], PromptLoader._collate
     monkeypatch.setattr(PromptLoader, "_collate", lambda self, step, idx: collated.append(step) or collate(self, step, idx))
-    skipped = _loader(dataset, 5)
-    skipped.skip(k)
-    assert collated == [] and skipped.get_state() == drawn.get_state()
-    want, got = next(drawn), next(skipped)
+    moved = _loader(dataset, 5)
+    moved.set_state(drawn.get_state())
+    assert collated == [] and moved.get_state() == drawn.get_state()
+    want, got = next(drawn), next(moved)
     assert got.index.tolist() == want.index.tolist() and (got.epoch, got.step) == (want.epoch, want.step) == (k // 4, k)
-    assert collated == [k]  # only the batch drawn after the skip was read
+    assert collated == [k]  # only the batch drawn after the move was read
 
 
 def test_orbax_round_trip_on_disk(dataset, tmp_path):

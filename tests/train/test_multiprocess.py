@@ -81,3 +81,34 @@ def test_sft_two_processes_match_one_process(tmp_path):
             if key in a:
                 assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), (a["step"], key)
     assert "val/loss" in one[-1] and "val-core/arithmetic/reward/mean@1" in one[-1]
+
+
+def test_dapo_dynamic_sampling_in_two_processes_matches_one_process(tmp_path):
+    """DAPO's dynamic sampling (algorithm.filter_groups) over two processes: every process sees every group's
+    scores, so both keep the same groups and draw the same further batches, and each trains its block of the kept
+    rows, as one process does with the whole batch."""
+    from tests.train.test_verl_semantics import HALF_FLAT_REWARD
+
+    reward = tmp_path / "reward.py"
+    reward.write_text(HALF_FLAT_REWARD)
+    overrides = {"custom_reward_function.path": str(reward), "algorithm.filter_groups.metric": "acc",
+                 "actor_rollout_ref.rollout.n": 4, "data.max_response_length": 8,
+                 "reward_model.overlong_buffer.enable": False, "trainer.total_training_steps": 2, "mesh.data": -1,
+                 "mesh.fsdp": 1, "mesh.tensor": 1, "trainer.logger": ("jsonl",)}
+    single = str(tmp_path / "single")
+    proc = run_main(cli_args(single, recipe="dapo", **overrides), devices=4)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    multi = str(tmp_path / "multi")
+    env = dict(os.environ, RLHF_JAX_PORT=str(_free_port()),
+               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+    launched = subprocess.run(["bash", os.path.join(REPO, "launch", "local_multiprocess.sh"), "2", "2",
+                               *cli_args(multi, recipe="dapo", **overrides)], cwd=REPO, env=env,
+                              capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+    assert launched.returncode == 0, launched.stderr[-3000:]
+    one, two = read_metrics(single), read_metrics(multi)
+    assert [r["step"] for r in one] == [r["step"] for r in two] == [1, 2]
+    assert all(r["train/num_gen_batches"] >= 2 for r in one)  # half the groups are flat: one batch never fills
+    for a, b in zip(one, two):
+        for key in ("train/num_gen_batches", "critic/score/mean", "response_length/mean", "actor/pg_loss",
+                    "actor/grad_norm", "actor/entropy"):
+            assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), (a["step"], key)

@@ -25,17 +25,18 @@ KEYS = ("critic/score/mean", "response_length/mean", "actor/pg_loss", "actor/kl_
         "actor/grad_norm")
 
 
-def _launch(out: str, **overrides) -> subprocess.Popen:
+def _launch(out: str, recipe: str = "grpo", **overrides) -> subprocess.Popen:
     env = dict(os.environ, RLHF_JAX_PORT=str(free_port()),
                PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
-    args = cli_args(out, **{**COMMON, "mesh.rollout_processes": 2, "mesh.handoff_timeout_s": 120.0, **overrides})
+    args = cli_args(out, recipe, **{**COMMON, "mesh.rollout_processes": 2, "mesh.handoff_timeout_s": 120.0,
+                                    **overrides})
     return subprocess.Popen(["bash", os.path.join(REPO, "launch", "local_multiprocess.sh"), "4", "2", *args],
                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             stdin=subprocess.DEVNULL)
 
 
-def _split_run(out: str, timeout: float = 600, **overrides) -> subprocess.CompletedProcess:
-    proc = _launch(out, **overrides)
+def _split_run(out: str, timeout: float = 600, recipe: str = "grpo", **overrides) -> subprocess.CompletedProcess:
+    proc = _launch(out, recipe, **overrides)
     stdout, stderr = proc.communicate(timeout=timeout)
     return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
 
@@ -216,3 +217,27 @@ def test_partial_rollouts_carry_two_versions_per_sequence_and_train(tmp_path):
     expected = _weights(out)
     for name in expected.keys():
         np.testing.assert_allclose(_weights(again).get(name), expected.get(name), rtol=1e-6, atol=1e-6, err_msg=name)
+
+
+def test_dapo_dynamic_sampling_on_the_sampling_processes_trains_like_one_process(tmp_path):
+    """DAPO's dynamic sampling (algorithm.filter_groups) in a split run: the sampling processes draw further prompt
+    batches until the batch's groups vary and send the kept groups with the number of batches drawn, so the
+    training processes' loader keeps pace; the run trains like one process with rollout devices and overlap."""
+    from tests.train.test_verl_semantics import HALF_FLAT_REWARD
+
+    reward = tmp_path / "reward.py"
+    reward.write_text(HALF_FLAT_REWARD)
+    dapo = {"custom_reward_function.path": str(reward), "algorithm.filter_groups.metric": "acc",
+            "actor_rollout_ref.rollout.n": 4, "data.max_response_length": 8,
+            "reward_model.overlong_buffer.enable": False}
+    single, split = str(tmp_path / "single"), str(tmp_path / "split")
+    proc = run_main(cli_args(single, "dapo", **{**COMMON, **dapo, "mesh.rollout_devices": 4}), devices=8)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = _split_run(split, recipe="dapo", **dapo)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    one, two = read_metrics(single), read_metrics(split)
+    assert [r["step"] for r in two] == list(range(1, STEPS + 1))
+    assert all(r["train/num_gen_batches"] >= 2 for r in one)  # half the groups are flat: one batch never fills
+    for a, b in zip(one, two):
+        for key in (k for k in (*KEYS, "train/num_gen_batches") if k in a or k in b):  # DAPO has no KL loss
+            assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), (a["step"], key)
