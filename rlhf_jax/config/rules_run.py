@@ -202,7 +202,7 @@ def multi_turn_driver(cfg: ConfigDict, ctx: Context) -> None:
         raise ValueError(f"{k}.workflow_args is set but {k}.workflow is not: the arguments are a workflow's")
 
 
-_SPLIT_NOT_BUILT = ((_MT + "enable", "True"), ("reward_model.enable", "True"),
+_SPLIT_NOT_BUILT = ((_MT + "enable", "True"),
                     ("actor_rollout_ref.actor.router_replay.mode", "R3"), ("distillation.enabled", "True"))
 
 
@@ -213,7 +213,6 @@ def split_run_combinations(cfg: ConfigDict, ctx: Context) -> None:
     if not k:
         return
     values = {_MT + "enable": cfg.actor_rollout_ref.rollout.multi_turn.enable,
-              "reward_model.enable": cfg.reward_model.enable,
               "actor_rollout_ref.actor.router_replay.mode": cfg.actor_rollout_ref.actor.router_replay.mode == "R3",
               "distillation.enabled": cfg.distillation.enabled}
     for path, setting in _SPLIT_NOT_BUILT:

@@ -230,9 +230,15 @@ class SamplingLoop:
         rewards = RewardManager.from_config(cfg.reward_model, cfg.custom_reward_function,
                                             max_response_length=cfg.actor_rollout_ref.rollout.response_length,
                                             experiment_name=cfg.trainer.experiment_name)
+        reward_model = None
+        if cfg.reward_model.enable:  # scored where sampled: the reward model lives on the sampling devices
+            from rlhf_jax.rewards import RewardModelScorer
+
+            reward_model = RewardModelScorer.from_config(cfg.reward_model, mesh=mesh, rules=c.rules)
         self.rollouts = Rollouts(None, sampler, c.tokenizer, rewards, mesh=mesh, rules=c.rules,
                                  dp_size=mesh.devices.size, weight_dtype=cfg.actor_rollout_ref.rollout.weight_dtype,
-                                 compute_dtype=cfg.actor_rollout_ref.rollout.dtype, lora=model.config.lora)
+                                 compute_dtype=cfg.actor_rollout_ref.rollout.dtype, lora=model.config.lora,
+                                 reward_model=reward_model)
         self.loader = loader_from_config(cfg.data, c.tokenizer, "train", num_epochs=None, dataset=c.train_dataset)
         self.producer = Producer(self.rollouts, c.sampling, cfg.algorithm.filter_groups,
                                  greedy_baseline=algos.estimator_info(cfg.algorithm.adv_estimator).needs_greedy_baseline,

@@ -199,7 +199,8 @@ class Trainer:
         if cfg.reward_model.enable:
             from rlhf_jax.rewards import RewardModelScorer
 
-            reward_model = RewardModelScorer.from_config(cfg.reward_model, mesh=c.mesh, rules=c.rules)
+            # where the responses are sampled: on the rollout devices it scores while the update runs
+            reward_model = RewardModelScorer.from_config(cfg.reward_model, mesh=here or c.mesh, rules=c.rules)
         return Rollouts(self.actor, sampler, c.tokenizer, rewards, mesh=c.mesh, rules=c.rules,
                         dp_size=cfg.derived.dp_size, reward_model=reward_model, multi_turn=multi_turn,
                         rollout_mesh=here, weight_dtype=cfg.actor_rollout_ref.rollout.weight_dtype,
