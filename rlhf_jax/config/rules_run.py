@@ -160,14 +160,12 @@ def router_replay_combinations(cfg: ConfigDict, ctx: Context) -> None:
                              f"single-turn sampler on the training mesh): set {path}={fix} or mode=R2")
 
 
-@rule(_MT + "enable", "algorithm.filter_groups.enable", "mesh.rollout_devices", "algorithm.adv_estimator")
+@rule(_MT + "enable", "mesh.rollout_devices", "algorithm.adv_estimator")
 def multi_turn_combinations(cfg: ConfigDict, ctx: Context) -> None:
-    """Multi-turn rollouts run in one process on the training mesh, without group filtering or a greedy baseline."""
+    """Multi-turn rollouts run in one process on the training mesh, without a greedy baseline."""
     if not cfg.actor_rollout_ref.rollout.multi_turn.enable:
         return
     key = _MT + "enable=True"
-    if cfg.algorithm.filter_groups.enable:
-        raise ValueError(f"{key} with algorithm.filter_groups.enable is not supported: switch one off")
     if cfg.mesh.rollout_devices:
         raise ValueError(f"{key} with mesh.rollout_devices is not supported: multi-turn rollouts run on the "
                          "training mesh (set mesh.rollout_devices=0)")

@@ -12,14 +12,20 @@ import dataclasses
 import numpy as np
 
 ROLLOUT_KEYS = ("prompts", "prompt_mask", "responses", "response_mask", "logprobs", "finished")  # RolloutBatch's
+# RolloutBatch's per-token arrays that some rollouts carry: multi-turn's trained-token mask, partial rollouts' versions
+OPTIONAL_KEYS = ("response_valid", "versions")
+_PROMPT_AXIS = ("prompts", "prompt_mask")
+_RESPONSE_AXIS = ("responses", "response_mask", "logprobs", *OPTIONAL_KEYS)
 
 
 def varied_groups(values: np.ndarray, n: int) -> np.ndarray:
-    """Indices of the prompt groups (``n`` consecutive rows each) whose values are not all equal.
+    """Indices of the prompt groups (``n`` consecutive rows each) whose values are not all equal; token-level
+    values (rows, R) are summed over each row first (per-turn rewards: the row's return).
 
     A group of one response is always kept (verl's rule: its variance says nothing).
     """
-    groups = np.asarray(values, np.float64).reshape(-1, n)
+    values = np.asarray(values, np.float64)
+    groups = (values.sum(axis=1) if values.ndim == 2 else values).reshape(-1, n)
     if n == 1:
         return np.arange(groups.shape[0])
     return np.nonzero(groups.std(axis=1) > 0)[0]
@@ -39,29 +45,31 @@ class Collected:
 
     def add(self, rollout: dict[str, np.ndarray], scores: np.ndarray, keep: np.ndarray,
             domain: np.ndarray | None = None) -> None:
-        """``domain`` (rows,): each row's data domain, kept with its group (the per-domain statistics' segments)."""
+        """``rollout``: the ROLLOUT_KEYS arrays and any OPTIONAL_KEYS ones; ``scores`` (rows,) or token-level
+        (rows, R); ``domain`` (rows,): each row's data domain, kept with its group (the per-domain statistics'
+        segments)."""
         rows = (keep[:, None] * self.n + np.arange(self.n)[None, :]).reshape(-1)
-        part = {**{k: rollout[k][rows] for k in ROLLOUT_KEYS}, "scores": scores[rows]}
+        part = {**{k: rollout[k][rows] for k in (*ROLLOUT_KEYS, *OPTIONAL_KEYS) if k in rollout},
+                "scores": scores[rows]}
         if domain is not None:
             part["domain"] = np.asarray(domain)[rows]
         self.parts.append(part)
 
     def batch(self, num_groups: int) -> dict[str, np.ndarray]:
-        """The first ``num_groups`` groups; prompts left-padded and responses right-padded to common widths."""
+        """The first ``num_groups`` groups; prompts left-padded and responses right-padded to common widths (a
+        padded token is masked out, drawn by no version: -1)."""
         P = max(p["prompts"].shape[1] for p in self.parts)
         R = max(p["responses"].shape[1] for p in self.parts)
-        fills = {"prompts": self.pad_token_id, "responses": self.pad_token_id}
+        fills = {"prompts": self.pad_token_id, "responses": self.pad_token_id, "versions": -1}
         out = {}
-        for key in (*ROLLOUT_KEYS, "scores"):
+        for key in self.parts[0]:
             arrays = []
             for p in self.parts:
                 x = p[key]
-                if key in ("prompts", "prompt_mask") and x.shape[1] < P:
+                if key in _PROMPT_AXIS and x.shape[1] < P:
                     x = np.pad(x, ((0, 0), (P - x.shape[1], 0)), constant_values=fills.get(key, 0))
-                elif key in ("responses", "response_mask", "logprobs") and x.shape[1] < R:
+                elif (key in _RESPONSE_AXIS or (key == "scores" and x.ndim == 2)) and x.shape[1] < R:
                     x = np.pad(x, ((0, 0), (0, R - x.shape[1])), constant_values=fills.get(key, 0))
                 arrays.append(x)
             out[key] = np.concatenate(arrays)[:num_groups * self.n]
-        if all("domain" in p for p in self.parts):
-            out["domain"] = np.concatenate([p["domain"] for p in self.parts])[:num_groups * self.n]
         return out

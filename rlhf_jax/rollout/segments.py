@@ -104,14 +104,24 @@ def generate_in_segments(generate: Generate, weights: Any, version: int, prompt_
 
 class SegmentedSampler:
     """A sampler (``generate(weights, ids, mask, params, key)``) whose responses are drawn in segments of
-    ``segment`` tokens, starting with version ``version`` and taking newer weights from ``refresh``; after a call,
-    ``used`` lists the version of each segment."""
+    ``segment`` tokens, starting with version ``version`` and taking newer weights from ``refresh``; ``used``
+    lists the version of each segment drawn so far. A later call (dynamic sampling's further batches) starts with
+    the newest weights an earlier one took."""
 
     def __init__(self, sampler, segment: int, version: int, refresh: Refresh | None):
         self.sampler, self.segment, self.version, self.refresh = sampler, segment, version, refresh
         self.used: list[int] = []
+        self._newest: tuple[Any, int] | None = None  # (weights, version) taken from ``refresh``
+
+    def _refresh(self) -> tuple[Any, int] | None:
+        newer = self.refresh() if self.refresh is not None else None
+        if newer is not None:
+            self._newest = newer
+        return newer
 
     def generate(self, weights, prompt_ids, prompt_mask, params: SamplingParams, key) -> RolloutBatch:
-        batch, self.used = generate_in_segments(self.sampler.generate, weights, self.version, prompt_ids,
-                                                prompt_mask, params, key, self.segment, self.refresh)
+        weights, version = self._newest if self._newest is not None else (weights, self.version)
+        batch, used = generate_in_segments(self.sampler.generate, weights, version, prompt_ids, prompt_mask,
+                                           params, key, self.segment, self._refresh)
+        self.used += used
         return batch

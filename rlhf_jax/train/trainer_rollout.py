@@ -27,7 +27,7 @@ from rlhf_jax.train import metrics as M
 from rlhf_jax.train.offload import to_device
 from rlhf_jax.parallel import groups
 from rlhf_jax.parallel.hosts import gather_all, to_global, to_local
-from rlhf_jax.rollout.dynamic_sampling import ROLLOUT_KEYS, Collected, varied_groups
+from rlhf_jax.rollout.dynamic_sampling import OPTIONAL_KEYS, ROLLOUT_KEYS, Collected, varied_groups
 from rlhf_jax.rollout.generation import generate_batch, key_function
 from rlhf_jax.rollout.segments import Refresh, SegmentedSampler
 from rlhf_jax.runtime.loggers import dump_generations
@@ -210,7 +210,7 @@ class Producer:
         draws = 1
         if self.filter_groups.enable:
             out, pb, scores, draws = self._dynamic_rollout(pb, timer, out_metrics, step, version, weights,
-                                                           abandonable)
+                                                           abandonable, segments)
         else:
             out, scores = self._rollout(pb, timer, out_metrics, self.rollouts.key(self.sampling.seed, step), step,
                                         extras, abandonable=abandonable, weights=weights, version=version,
@@ -260,7 +260,7 @@ class Producer:
         return out, scores
 
     def _dynamic_rollout(self, pb: PromptBatch, timer, out_metrics: dict, step: int, version: int,
-                         weights: Any = None, abandonable: bool = True):
+                         weights: Any = None, abandonable: bool = True, segments: SegmentedSampler | None = None):
         """DAPO's dynamic sampling (rollout/dynamic_sampling.py): batches until train_batch_size groups vary, all
         sampled with ``weights`` (version ``version``). Returns (rollout, prompts, scores, prompt batches drawn).
 
@@ -276,14 +276,15 @@ class Producer:
             extras: dict = {}
             key = base_key if rounds == 0 else jax.random.fold_in(base_key, rounds)
             out, scores = self._rollout(pb, timer, out_metrics, key, step, extras, abandonable=abandonable,
-                                        weights=weights, version=version)
+                                        weights=weights, version=version, segments=segments)
             rounds += 1
             if fg.metric == "acc" and "acc" not in extras:
                 raise ValueError("algorithm.filter_groups.metric=acc: the reward function returns no 'acc' (return "
                                  "{'score': ..., 'acc': ...}) ; or set the metric to score")
             values = extras["acc"] if fg.metric == "acc" else scores
             domain = None if pb.domain is None else _whole(np.repeat(pb.domain, n))
-            collected.add({k: gather_all(getattr(out, k)) for k in ROLLOUT_KEYS}, _whole(scores),
+            kept = (*ROLLOUT_KEYS, *(k for k in OPTIONAL_KEYS if getattr(out, k) is not None))
+            collected.add({k: gather_all(getattr(out, k)) for k in kept}, _whole(scores),
                           varied_groups(_whole(values), n), domain)
             if collected.num_groups >= wanted:
                 break
@@ -298,7 +299,8 @@ class Producer:
         rows = {k: v[own] for k, v in rows.items()}
         if "domain" in rows:  # the kept groups' domains, not the last batch's
             pb = pb.replace(domain=rows["domain"][::n])
-        out = RolloutBatch(**{k: to_global(self.rollouts.mesh, rows[k]) for k in ROLLOUT_KEYS})
+        out = RolloutBatch(**{k: to_global(self.rollouts.mesh, rows[k]) for k in (*ROLLOUT_KEYS, *OPTIONAL_KEYS)
+                              if k in rows})
         return out, pb, rows["scores"], rounds
 
     def _greedy_baselines(self, pb: PromptBatch, n: int, step: int, weights: Any = None) -> jax.Array:

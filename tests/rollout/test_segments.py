@@ -92,3 +92,29 @@ def test_a_sequence_spanning_an_update_records_both_versions_and_its_correction_
     # tokens the update drew are on-policy for version 8 (weight 1); the ones before it are not
     np.testing.assert_allclose(ref[live & (cols >= SEGMENT)], 1.0, atol=5e-4)
     assert np.abs(ref[live & (cols < SEGMENT)] - 1.0).max() > 0.05
+
+
+def test_a_further_batch_of_dynamic_sampling_starts_with_the_newest_weights(llama_model):
+    """Dynamic sampling draws further batches with the same SegmentedSampler: once an update was taken between
+    segments, a later batch starts with it (its tokens record the newer version only), and ``used`` lists every
+    segment of both batches."""
+    from rlhf_jax.rollout.segments import SegmentedSampler
+
+    graphdef, old = nnx.split(llama_model)
+    new = jax.tree.map(lambda x: x * 1.05, old)
+    sampler = Sampler(graphdef, max_positions=llama_model.config.max_position_embeddings)
+    ids, mask = left_pad(ragged_prompts(seed=3, count=2), 16, 4, PAD_ID)
+    params = SamplingParams(max_new_tokens=R, temperature=TEMPERATURE, n=N_SAMPLES, eos_token_ids=(),
+                            pad_token_id=PAD_ID)
+    offers = iter([(new, 8)])
+    segmented = SegmentedSampler(sampler, SEGMENT, 7, lambda: next(offers, None))
+    first = segmented.generate(old, ids, mask, params, rollout_key(0, 0))
+    assert set(np.unique(np.asarray(first.versions))) == {7, 8}  # the update arrived after the first segment
+    second = segmented.generate(old, ids, mask, params, rollout_key(0, 1))  # passed the old weights: not used
+    assert set(np.unique(np.asarray(second.versions))) == {8}
+    assert segmented.used == [7, 8, 8, 8, 8, 8]
+    # its first segment is what the newer weights draw with the same key (later segments fold the key anew)
+    whole = sampler.generate(new, ids, mask, params, rollout_key(0, 1))
+    np.testing.assert_array_equal(np.asarray(second.responses)[:, :SEGMENT], np.asarray(whole.responses)[:, :SEGMENT])
+    np.testing.assert_allclose(np.asarray(second.logprobs)[:, :SEGMENT], np.asarray(whole.logprobs)[:, :SEGMENT],
+                               atol=2e-5)

@@ -30,12 +30,22 @@ def _calls_in_short_texts(text: str) -> ParsedCalls:
 register_tool(Tool("test_digits", "count characters", {"type": "object"}, lambda text: str(len(text))))
 
 
-def test_grpo_trains_on_multi_turn_rollouts_with_tool_tokens_masked(tmp_path):
+def test_grpo_trains_on_multi_turn_rollouts_with_tool_tokens_masked_and_dynamic_sampling(tmp_path):
+    """Multi-turn rollouts with DAPO's dynamic sampling: further prompt batches are drawn until the groups vary,
+    and the kept rows keep their tool tokens masked."""
+    from tests.train.test_verl_semantics import HALF_FLAT_REWARD
+
+    reward = tmp_path / "reward.py"
+    reward.write_text(HALF_FLAT_REWARD)
     cfg = make_config(str(tmp_path), "grpo", **{**TURNS, MT + "tools": ("test_digits",),
-                                                MT + "format": "test_first_two_turns"})
+                                                MT + "format": "test_first_two_turns",
+                                                "algorithm.filter_groups.enable": True,
+                                                "algorithm.filter_groups.metric": "acc",
+                                                "custom_reward_function.path": str(reward)})
     trainer = Trainer(cfg)
     trainer.fit()
     rows = read_metrics(str(tmp_path))
+    assert all(r["train/num_gen_batches"] >= 2 for r in rows)  # half the groups are flat: one batch never fills
     last = rows[-1]
     assert last["multi_turn/num_turns/max"] == 3 and last["multi_turn/tool_calls/mean"] >= 1
     assert 0 < last["multi_turn/masked_token_fraction"] < 1
@@ -132,7 +142,6 @@ def test_grpo_trains_a_workflow_agent_written_against_the_openai_client(tmp_path
     ({MT + "workflow_args": {"calls": 2}}, "multi_turn.workflow_args is set but actor_rollout_ref.rollout.multi_turn."
                                            "workflow is not"),
     ({MT + "format": "xml"}, "multi_turn.format='xml' is not a registered tool-call parser"),
-    ({"algorithm.filter_groups.enable": True}, "multi_turn.enable=True with algorithm.filter_groups"),
 ])
 def test_bad_multi_turn_settings_stop_before_any_model_by_name(tmp_path, overrides, message):
     """finalize checks the values; the names a user's file may register are looked up when the run is prepared."""
