@@ -21,6 +21,25 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _two_processes(out: str, devices_each: int, recipe: str = "grpo", **overrides) -> None:
+    """The run on two processes of ``devices_each`` fake CPU devices over gloo (launch/local_multiprocess.sh)."""
+    env = dict(os.environ, RLHF_JAX_PORT=str(_free_port()),
+               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+    launched = subprocess.run(["bash", os.path.join(REPO, "launch", "local_multiprocess.sh"), "2", str(devices_each),
+                               *cli_args(out, recipe, **overrides)], cwd=REPO, env=env, capture_output=True,
+                              text=True, timeout=600, stdin=subprocess.DEVNULL)
+    assert launched.returncode == 0, launched.stderr[-3000:]
+
+
+def _one_and_two_processes(tmp_path, devices_each: int, recipe: str, **overrides) -> tuple[list[dict], list[dict]]:
+    """The metrics of the run in one process of 2 x ``devices_each`` devices and in two processes."""
+    single, multi = str(tmp_path / "single"), str(tmp_path / "multi")
+    proc = run_main(cli_args(single, recipe, **overrides), devices=2 * devices_each)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    _two_processes(multi, devices_each, recipe, **overrides)
+    return read_metrics(single), read_metrics(multi)
+
+
 def test_two_processes_match_one_process(tmp_path):
     overrides = {"trainer.total_training_steps": 2, "trainer.test_freq": 2, "mesh.data": -1, "mesh.fsdp": 1,
                  "mesh.tensor": 1, "trainer.logger": ("console", "jsonl"), "trainer.save_freq": 2,
@@ -30,12 +49,7 @@ def test_two_processes_match_one_process(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
 
     multi = str(tmp_path / "multi")
-    env = dict(os.environ, RLHF_JAX_PORT=str(_free_port()),
-               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
-    launched = subprocess.run(["bash", os.path.join(REPO, "launch", "local_multiprocess.sh"), "2", "4",
-                               *cli_args(multi, **overrides)], cwd=REPO, env=env, capture_output=True, text=True,
-                              timeout=600, stdin=subprocess.DEVNULL)
-    assert launched.returncode == 0, launched.stderr[-3000:]
+    _two_processes(multi, 4, **overrides)
     one, two = read_metrics(single), read_metrics(multi)
     assert [r["step"] for r in one] == [1, 2, 3] and [r["step"] for r in two] == [1, 2]
     assert "val-core/arithmetic/reward/mean@1" in two[-1]  # validation ran at the end, over both processes' prompts
@@ -63,17 +77,7 @@ def test_sft_two_processes_match_one_process(tmp_path):
                  "data.val_files": ("builtin:arithmetic?max_value=4&test_size=7",), "data.val_batch_size": 5,
                  "trainer.total_training_steps": 2, "trainer.test_freq": 2, "trainer.save_freq": 0, "mesh.data": -1,
                  "mesh.fsdp": 1, "mesh.tensor": 1, "trainer.logger": ("jsonl",)}
-    single = str(tmp_path / "single")
-    proc = run_main(cli_args(single, recipe="sft", **overrides), devices=4)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    multi = str(tmp_path / "multi")
-    env = dict(os.environ, RLHF_JAX_PORT=str(_free_port()),
-               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
-    launched = subprocess.run(["bash", os.path.join(REPO, "launch", "local_multiprocess.sh"), "2", "2",
-                               *cli_args(multi, recipe="sft", **overrides)], cwd=REPO, env=env, capture_output=True,
-                              text=True, timeout=600, stdin=subprocess.DEVNULL)
-    assert launched.returncode == 0, launched.stderr[-3000:]
-    one, two = read_metrics(single), read_metrics(multi)
+    one, two = _one_and_two_processes(tmp_path, 2, "sft", **overrides)
     assert [r["step"] for r in one] == [r["step"] for r in two] == [1, 2]
     for a, b in zip(one, two):
         for key in ("train/loss", "train/grad_norm", "train/loss_tokens", "val/loss", "val-core/arithmetic/reward/mean@1"):
@@ -95,17 +99,7 @@ def test_dapo_dynamic_sampling_in_two_processes_matches_one_process(tmp_path):
                  "actor_rollout_ref.rollout.n": 4, "data.max_response_length": 8,
                  "reward_model.overlong_buffer.enable": False, "trainer.total_training_steps": 2, "mesh.data": -1,
                  "mesh.fsdp": 1, "mesh.tensor": 1, "trainer.logger": ("jsonl",)}
-    single = str(tmp_path / "single")
-    proc = run_main(cli_args(single, recipe="dapo", **overrides), devices=4)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    multi = str(tmp_path / "multi")
-    env = dict(os.environ, RLHF_JAX_PORT=str(_free_port()),
-               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
-    launched = subprocess.run(["bash", os.path.join(REPO, "launch", "local_multiprocess.sh"), "2", "2",
-                               *cli_args(multi, recipe="dapo", **overrides)], cwd=REPO, env=env,
-                              capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
-    assert launched.returncode == 0, launched.stderr[-3000:]
-    one, two = read_metrics(single), read_metrics(multi)
+    one, two = _one_and_two_processes(tmp_path, 2, "dapo", **overrides)
     assert [r["step"] for r in one] == [r["step"] for r in two] == [1, 2]
     assert all(r["train/num_gen_batches"] >= 2 for r in one)  # half the groups are flat: one batch never fills
     for a, b in zip(one, two):
