@@ -200,8 +200,7 @@ def multi_turn_driver(cfg: ConfigDict, ctx: Context) -> None:
         raise ValueError(f"{k}.workflow_args is set but {k}.workflow is not: the arguments are a workflow's")
 
 
-_SPLIT_NOT_BUILT = ((_MT + "enable", "True"),
-                    ("actor_rollout_ref.actor.router_replay.mode", "R3"), ("distillation.enabled", "True"))
+_SPLIT_NOT_BUILT = ((_MT + "enable", "True"), ("actor_rollout_ref.actor.router_replay.mode", "R3"))
 
 
 @rule("mesh.rollout_processes", *(path for path, _ in _SPLIT_NOT_BUILT), "algorithm.type")
@@ -211,8 +210,7 @@ def split_run_combinations(cfg: ConfigDict, ctx: Context) -> None:
     if not k:
         return
     values = {_MT + "enable": cfg.actor_rollout_ref.rollout.multi_turn.enable,
-              "actor_rollout_ref.actor.router_replay.mode": cfg.actor_rollout_ref.actor.router_replay.mode == "R3",
-              "distillation.enabled": cfg.distillation.enabled}
+              "actor_rollout_ref.actor.router_replay.mode": cfg.actor_rollout_ref.actor.router_replay.mode == "R3"}
     for path, setting in _SPLIT_NOT_BUILT:
         if values[path]:
             raise ValueError(f"mesh.rollout_processes={k} with {path} {setting} is not built yet: the sampling "

@@ -228,17 +228,23 @@ def test_partial_rollouts_carry_two_versions_per_sequence_and_train(tmp_path):
         np.testing.assert_allclose(_weights(again).get(name), expected.get(name), rtol=1e-6, atol=1e-6, err_msg=name)
 
 
-def test_dapo_dynamic_sampling_on_the_sampling_processes_trains_like_one_process(tmp_path):
+def test_dapo_with_a_distillation_teacher_trains_like_one_process(tmp_path):
     """DAPO's dynamic sampling (algorithm.filter_groups) in a split run: the sampling processes draw further prompt
     batches until the batch's groups vary and send the kept groups with the number of batches drawn, so the
-    training processes' loader keeps pace; the run trains like one process with rollout devices and overlap."""
+    training processes' loader keeps pace. A distillation teacher (another checkpoint) scores the samples on the
+    training side, in the reference's pass. The run trains like one process with rollout devices and overlap."""
+    from tests.train.helpers import tiny_hf_checkpoint
     from tests.train.test_verl_semantics import HALF_FLAT_REWARD
 
     reward = tmp_path / "reward.py"
     reward.write_text(HALF_FLAT_REWARD)
+    teacher = tiny_hf_checkpoint("LlamaConfig", "LlamaForCausalLM", str(tmp_path / "teacher"),
+                                 intermediate_size=128, initializer_range=0.2)
     dapo = {"custom_reward_function.path": str(reward), "algorithm.filter_groups.metric": "acc",
             "actor_rollout_ref.rollout.n": 4, "data.max_response_length": 8,
-            "reward_model.overlong_buffer.enable": False}
+            "reward_model.overlong_buffer.enable": False, "distillation.enabled": True,
+            "distillation.teacher_models.teacher_model.model_path": teacher,
+            "distillation.distillation_loss.loss_mode": "k3", "distillation.distillation_loss.distillation_loss_coef": 0.5}
     single, split = str(tmp_path / "single"), str(tmp_path / "split")
     proc = run_main(cli_args(single, "dapo", **{**COMMON, **dapo, "mesh.rollout_devices": 4}), devices=8)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -247,6 +253,8 @@ def test_dapo_dynamic_sampling_on_the_sampling_processes_trains_like_one_process
     one, two = read_metrics(single), read_metrics(split)
     assert [r["step"] for r in two] == list(range(1, STEPS + 1))
     assert all(r["train/num_gen_batches"] >= 2 for r in one)  # half the groups are flat: one batch never fills
+    assert all(r["distillation/abs_loss"] > 0.01 for r in one)  # another model: a real divergence
     for a, b in zip(one, two):
-        for key in (k for k in (*KEYS, "train/num_gen_batches") if k in a or k in b):  # DAPO has no KL loss
+        keys = (*KEYS, "train/num_gen_batches", "distillation/loss", "distillation/abs_loss")
+        for key in (k for k in keys if k in a or k in b):  # DAPO has no KL loss
             assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), (a["step"], key)
