@@ -97,18 +97,26 @@ def cell(length: int, context: int, args) -> dict:
     out = {"length": length, "context": context, "temp": memory.temp_size_in_bytes,
            "args": memory.argument_size_in_bytes, "out": memory.output_size_in_bytes,
            "compile_s": time.perf_counter() - start,
-           "gathers": compiled.as_text().count("all-gather-start") + compiled.as_text().count(" all-gather(")}
+           "gathers": compiled.as_text().count("all-gather-start") + compiled.as_text().count(" all-gather("),
+           # The process's peak so far (compiling): a measured peak above it was set by the step.
+           "peak_rss_compiled": peak_rss()}
     if args.measure:
         keys = jax.random.split(jax.random.key(0), len(jax.tree.leaves(params)))
         real = jax.tree.unflatten(jax.tree.structure(params), [
             jax.device_put(0.02 * jax.random.normal(k, x.shape, x.dtype), x.sharding)
             for k, x in zip(keys, jax.tree.leaves(params))])
+        out["peak_rss_weights"] = peak_rss()
         for _ in range(args.repeat):  # the last run is timed (earlier ones warm the runtime up)
             start = time.perf_counter()
             jax.block_until_ready(compiled(real, micro))
         out["step_s"] = time.perf_counter() - start
-        out["peak_rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+        out["peak_rss"] = peak_rss()
     return out
+
+
+def peak_rss() -> int:
+    """The process's peak resident set so far, in bytes."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
 
 
 def longest(context: int, budget: int, args, step: int = 4096) -> tuple[int, list[dict]]:

@@ -77,6 +77,11 @@ class RolloutBatch:
         return jnp.sum(self.valid_mask(), axis=1)
 
 
+# RolloutBatch's arrays every rollout has, and those some carry (None otherwise): what a copy of a batch keeps
+ROLLOUT_ARRAYS = ("prompts", "prompt_mask", "responses", "response_mask", "logprobs", "finished")
+ROLLOUT_OPTIONAL = ("response_valid", "versions", "routed_experts")
+
+
 @struct.dataclass
 class ScoredBatch:
     """One rollout batch with its rewards, waiting to be trained on (the experience buffer holds these)."""

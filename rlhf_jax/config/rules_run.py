@@ -135,11 +135,10 @@ def files_exist(cfg: ConfigDict, ctx: Context) -> None:
         raise ValueError(f"custom_reward_function.path: file {custom!r} does not exist")
 
 
-@rule("actor_rollout_ref.actor.router_replay.mode", _MT + "enable", "algorithm.filter_groups.enable",
-      "mesh.rollout_devices", "algorithm.rollout_correction.bypass_mode",
+@rule("actor_rollout_ref.actor.router_replay.mode", _MT + "enable", "algorithm.rollout_correction.bypass_mode",
       "distillation.enabled")
 def router_replay_combinations(cfg: ConfigDict, ctx: Context) -> None:
-    """Routing replay: R2 records in the old-log-prob pass (no bypass), R3 in the training mesh's sampler."""
+    """Routing replay: R2 records in the old-log-prob pass (no bypass), R3 in the single-turn sampler."""
     mode = cfg.actor_rollout_ref.actor.router_replay.mode
     if mode == "disabled":
         return
@@ -152,12 +151,9 @@ def router_replay_combinations(cfg: ConfigDict, ctx: Context) -> None:
     if cfg.distillation.enabled:  # R3 replays in the reference's pass, where the teacher (another model) sits
         raise ValueError(f"{key} with distillation.enabled is not supported (the teacher would replay the student's "
                          "routes): use mode=R2")
-    for path, on, fix in ((_MT + "enable", cfg.actor_rollout_ref.rollout.multi_turn.enable, "False"),
-                          ("algorithm.filter_groups.enable", cfg.algorithm.filter_groups.enable, "False"),
-                          ("mesh.rollout_devices", cfg.mesh.rollout_devices, "0")):
-        if on:
-            raise ValueError(f"{key} with {path} is not supported (the sampler's routes are recorded by the "
-                             f"single-turn sampler on the training mesh): set {path}={fix} or mode=R2")
+    if cfg.actor_rollout_ref.rollout.multi_turn.enable:
+        raise ValueError(f"{key} with {_MT}enable is not supported (the sampler's routes are recorded by the "
+                         f"single-turn sampler): set {_MT}enable=False or mode=R2")
 
 
 @rule(_MT + "enable", "mesh.rollout_devices", "algorithm.adv_estimator")
@@ -200,22 +196,15 @@ def multi_turn_driver(cfg: ConfigDict, ctx: Context) -> None:
         raise ValueError(f"{k}.workflow_args is set but {k}.workflow is not: the arguments are a workflow's")
 
 
-_SPLIT_NOT_BUILT = ((_MT + "enable", "True"), ("actor_rollout_ref.actor.router_replay.mode", "R3"))
-
-
-@rule("mesh.rollout_processes", *(path for path, _ in _SPLIT_NOT_BUILT), "algorithm.type")
+@rule("mesh.rollout_processes", _MT + "enable", "algorithm.type")
 def split_run_combinations(cfg: ConfigDict, ctx: Context) -> None:
     """What a run with sampling processes of their own does not do yet (each refused by name)."""
     k = cfg.mesh.rollout_processes
     if not k:
         return
-    values = {_MT + "enable": cfg.actor_rollout_ref.rollout.multi_turn.enable,
-              "actor_rollout_ref.actor.router_replay.mode": cfg.actor_rollout_ref.actor.router_replay.mode == "R3"}
-    for path, setting in _SPLIT_NOT_BUILT:
-        if values[path]:
-            raise ValueError(f"mesh.rollout_processes={k} with {path} {setting} is not built yet: the sampling "
-                             f"processes run single-turn rollouts of the actor's own weights (set "
-                             "mesh.rollout_processes=0)")
+    if cfg.actor_rollout_ref.rollout.multi_turn.enable:
+        raise ValueError(f"mesh.rollout_processes={k} with {_MT}enable True is not built yet: the sampling "
+                         "processes run single-turn rollouts (set mesh.rollout_processes=0)")
     if cfg.algorithm.type != "rl":
         raise ValueError(f"mesh.rollout_processes={k} splits an RL run's sampling from its training; "
                          f"algorithm.type={cfg.algorithm.type} samples nothing (set mesh.rollout_processes=0)")

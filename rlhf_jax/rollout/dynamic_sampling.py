@@ -11,11 +11,14 @@ import dataclasses
 
 import numpy as np
 
-ROLLOUT_KEYS = ("prompts", "prompt_mask", "responses", "response_mask", "logprobs", "finished")  # RolloutBatch's
-# RolloutBatch's per-token arrays that some rollouts carry: multi-turn's trained-token mask, partial rollouts' versions
-OPTIONAL_KEYS = ("response_valid", "versions")
+from rlhf_jax.types import ROLLOUT_ARRAYS, ROLLOUT_OPTIONAL
+
+# RolloutBatch's arrays; of those some rollouts carry: multi-turn's trained-token mask, partial rollouts' versions,
+# and R3's expert ids (rows, P + R, layers, k), the prompt's columns then the response's
+ROLLOUT_KEYS, OPTIONAL_KEYS = ROLLOUT_ARRAYS, ROLLOUT_OPTIONAL
 _PROMPT_AXIS = ("prompts", "prompt_mask")
-_RESPONSE_AXIS = ("responses", "response_mask", "logprobs", *OPTIONAL_KEYS)
+_RESPONSE_AXIS = ("responses", "response_mask", "logprobs", "response_valid", "versions")
+_BOTH_AXES = ("routed_experts",)
 
 
 def varied_groups(values: np.ndarray, n: int) -> np.ndarray:
@@ -57,19 +60,30 @@ class Collected:
 
     def batch(self, num_groups: int) -> dict[str, np.ndarray]:
         """The first ``num_groups`` groups; prompts left-padded and responses right-padded to common widths (a
-        padded token is masked out, drawn by no version: -1)."""
+        padded token is masked out, drawn by no version and routed by no expert: -1)."""
         P = max(p["prompts"].shape[1] for p in self.parts)
         R = max(p["responses"].shape[1] for p in self.parts)
-        fills = {"prompts": self.pad_token_id, "responses": self.pad_token_id, "versions": -1}
+        fills = {"prompts": self.pad_token_id, "responses": self.pad_token_id, "versions": -1, "routed_experts": -1}
         out = {}
         for key in self.parts[0]:
             arrays = []
             for p in self.parts:
-                x = p[key]
-                if key in _PROMPT_AXIS and x.shape[1] < P:
-                    x = np.pad(x, ((0, 0), (P - x.shape[1], 0)), constant_values=fills.get(key, 0))
-                elif (key in _RESPONSE_AXIS or (key == "scores" and x.ndim == 2)) and x.shape[1] < R:
-                    x = np.pad(x, ((0, 0), (0, R - x.shape[1])), constant_values=fills.get(key, 0))
+                x, fill = p[key], fills.get(key, 0)
+                if key in _PROMPT_AXIS:
+                    x = _pad_axis1(x, P - x.shape[1], 0, fill)
+                elif key in _RESPONSE_AXIS or (key == "scores" and x.ndim == 2):
+                    x = _pad_axis1(x, 0, R - x.shape[1], fill)
+                elif key in _BOTH_AXES:  # the prompt's columns, then the response's
+                    width = p["prompts"].shape[1]
+                    x = np.concatenate([_pad_axis1(x[:, :width], P - width, 0, fill),
+                                        _pad_axis1(x[:, width:], 0, R - p["responses"].shape[1], fill)], axis=1)
                 arrays.append(x)
             out[key] = np.concatenate(arrays)[:num_groups * self.n]
         return out
+
+
+def _pad_axis1(x: np.ndarray, before: int, after: int, fill) -> np.ndarray:
+    """``x`` with ``before`` and ``after`` columns of ``fill`` around its axis 1 (unchanged when both are 0)."""
+    if not before and not after:
+        return x
+    return np.pad(x, [(0, 0), (before, after)] + [(0, 0)] * (x.ndim - 2), constant_values=fill)

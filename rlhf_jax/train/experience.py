@@ -19,9 +19,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from rlhf_jax.types import RolloutBatch, ScoredBatch
-
-ROLLOUT_ARRAYS = ("prompts", "prompt_mask", "responses", "response_mask", "logprobs", "finished")
+from rlhf_jax.types import ROLLOUT_ARRAYS, ROLLOUT_OPTIONAL, RolloutBatch, ScoredBatch
 
 
 def production_due(pending: int, buffer_size: int, overlap: bool) -> bool:
@@ -40,7 +38,7 @@ def to_checkpoint(queue: list[ScoredBatch]) -> tuple[dict[str, jax.Array], list[
     arrays, described = {}, []
     for i, exp in enumerate(queue):
         fields = {name: getattr(exp.rollout, name) for name in ROLLOUT_ARRAYS}
-        for optional in ("response_valid", "versions"):  # multi-turn's tool tokens; partial rollouts' versions
+        for optional in ROLLOUT_OPTIONAL:  # multi-turn's tool tokens, partial rollouts' versions, R3's routes
             if getattr(exp.rollout, optional) is not None:
                 fields[optional] = getattr(exp.rollout, optional)
         fields["scores"] = exp.scores
@@ -71,7 +69,7 @@ def from_checkpoint(arrays: dict[str, jax.Array], described: list[dict], prompt_
     queue = []
     for i, (d, pb, state) in enumerate(zip(described, prompt_batches, data_states)):
         out = RolloutBatch(**{name: arrays[f"{i}.{name}"] for name in ROLLOUT_ARRAYS},
-                           response_valid=arrays.get(f"{i}.response_valid"), versions=arrays.get(f"{i}.versions"))
+                           **{name: arrays.get(f"{i}.{name}") for name in ROLLOUT_OPTIONAL})
         queue.append(ScoredBatch(rollout=out, scores=arrays[f"{i}.scores"], baselines=arrays.get(f"{i}.baselines"),
                                  prompts=pb, version=int(d["version"]), data_state=state, metrics=dict(d["metrics"]),
                                  components=arrays.get(f"{i}.components"), draws=int(d.get("draws", 1))))

@@ -123,9 +123,8 @@ class Rollouts:
         weights = self.weights() if weights is None else weights
         sampler = self.sampler if segments is None else segments
         out, keep = generate_batch(sampler, weights, mesh, dp, pb, sampling, key, bucket)
-        if self.rollout_mesh is not None:
-            rows = {1: batch_sharding(self.mesh, 1, self.rules), 2: batch_sharding(self.mesh, 2, self.rules)}
-            out = jax.tree.map(lambda x: jax.device_put(x, rows[x.ndim]), out)
+        if self.rollout_mesh is not None:  # rows of any rank: tokens (N, T), R3's expert ids (N, T, layers, k)
+            out = jax.tree.map(lambda x: jax.device_put(x, batch_sharding(self.mesh, x.ndim, self.rules)), out)
         return out, keep
 
     def sample(self, pb: PromptBatch, sampling, key, out_metrics: dict, bucket: bool = True, weights: Any = None,

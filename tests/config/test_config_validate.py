@@ -191,9 +191,9 @@ def test_model_config_read_and_length_limit(tmp_path):
         (lambda c: (setattr(c.actor_rollout_ref.actor.router_replay, "mode", "R2"),
                     setattr(c.algorithm.rollout_correction, "bypass_mode", True)),
          r"^actor_rollout_ref\.actor\.router_replay\.mode=R2 with algorithm\.rollout_correction\.bypass_mode"),
-        (lambda c: (setattr(c.actor_rollout_ref.actor.router_replay, "mode", "R3"), setattr(c.mesh, "data", 1),
-                    setattr(c.mesh, "fsdp", 4), setattr(c.mesh, "rollout_devices", 4)),
-         r"^actor_rollout_ref\.actor\.router_replay\.mode=R3 with mesh\.rollout_devices is not supported"),
+        (lambda c: (setattr(c.actor_rollout_ref.actor.router_replay, "mode", "R3"),
+                    setattr(c.actor_rollout_ref.rollout.multi_turn, "enable", True)),
+         r"^actor_rollout_ref\.actor\.router_replay\.mode=R3 with actor_rollout_ref\.rollout\.multi_turn\.enable is not"),
     ],
 )
 def test_rejections_name_the_key(mutate, pattern):

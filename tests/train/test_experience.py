@@ -165,8 +165,9 @@ def test_bad_experience_settings_name_the_key(tmp_path, overrides, message):
         prepare(make_config(str(tmp_path), **overrides))
 
 
-def test_pending_batches_keep_their_per_token_versions_through_a_checkpoint():
-    """Partial rollouts' per-token versions are saved with the pending batches and come back as they were."""
+def test_pending_batches_keep_their_per_token_versions_and_routes_through_a_checkpoint():
+    """Partial rollouts' per-token versions and R3's expert ids are saved with the pending batches and come back as
+    they were (a resumed R3 run replays the routes its sampler chose)."""
     from rlhf_jax.train import experience as X
     from rlhf_jax.types import RolloutBatch, ScoredBatch
 
@@ -175,14 +176,19 @@ def test_pending_batches_keep_their_per_token_versions_through_a_checkpoint():
     rows["logprobs"] = jax.numpy.asarray(rng.normal(size=(4, 3)), np.float32)
     rows["finished"] = jax.numpy.asarray([True, False, True, False])
     versions = jax.numpy.asarray([[3, 3, 4], [3, 4, 4], [3, -1, -1], [4, 4, 4]], np.int32)
-    batch = ScoredBatch(rollout=RolloutBatch(**rows, versions=versions), scores=jax.numpy.zeros(4), baselines=None,
-                        prompts=None, version=3, data_state=None, metrics={"m": 1.0}, components=None)
+    routes = jax.numpy.asarray(rng.integers(-1, 8, (4, 6, 2, 2)), np.int32)  # (N, P + R, layers, k)
+    batch = ScoredBatch(rollout=RolloutBatch(**rows, versions=versions, routed_experts=routes),
+                        scores=jax.numpy.zeros(4), baselines=None, prompts=None, version=3, data_state=None,
+                        metrics={"m": 1.0}, components=None)
     arrays, described = X.to_checkpoint([batch])
     assert described[0]["arrays"]["versions"] == [[4, 3], "int32"]
+    assert described[0]["arrays"]["routed_experts"] == [[4, 6, 2, 2], "int32"]
     back = X.from_checkpoint(arrays, described, [None], [None])[0]
     np.testing.assert_array_equal(back.rollout.versions, versions)
+    np.testing.assert_array_equal(back.rollout.routed_experts, routes)
     assert back.version == 3
-    plain = batch.replace(rollout=batch.rollout.replace(versions=None))
+    plain = batch.replace(rollout=batch.rollout.replace(versions=None, routed_experts=None))
     arrays, described = X.to_checkpoint([plain])
-    assert "versions" not in described[0]["arrays"]
-    assert X.from_checkpoint(arrays, described, [None], [None])[0].rollout.versions is None
+    assert "versions" not in described[0]["arrays"] and "routed_experts" not in described[0]["arrays"]
+    back = X.from_checkpoint(arrays, described, [None], [None])[0]
+    assert back.rollout.versions is None and back.rollout.routed_experts is None

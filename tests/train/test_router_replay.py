@@ -72,11 +72,12 @@ def _update_routes(model, updates: list, N: int, R: int):
     return out
 
 
-def _run(tmp_path, model_dir: str, mode: str, packed: bool) -> dict:
+def _run(tmp_path, model_dir: str, mode: str, packed: bool, **overrides) -> dict:
     """One step; what the tests read of it, computed with the weights the step's passes used."""
-    cfg = make_config(str(tmp_path / f"{mode}-{packed}"), "grpo", **SMALL_BF16_SAMPLER, **{
-        "actor_rollout_ref.model.path": model_dir, "actor_rollout_ref.actor.router_replay.mode": mode,
-        "actor_rollout_ref.model.use_remove_padding": packed})
+    cfg = make_config(str(tmp_path / f"{mode}-{packed}"), "grpo", **{
+        **SMALL_BF16_SAMPLER, "actor_rollout_ref.model.path": model_dir,
+        "actor_rollout_ref.actor.router_replay.mode": mode, "actor_rollout_ref.model.use_remove_padding": packed,
+        **overrides})
     trainer, seen, updates = Trainer(cfg), {}, []
     prepare, micros_of, update_padded = trainer.prepare, layout_module.Packer.micros, layout_module.Padded.update
 
@@ -127,15 +128,29 @@ def _run(tmp_path, model_dir: str, mode: str, packed: bool) -> dict:
     return {"metrics": metrics, **seen}
 
 
+def _dynamic_on_rollout_devices(tmp_path) -> dict:
+    """DAPO's dynamic sampling (half the groups score flat, so a step draws two prompt batches or more, of their
+    own prompt and response widths) sampled on a rollout device of its own."""
+    from tests.train.test_verl_semantics import HALF_FLAT_REWARD
+
+    reward = tmp_path / "reward.py"
+    reward.write_text(HALF_FLAT_REWARD)
+    return {"mesh.rollout_devices": 1, "trainer.n_gpus_per_node": 2, "algorithm.filter_groups.enable": True,
+            "algorithm.filter_groups.metric": "acc", "custom_reward_function.path": str(reward)}
+
+
 @pytest.fixture(scope="module")
 def runs(moe_dir, tmp_path_factory):
-    """Each (mode, packed) run once for the module, on first use."""
+    """Each (mode, packed, variant) run once for the module, on first use; variant "dynamic": see
+    ``_dynamic_on_rollout_devices``."""
     done: dict = {}
 
-    def get(mode: str, packed: bool) -> dict:
-        if (mode, packed) not in done:
-            done[mode, packed] = _run(tmp_path_factory.mktemp("runs"), moe_dir, mode, packed)
-        return done[mode, packed]
+    def get(mode: str, packed: bool, variant: str = "") -> dict:
+        if (mode, packed, variant) not in done:
+            tmp = tmp_path_factory.mktemp("runs")
+            overrides = _dynamic_on_rollout_devices(tmp) if variant == "dynamic" else {}
+            done[mode, packed, variant] = _run(tmp, moe_dir, mode, packed, **overrides)
+        return done[mode, packed, variant]
 
     return get
 
@@ -149,9 +164,14 @@ def _fed(response_mask: np.ndarray) -> np.ndarray:
     return fed
 
 
-@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
-def test_r3_update_routes_every_fed_token_as_the_sampler_did(runs, packed):
-    run = runs("R3", packed)
+@pytest.mark.parametrize("packed,variant", [(False, ""), (True, ""), (True, "dynamic")],
+                         ids=["padded", "packed", "dynamic-sampling-on-rollout-devices"])
+def test_r3_update_routes_every_fed_token_as_the_sampler_did(runs, packed, variant):
+    """With dynamic sampling the routes are those of the kept groups, padded (-1) to the widest batch's widths
+    with the tokens, and they come over from the rollout device with the batch."""
+    run = runs("R3", packed, variant)
+    if variant:
+        assert run["metrics"]["train/num_gen_batches"] >= 2
     sampled, prompt = run["rollout"], run["prompt_mask"].astype(bool)  # (N, P + R, S, K) from the sampler
     P = prompt.shape[1]
     fed = _fed(run["response_mask"])
@@ -193,5 +213,7 @@ def test_r3_lowers_the_sampler_trainer_log_prob_mismatch(runs):
     # R2's old-log-prob pass routes natively: the same pass, weights and samples as without replay
     without = runs("R2", True)["metrics"]["training/rollout_probs_diff_mean"]
     r3 = runs("R3", True)["metrics"]["training/rollout_probs_diff_mean"]
-    print({"without replay": without, "R3": r3})
-    assert r3 < 0.5 * without
+    # the same step's first prompt batch, the groups that vary of two batches or more
+    r3_dynamic = runs("R3", True, "dynamic")["metrics"]["training/rollout_probs_diff_mean"]
+    print({"without replay": without, "R3": r3, "R3, dynamic sampling on a rollout device": r3_dynamic})
+    assert r3 < 0.5 * without and r3_dynamic < 0.5 * without

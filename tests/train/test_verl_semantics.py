@@ -124,6 +124,31 @@ def test_dapo_filter_groups_fills_the_batch_with_varied_groups(tmp_path):
     assert batch["prompt_mask"][:2, :2].sum() == 0  # left padding of the shorter prompts
 
 
+def test_dynamic_sampling_keeps_r3_routes_beside_their_tokens():
+    """R3's expert ids (rows, P + R, layers, k) of batches with other prompt and response widths: the prompt's
+    columns are left-padded and the response's right-padded with the tokens, with -1 (routed by no expert)."""
+    import numpy as np
+
+    from rlhf_jax.rollout.dynamic_sampling import Collected
+
+    def part(rows: int, P: int, R: int, first: int) -> dict:
+        ids = np.arange(first, first + rows)[:, None] * 100 + np.arange(P + R)[None, :]  # row * 100 + column
+        return {"prompts": ids[:, :P], "prompt_mask": np.ones((rows, P), np.int32), "responses": ids[:, P:],
+                "response_mask": np.ones((rows, R), np.int32), "logprobs": np.zeros((rows, R)),
+                "finished": np.ones(rows, bool),
+                "routed_experts": np.broadcast_to(ids[:, :, None, None], (rows, P + R, 3, 2)).astype(np.int32)}
+
+    c = Collected(n=2, pad_token_id=0)
+    c.add(part(4, 3, 5, first=0), np.zeros(4), np.array([1]))  # rows 2, 3: narrow prompt, wide response
+    c.add(part(4, 6, 2, first=10), np.zeros(4), np.array([0]))  # rows 10, 11: wide prompt, narrow response
+    batch = c.batch(2)
+    routes, tokens = batch["routed_experts"], np.concatenate([batch["prompts"], batch["responses"]], axis=1)
+    assert routes.shape == (4, 6 + 5, 3, 2)
+    real = np.concatenate([batch["prompt_mask"], batch["response_mask"]], axis=1).astype(bool)
+    np.testing.assert_array_equal(routes[..., 0, 0][real], tokens[real])  # each token's own routes
+    assert (routes[~real] == -1).all() and real.sum() == 2 * (3 + 5) + 2 * (6 + 2)
+
+
 def test_rollout_and_validation_dumps(tmp_path):
     import json
 
