@@ -142,9 +142,44 @@ def serve() -> None:
         replies.flush()
 
 
+def serve_detached() -> None:
+    """Like ``serve``, but each child runs beside the others: the server replies ``{"pid": N}`` as it forks and
+    ``{"exit": N, "returncode": R}`` whenever a child ends (the several processes of one multi-process run)."""
+    preface = preload()
+    requests = open(os.dup(0), "rb", buffering=0)
+    os.close(0)
+    os.open(os.devnull, os.O_RDONLY)
+    replies, pending, children, reading = sys.stdout, b"", set(), True
+
+    def reply(message: dict) -> None:
+        replies.write(json.dumps(message) + "\n")
+        replies.flush()
+
+    while reading or children:
+        if select.select([requests] if reading else [], [], [], 0.05)[0]:
+            chunk = requests.read(65536)
+            reading, pending = bool(chunk), pending + chunk
+            while b"\n" in pending:
+                line, pending = pending.split(b"\n", 1)
+                replies.flush()
+                sys.stderr.flush()
+                pid = os.fork()
+                if pid == 0:
+                    become_run(json.loads(line), preface, requests)
+                children.add(pid)
+                reply({"pid": pid})
+        for pid in list(children):
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                children.discard(pid)
+                reply({"exit": pid, "returncode": os.waitstatus_to_exitcode(status)})
+
+
 # Variables read only after start-up (XLA's flags when the backend is created, wandb's mode when a run is
-# opened): a child may differ from the server in these; any other difference needs a fresh interpreter.
+# opened, and rlhf_jax's own, which the server never imports): a child may differ from the server in these; any
+# other difference needs a fresh interpreter.
 READ_AFTER_START = frozenset({"XLA_FLAGS", "WANDB_MODE"})
+OURS = "RLHF_JAX_"
 FRESH = "RLHF_JAX_TEST_FRESH_PROCESSES"
 
 
@@ -202,7 +237,7 @@ def _hugepage_env(env: dict) -> dict:
 
 
 def _start_up_env(env: dict) -> dict:
-    return {k: v for k, v in env.items() if k not in READ_AFTER_START}
+    return {k: v for k, v in env.items() if k not in READ_AFTER_START and not k.startswith(OURS)}
 
 
 def _server_for(env: dict, cwd: str) -> _Server | None:
@@ -248,5 +283,94 @@ def run_module(module: str, args: list[str], *, env: dict, cwd: str, timeout: fl
     return subprocess.CompletedProcess(command, returncode, stdout, stderr)
 
 
+class Forked:
+    """A run forked by the detached server, with what the tests use of ``subprocess.Popen``: its stdout and
+    stderr go to files, which ``communicate`` reads once it has ended."""
+
+    def __init__(self, server: "_Detached", pid: int, args: list[str], stdout: str, stderr: str):
+        self.server, self.pid, self.args, self.paths = server, pid, args, (stdout, stderr)
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        with self.server.ended:
+            self.returncode = self.server.exits.get(self.pid)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        with self.server.ended:
+            if not self.server.ended.wait_for(lambda: self.pid in self.server.exits, timeout):
+                raise subprocess.TimeoutExpired(self.args, timeout)
+        return self.poll()
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, str]:
+        self.wait(timeout)
+        return tuple(open(path).read() if path != os.devnull else "" for path in self.paths)
+
+
+class _Detached:
+    """The detached server (``serve_detached``) and a thread that reads its replies."""
+
+    def __init__(self, env: dict, cwd: str):
+        import queue
+
+        self.cwd, self.exits, self.pids = cwd, {}, queue.Queue()
+        self.ended, self.writing = threading.Condition(), threading.Lock()
+        self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--detached"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, env=env, cwd=cwd)
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            message = json.loads(line)
+            if "exit" in message:
+                with self.ended:
+                    self.exits[message["exit"]] = message["returncode"]
+                    self.ended.notify_all()
+            else:
+                self.pids.put(message["pid"])
+
+    def fork(self, request: dict) -> int:
+        with self.writing:
+            self.proc.stdin.write((json.dumps(request) + "\n").encode())
+            self.proc.stdin.flush()
+            return self.pids.get(timeout=120)
+
+
+_detached: _Detached | None = None
+_detached_lock = threading.Lock()
+
+
+def popen_module(module: str, args: list[str], *, env: dict, cwd: str, stdout: str = os.devnull,
+                 stderr: str = os.devnull):
+    """``subprocess.Popen([python, "-m", module, *args], env=env, cwd=cwd, stdin=DEVNULL)`` with its output in the
+    files ``stdout`` and ``stderr``: a child forked by the detached server when ``env`` allows (see
+    ``run_module``), else a fresh process."""
+    global _detached
+    command = [sys.executable, "-m", module, *args]
+    standard = _start_up_env(dict(os.environ, JAX_PLATFORMS="cpu"))
+    if os.environ.get(FRESH) == "1" or _start_up_env(env) != standard:
+        return subprocess.Popen(command, env=env, cwd=cwd, stdin=subprocess.DEVNULL,
+                                stdout=open(stdout, "w"), stderr=open(stderr, "w"))
+    with _detached_lock:
+        if _detached is None or not _detached.alive() or _detached.cwd != cwd:
+            _detached = _Detached(_hugepage_env(standard), cwd)
+        server = _detached
+    for path in (stdout, stderr):
+        if path != os.devnull:
+            open(path, "w").close()
+    request = dict(module=module, argv=list(args), env=_hugepage_env(dict(env)), cwd=cwd, stdout=stdout, stderr=stderr)
+    return Forked(server, server.fork(request), command, stdout, stderr)
+
+
 if __name__ == "__main__":
-    serve()
+    serve_detached() if sys.argv[1:] == ["--detached"] else serve()

@@ -101,6 +101,64 @@ def run_main(args: list[str], *, devices: int = 8, timeout: float = 600, env: di
                           text=True, timeout=timeout, stdin=subprocess.DEVNULL, **popen)
 
 
+class Processes:
+    """The processes of one multi-process run as ``launch/local_multiprocess.sh`` starts them (rank i of ``n`` on
+    127.0.0.1, each on its own fake CPU devices), forked from the pre-imported interpreter where the environment
+    allows (tests/cli_zygote.py): each fresh interpreter would spend ~7 s of CPU importing the same libraries."""
+
+    def __init__(self, num: int, devices_each: int, args: list[str], *, env: dict | None = None,
+                 files: str | None = None, port: int | None = None):
+        """``files``: each process's stdout and stderr go to ``<files>.<i>.out`` / ``.err`` (default: a temporary
+        directory's)."""
+        import tempfile
+
+        from tests.cli_zygote import popen_module
+        from tests.parallel.rehearsal import free_port
+
+        self.files = files or os.path.join(tempfile.mkdtemp(prefix="rlhf_jax-test-processes-"), "p")
+        port = port or free_port()
+        self.procs = []
+        for i in range(num):
+            penv = dict(os.environ, **(env or {}), JAX_PLATFORMS="cpu", XLA_FLAGS=cpu_devices_flags(devices_each),
+                        RLHF_JAX_COORDINATOR=f"127.0.0.1:{port}", RLHF_JAX_NUM_PROCESSES=str(num),
+                        RLHF_JAX_PROCESS_ID=str(i))
+            self.procs.append(popen_module("rlhf_jax.main", args, env=penv, cwd=REPO, stdout=f"{self.files}.{i}.out",
+                                           stderr=f"{self.files}.{i}.err"))
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs]
+
+    def poll(self) -> int | None:
+        """None while any process runs, then the launcher's status: the last failing process's code, else 0."""
+        codes = [p.poll() for p in self.procs]
+        if any(c is None for c in codes):
+            return None
+        return next((c for c in reversed(codes) if c), 0)
+
+    @property
+    def returncode(self) -> int | None:
+        return self.poll()
+
+    def stderr(self, i: int) -> str:
+        return open(f"{self.files}.{i}.err").read()
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, str]:
+        """(every process's stdout, every process's stderr), in process order, once all have ended."""
+        import time
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for p in self.procs:
+            p.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return ("".join(open(f"{self.files}.{i}.out").read() for i in range(len(self.procs))),
+                "".join(self.stderr(i) for i in range(len(self.procs))))
+
+    def kill(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+
+
 def run_tool(module: str, *args: str, env: dict | None = None, timeout: float = 600, cwd: str = REPO
              ) -> subprocess.CompletedProcess:
     """``python -m module args`` (the export, plot, plan, generate ... commands) with the tests' environment plus

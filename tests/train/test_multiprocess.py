@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.train.helpers import REPO, cli_args, read_metrics, run_main
+from tests.train.helpers import REPO, Processes, cli_args, read_metrics, run_main
 
 KEYS = ("critic/score/mean", "actor/pg_loss", "actor/grad_norm", "actor/entropy", "actor/kl_loss",
         "response_length/mean", "val-core/arithmetic/reward/mean@1")
@@ -21,13 +21,24 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _two_processes(out: str, devices_each: int, recipe: str = "grpo", **overrides) -> None:
-    """The run on two processes of ``devices_each`` fake CPU devices over gloo (launch/local_multiprocess.sh)."""
+def _two_processes(out: str, devices_each: int, recipe: str = "grpo", launcher: bool = False, **overrides) -> None:
+    """The run on two processes of ``devices_each`` fake CPU devices over gloo: through
+    launch/local_multiprocess.sh with ``launcher``, else the same processes forked from the tests' pre-imported
+    interpreter (helpers.Processes)."""
+    args = cli_args(out, recipe, **overrides)
+    if not launcher:
+        procs = Processes(2, devices_each, args)
+        try:
+            _, stderr = procs.communicate(timeout=600)
+        finally:
+            procs.kill()
+        assert procs.returncode == 0, stderr[-3000:]
+        return
     env = dict(os.environ, RLHF_JAX_PORT=str(_free_port()),
                PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
     launched = subprocess.run(["bash", os.path.join(REPO, "launch", "local_multiprocess.sh"), "2", str(devices_each),
-                               *cli_args(out, recipe, **overrides)], cwd=REPO, env=env, capture_output=True,
-                              text=True, timeout=600, stdin=subprocess.DEVNULL)
+                               *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+                              stdin=subprocess.DEVNULL)
     assert launched.returncode == 0, launched.stderr[-3000:]
 
 
@@ -49,7 +60,7 @@ def test_two_processes_match_one_process(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
 
     multi = str(tmp_path / "multi")
-    _two_processes(multi, 4, **overrides)
+    _two_processes(multi, 4, launcher=True, **overrides)  # the user's launcher, as the README runs it
     one, two = read_metrics(single), read_metrics(multi)
     assert [r["step"] for r in one] == [1, 2, 3] and [r["step"] for r in two] == [1, 2]
     assert "val-core/arithmetic/reward/mean@1" in two[-1]  # validation ran at the end, over both processes' prompts

@@ -8,15 +8,13 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import numpy as np
 import pytest
 
 from rlhf_jax.models.safetensors_io import LazyFile
-from tests.parallel.rehearsal import free_port
-from tests.train.helpers import REPO, cli_args, cpu_devices_flags, read_metrics, run_main
+from tests.train.helpers import Processes, cli_args, read_metrics, run_main
 
 STEPS = 4
 COMMON = {"trainer.total_training_steps": STEPS, "trainer.save_hf_checkpoint": "last", "mesh.data": 2,
@@ -25,20 +23,20 @@ KEYS = ("critic/score/mean", "response_length/mean", "actor/pg_loss", "actor/kl_
         "actor/grad_norm")
 
 
-def _launch(out: str, recipe: str = "grpo", **overrides) -> subprocess.Popen:
-    env = dict(os.environ, RLHF_JAX_PORT=str(free_port()),
-               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+def _launch(out: str, recipe: str = "grpo", **overrides) -> Processes:
+    """The four processes, as launch/local_multiprocess.sh 4 2 starts them."""
     args = cli_args(out, recipe, **{**COMMON, "mesh.rollout_processes": 2, "mesh.handoff_timeout_s": 120.0,
                                     **overrides})
-    return subprocess.Popen(["bash", os.path.join(REPO, "launch", "local_multiprocess.sh"), "4", "2", *args],
-                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            stdin=subprocess.DEVNULL)
+    return Processes(4, 2, args)
 
 
 def _split_run(out: str, timeout: float = 600, recipe: str = "grpo", **overrides) -> subprocess.CompletedProcess:
-    proc = _launch(out, recipe, **overrides)
-    stdout, stderr = proc.communicate(timeout=timeout)
-    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+    procs = _launch(out, recipe, **overrides)
+    try:
+        stdout, stderr = procs.communicate(timeout=timeout)
+    finally:
+        procs.kill()
+    return subprocess.CompletedProcess(["rlhf_jax.main"], procs.returncode, stdout, stderr)
 
 
 def _weights(out: str) -> LazyFile:
@@ -92,34 +90,26 @@ def _rows(out: str) -> int:
 def _sigterm_after(out: str, rows: int, **overrides) -> int:
     """Start the run, SIGTERM every process once ``rows`` steps are logged, and return the steps it finished (it
     stops at the next step boundary, or abandons the step in flight before its update)."""
-    proc = _launch(out, **overrides)
-    deadline = time.monotonic() + 500
-    while _rows(out) < rows and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert proc.poll() is None, proc.communicate()[1][-3000:]
-    workers = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
-    assert len(workers) == 4
-    for pid in workers:
-        os.kill(int(pid), signal.SIGTERM)
-    _, stderr = proc.communicate(timeout=300)
-    assert proc.returncode == 0, stderr[-3000:]
+    procs = _launch(out, **overrides)
+    try:
+        deadline = time.monotonic() + 500
+        while _rows(out) < rows and procs.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert procs.poll() is None, procs.communicate()[1][-3000:]
+        for pid in procs.pids:
+            os.kill(pid, signal.SIGTERM)
+        _, stderr = procs.communicate(timeout=300)
+    finally:
+        procs.kill()
+    assert procs.returncode == 0, stderr[-3000:]
     return _rows(out)
 
 
-def _launch_each(out: str, **overrides) -> list[subprocess.Popen]:
-    """The four processes started one by one (not through the launcher), each with its own stderr file, and
-    heartbeats of 30 s: a silent peer is called gone after 12 s (parallel/watchdog.py)."""
-    port = free_port()
+def _launch_each(out: str, **overrides) -> list:
+    """The four processes, each with its own stderr file (``<out>.<i>.err``), and heartbeats of 30 s: a silent
+    peer is called gone after 12 s (parallel/watchdog.py)."""
     args = cli_args(out, **{**COMMON, "mesh.rollout_processes": 2, "mesh.handoff_timeout_s": 300.0, **overrides})
-    procs = []
-    for i in range(4):
-        env = dict(os.environ, RLHF_JAX_COORDINATOR=f"127.0.0.1:{port}", RLHF_JAX_NUM_PROCESSES="4",
-                   RLHF_JAX_PROCESS_ID=str(i), RLHF_JAX_HEARTBEAT_TIMEOUT_S="30", JAX_PLATFORMS="cpu",
-                   XLA_FLAGS=cpu_devices_flags(2))
-        procs.append(subprocess.Popen([sys.executable, "-m", "rlhf_jax.main", *args], cwd=REPO, env=env,
-                                      stdout=subprocess.DEVNULL, stderr=open(f"{out}.{i}.err", "w"),
-                                      stdin=subprocess.DEVNULL))
-    return procs
+    return Processes(4, 2, args, env={"RLHF_JAX_HEARTBEAT_TIMEOUT_S": "30"}, files=out).procs
 
 
 def _kill_after(out: str, rows: int, victim: int, **overrides) -> dict[int, tuple[int, float]]:
