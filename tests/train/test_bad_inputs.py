@@ -9,13 +9,13 @@ import json
 import math
 import os
 import shutil
-import textwrap
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from rlhf_jax.runtime.checkpoint import Checkpointer
+from tests.cli_zygote import popen_module
 from tests.train.helpers import cli_args, cpu_devices_flags, read_metrics, run_main
 
 ONE_DEVICE = {"mesh.data": 1, "mesh.fsdp": 1, "mesh.tensor": 1}
@@ -358,8 +358,6 @@ def test_out_of_memory_in_a_step_is_one_line_naming_the_keys(tmp_path, finished_
 
 def test_second_run_on_the_same_directory_refuses(tmp_path, finished_run):
     import signal
-    import subprocess
-    import sys
     import time
 
     from tests.train.helpers import REPO
@@ -369,13 +367,12 @@ def test_second_run_on_the_same_directory_refuses(tmp_path, finished_run):
     # at the end, so its one checkpoint is the stop's (save_freq <= 0 would save nothing, as in verl).
     args = cli_args(out, **{"trainer.total_training_steps": 100_000, "trainer.save_freq": 100_000, **ONE_DEVICE})
     env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=cpu_devices_flags(1))
-    first = subprocess.Popen([sys.executable, "-m", "rlhf_jax.main", *args], env=env, cwd=REPO, text=True,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    first = popen_module("rlhf_jax.main", args, env=env, cwd=REPO, stderr=f"{out}.err")
     try:
         deadline, metrics = time.time() + 300, os.path.join(out, "metrics.jsonl")
         # until the first run has logged a step: its stop then has a step to save and the third run one to resume
         while not (os.path.exists(metrics) and os.path.getsize(metrics)) and time.time() < deadline:
-            assert first.poll() is None, first.stderr.read()[-3000:]
+            assert first.poll() is None, open(f"{out}.err").read()[-3000:]
             time.sleep(0.1)
         second = run_main(args, devices=1, timeout=300)
         assert first.poll() is None, "the first run ended before the second started"
@@ -384,7 +381,7 @@ def test_second_run_on_the_same_directory_refuses(tmp_path, finished_run):
         assert error.startswith("error: ") and out in error and "in use by another run" in error, error
         assert f"pid {first.pid}" in error
         first.send_signal(signal.SIGTERM)
-        assert first.wait(timeout=120) == 0, first.stderr.read()[-3000:]
+        assert first.wait(timeout=120) == 0, open(f"{out}.err").read()[-3000:]
     finally:
         if first.poll() is None:
             first.kill()

@@ -3,15 +3,14 @@
 import os
 import random
 import signal
-import socket
 import subprocess
-import sys
 import time
 
 import pytest
 
 from rlhf_jax.runtime.checkpoint import Checkpointer
-from tests.train.helpers import REPO, cli_args, cpu_devices_flags, read_metrics, run_main
+from tests.cli_zygote import popen_module
+from tests.train.helpers import REPO, Processes, cli_args, cpu_devices_flags, read_metrics, run_main
 from tests.train.test_resume import _assert_same_rows
 
 TOTAL = 20
@@ -65,8 +64,8 @@ def test_sigterm_at_a_random_step_checkpoints_and_resumes_exactly(tmp_path, unin
     sig = signal.SIGTERM
     out = str(tmp_path / "run")
     at = random.randint(1, TOTAL // 2)
-    proc = subprocess.Popen([sys.executable, "-m", "rlhf_jax.main", *cli_args(out, **LONG)], env=_env(1), cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+    proc = popen_module("rlhf_jax.main", cli_args(out, **LONG), env=_env(1), cwd=REPO, stdout=f"{out}.out",
+                        stderr=f"{out}.err")
     try:
         _signal_after([proc], out, at, sig)
         started = time.time()
@@ -92,22 +91,11 @@ def test_sigterm_at_a_random_step_checkpoints_and_resumes_exactly(tmp_path, unin
         _assert_same_rows(a, b)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_ctrl_c_to_one_of_two_processes_stops_both_at_the_same_step(tmp_path):
     """Only process 1 gets the signal (SIGINT); both must stop after the same step and write one checkpoint together."""
     out = str(tmp_path / "run")
     args = cli_args(out, **{**LONG, "mesh.data": -1})
-    port = str(_free_port())
-    procs = [subprocess.Popen([sys.executable, "-m", "rlhf_jax.main", *args], cwd=REPO, stdin=subprocess.DEVNULL,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=_env(2, RLHF_JAX_COORDINATOR=f"127.0.0.1:{port}", RLHF_JAX_NUM_PROCESSES="2",
-                                       RLHF_JAX_PROCESS_ID=str(i)))
-             for i in range(2)]
+    procs = Processes(2, 2, args).procs
     try:
         _signal_after(procs, out, random.randint(1, 4), signal.SIGINT, target=1)
         outputs = [p.communicate(timeout=180) for p in procs]

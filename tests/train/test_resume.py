@@ -11,6 +11,7 @@ import numpy as np
 
 from rlhf_jax.runtime.checkpoint import Checkpointer
 from rlhf_jax.train.trainer import Trainer
+from tests.cli_zygote import popen_module
 from tests.train.helpers import REPO, cli_args, cpu_devices_flags, make_config, read_metrics
 
 # Metrics that are wall-clock measurements (or memory) and legitimately differ between runs.
@@ -71,8 +72,7 @@ def test_sigkill_during_checkpoint_save_resumes_from_previous(tmp_path):
     args = cli_args(out, **{"trainer.total_training_steps": 40, "trainer.save_freq": 1,
                             "mesh.data": 1, "mesh.fsdp": 1, "mesh.tensor": 1})
     env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=cpu_devices_flags(1))
-    proc = subprocess.Popen([sys.executable, "-m", "rlhf_jax.main", *args], env=env, cwd=REPO,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+    proc = popen_module("rlhf_jax.main", args, env=env, cwd=REPO)
     killed_during_save = False
     try:
         deadline = time.time() + 400

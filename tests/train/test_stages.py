@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
@@ -15,6 +13,7 @@ import pytest
 from rlhf_jax.config.cli import load_config_from_argv
 from rlhf_jax.config.stage_overrides import NAME, flatten_stage
 from rlhf_jax.train.stages import DONE, stage_configs
+from tests.cli_zygote import popen_module
 from tests.train.helpers import REPO, cli_args, cpu_devices_flags, load_recipe, read_metrics, run_main
 
 RECIPE = '''
@@ -66,8 +65,8 @@ def test_sft_then_grpo_stopped_in_the_second_stage_resumes_there(tmp_path):
     out = str(tmp_path / "run")
     sft_dir, grpo_dir = os.path.join(out, "stage_0_sft_warmup"), os.path.join(out, "stage_1_grpo")
     env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=cpu_devices_flags(8))
-    proc = subprocess.Popen([sys.executable, "-m", "rlhf_jax.main", *_args(tmp_path, out)], env=env, cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+    proc = popen_module("rlhf_jax.main", _args(tmp_path, out), env=env, cwd=REPO, stdout=f"{out}.out",
+                        stderr=f"{out}.err")
     try:
         deadline = time.time() + 500
         while _rows(os.path.join(grpo_dir, "metrics.jsonl")) < 3 and proc.poll() is None and time.time() < deadline:
