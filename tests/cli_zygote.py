@@ -311,7 +311,24 @@ class Forked:
 
     def communicate(self, timeout: float | None = None) -> tuple[str, str]:
         self.wait(timeout)
-        return tuple(open(path).read() if path != os.devnull else "" for path in self.paths)
+        return _read_outputs(self.paths)
+
+
+def _read_outputs(paths: tuple[str, str]) -> tuple[str, str]:
+    return tuple(open(path).read() if path != os.devnull else "" for path in paths)
+
+
+class _Fresh(subprocess.Popen):
+    """A fresh process whose stdout and stderr go to files, which ``communicate`` reads as ``Forked``'s does."""
+
+    def __init__(self, command: list[str], paths: tuple[str, str], **kwargs):
+        self.paths = paths
+        super().__init__(command, stdin=subprocess.DEVNULL, stdout=open(paths[0], "w"), stderr=open(paths[1], "w"),
+                         **kwargs)
+
+    def communicate(self, input=None, timeout: float | None = None) -> tuple[str, str]:
+        self.wait(timeout)
+        return _read_outputs(self.paths)
 
 
 class _Detached:
@@ -359,8 +376,7 @@ def popen_module(module: str, args: list[str], *, env: dict, cwd: str, stdout: s
     command = [sys.executable, "-m", module, *args]
     standard = _start_up_env(dict(os.environ, JAX_PLATFORMS="cpu"))
     if os.environ.get(FRESH) == "1" or _start_up_env(env) != standard:
-        return subprocess.Popen(command, env=env, cwd=cwd, stdin=subprocess.DEVNULL,
-                                stdout=open(stdout, "w"), stderr=open(stderr, "w"))
+        return _Fresh(command, (stdout, stderr), env=env, cwd=cwd)
     with _detached_lock:
         if _detached is None or not _detached.alive() or _detached.cwd != cwd:
             _detached = _Detached(_hugepage_env(standard), cwd)

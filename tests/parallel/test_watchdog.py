@@ -6,20 +6,18 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
 from rlhf_jax.parallel.watchdog import lost_a_peer, silence_limit_s
+from tests.cli_zygote import run_module
 from tests.parallel.rehearsal import free_port
 from tests.train.helpers import REPO
 
 
 def _watch(scenario: str) -> dict:
     env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1")
-    proc = subprocess.run([sys.executable, "-m", "tests.parallel.watchdog_worker", str(free_port()), scenario],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    proc = run_module("tests.parallel.watchdog_worker", [str(free_port()), scenario], env=env, cwd=REPO, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

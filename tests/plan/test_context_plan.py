@@ -121,18 +121,17 @@ def test_processes_that_choose_differently_all_stop_when_one_finds_no_split(tmp_
     split (its unsplit plan stops at the resident arrays, which no split shrinks). Both stop with an error line instead of one of them building
     a run the other never joins."""
     import os
-    import subprocess
-    import sys
 
+    from tests.cli_zygote import popen_module
     from tests.train.helpers import REPO, cpu_devices_flags
     from tests.train.test_multiprocess import _free_port
 
     port = _free_port()
-    procs = [subprocess.Popen([sys.executable, "-m", "tests.plan.agree_context", str(usable)], cwd=REPO,
-                              env=dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=cpu_devices_flags(4),
-                                       RLHF_JAX_COORDINATOR=f"127.0.0.1:{port}", RLHF_JAX_NUM_PROCESSES="2",
-                                       RLHF_JAX_PROCESS_ID=str(i)),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+    procs = [popen_module("tests.plan.agree_context", [str(usable)], cwd=REPO,
+                          env=dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=cpu_devices_flags(4),
+                                   RLHF_JAX_COORDINATOR=f"127.0.0.1:{port}", RLHF_JAX_NUM_PROCESSES="2",
+                                   RLHF_JAX_PROCESS_ID=str(i)),
+                          stdout=str(tmp_path / f"{i}.out"), stderr=str(tmp_path / f"{i}.err"))
              for i, usable in enumerate((0, 2**20))]
     outs = [p.communicate(timeout=300) for p in procs]
     assert [p.returncode for p in procs] == [2, 2], [err[-2000:] for _, err in outs]
