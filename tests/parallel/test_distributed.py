@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ import time
 import pytest
 
 from rlhf_jax.parallel.distributed import ENV_HEARTBEAT, heartbeat_timeout_s
+from tests.parallel.rehearsal import free_port
 from tests.train.helpers import REPO
 
 WORKER = """
@@ -37,17 +37,11 @@ for step in range(100000):
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.parametrize("victim", [1, 0], ids=["worker dies", "coordinator dies"])
 def test_the_survivor_exits_with_an_error_when_another_process_dies(tmp_path, victim):
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
-    port = _free_port()
+    port = free_port()
     procs, logs = [], []
     for pid in range(2):
         env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=2",

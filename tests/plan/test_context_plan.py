@@ -124,9 +124,9 @@ def test_processes_that_choose_differently_all_stop_when_one_finds_no_split(tmp_
 
     from tests.cli_zygote import popen_module
     from tests.train.helpers import REPO, cpu_devices_flags
-    from tests.train.test_multiprocess import _free_port
+    from tests.parallel.rehearsal import free_port
 
-    port = _free_port()
+    port = free_port()
     procs = [popen_module("tests.plan.agree_context", [str(usable)], cwd=REPO,
                           env=dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=cpu_devices_flags(4),
                                    RLHF_JAX_COORDINATOR=f"127.0.0.1:{port}", RLHF_JAX_NUM_PROCESSES="2",

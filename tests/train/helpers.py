@@ -158,6 +158,13 @@ class Processes:
             if p.poll() is None:
                 p.kill()
 
+    def __enter__(self) -> "Processes":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        """Whatever happened in the block, no process outlives it."""
+        self.kill()
+
 
 def run_tool(module: str, *args: str, env: dict | None = None, timeout: float = 600, cwd: str = REPO
              ) -> subprocess.CompletedProcess:

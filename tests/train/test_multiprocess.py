@@ -3,22 +3,16 @@ and the two-process run's checkpoint resumes in one process of 8 devices."""
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 
 import pytest
 
+from tests.parallel.rehearsal import free_port
 from tests.train.helpers import REPO, Processes, cli_args, read_metrics, run_main
 
 KEYS = ("critic/score/mean", "actor/pg_loss", "actor/grad_norm", "actor/entropy", "actor/kl_loss",
         "response_length/mean", "val-core/arithmetic/reward/mean@1")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _two_processes(out: str, devices_each: int, recipe: str = "grpo", launcher: bool = False, **overrides) -> None:
@@ -27,14 +21,11 @@ def _two_processes(out: str, devices_each: int, recipe: str = "grpo", launcher: 
     interpreter (helpers.Processes)."""
     args = cli_args(out, recipe, **overrides)
     if not launcher:
-        procs = Processes(2, devices_each, args)
-        try:
+        with Processes(2, devices_each, args) as procs:
             _, stderr = procs.communicate(timeout=600)
-        finally:
-            procs.kill()
         assert procs.returncode == 0, stderr[-3000:]
         return
-    env = dict(os.environ, RLHF_JAX_PORT=str(_free_port()),
+    env = dict(os.environ, RLHF_JAX_PORT=str(free_port()),
                PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
     launched = subprocess.run(["bash", os.path.join(REPO, "launch", "local_multiprocess.sh"), "2", str(devices_each),
                                *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=600,

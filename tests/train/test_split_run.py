@@ -31,11 +31,8 @@ def _launch(out: str, recipe: str = "grpo", **overrides) -> Processes:
 
 
 def _split_run(out: str, timeout: float = 600, recipe: str = "grpo", **overrides) -> subprocess.CompletedProcess:
-    procs = _launch(out, recipe, **overrides)
-    try:
+    with _launch(out, recipe, **overrides) as procs:
         stdout, stderr = procs.communicate(timeout=timeout)
-    finally:
-        procs.kill()
     return subprocess.CompletedProcess(["rlhf_jax.main"], procs.returncode, stdout, stderr)
 
 
@@ -90,8 +87,7 @@ def _rows(out: str) -> int:
 def _sigterm_after(out: str, rows: int, **overrides) -> int:
     """Start the run, SIGTERM every process once ``rows`` steps are logged, and return the steps it finished (it
     stops at the next step boundary, or abandons the step in flight before its update)."""
-    procs = _launch(out, **overrides)
-    try:
+    with _launch(out, **overrides) as procs:
         deadline = time.monotonic() + 500
         while _rows(out) < rows and procs.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -99,8 +95,6 @@ def _sigterm_after(out: str, rows: int, **overrides) -> int:
         for pid in procs.pids:
             os.kill(pid, signal.SIGTERM)
         _, stderr = procs.communicate(timeout=300)
-    finally:
-        procs.kill()
     assert procs.returncode == 0, stderr[-3000:]
     return _rows(out)
 
