@@ -22,6 +22,11 @@ if "xla_cpu_collective_call_terminate_timeout_seconds" not in os.environ.get("XL
 # numerics are XLA's own at any level; benchmarks and real runs keep the default.
 if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] += " --xla_backend_optimization_level=0"
+# XLA:CPU's newer fusion emitters (MLIR) take about twice as long to compile a fusion as its classic IR emitters
+# (measured: tests/train/test_training_passes.py compiles its 94 programs in 31 s with them, 18 s without), for code
+# that runs a little slower; the tests' programs are compiled far more often than they run.
+if "xla_cpu_use_fusion_emitters" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] += " --xla_cpu_use_fusion_emitters=false"
 # The eight devices' collectives need threads to spare in XLA:CPU's pool, or a dispatch loop that runs ahead of
 # execution deadlocks them (rlhf_jax/runtime/cpu_collectives.py); subprocesses inherit the setting.
 from rlhf_jax.runtime import cpu_collectives  # noqa: E402  (imports no JAX)

@@ -9,7 +9,8 @@ import yaml
 
 from rlhf_jax.config.__main__ import convert
 from rlhf_jax.config.yaml_import import load_yaml
-from tests.train.helpers import read_metrics, run_main
+from tests.config import trinity_runs as R
+from tests.train.helpers import read_metrics
 
 EXAMPLES = os.path.join(os.path.dirname(__file__), "dialects", "roll", "examples")
 DPO = os.path.join(EXAMPLES, "dpo_examples", "qwen2.5-3B_dpo_megatron.yaml")
@@ -92,14 +93,13 @@ def _rl_overrides(out):
 
 
 def _run(path, out, **extra):
-    args = [f"--config={path}"] + [f"--config.{k}={v}" for k, v in {**_rl_overrides(out), **extra}.items()]
-    proc = run_main(args, devices=1)
+    proc = R.run_file(path, {**_rl_overrides(out), **extra})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert os.path.isdir(os.path.join(out, "checkpoints", "2")) and "step 2" in proc.stdout
     return next(r for r in read_metrics(out) if any(k.startswith("actor/") for k in r))
 
 
-def test_roll_rlvr_file_trains_two_steps_and_its_conversion_trains_the_same(tmp_path):
+def test_roll_rlvr_file_trains_two_steps_and_its_conversion_reads_the_same(tmp_path):
     source = tmp_path / "rlvr_config.yaml"
     source.write_text(_without_missing_features(RLVR))
     converted = tmp_path / "converted.yaml"
@@ -117,23 +117,10 @@ def test_roll_rlvr_file_trains_two_steps_and_its_conversion_trains_the_same(tmp_
     scorer.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
                       "    return float(sum(map(ord, solution_str)) % 2)\n")
     extra = {"custom_reward_function.path": str(scorer), "algorithm.sample_mask.truncated": False}
-    a, b = (_run(str(path), str(tmp_path / name), **extra)
-            for name, path in (("original", source), ("converted", converted)))
+    a = _run(str(source), str(tmp_path / "original"), **extra)
     assert a["actor/difficulty_mask_ratio"] > 0.0 and a["actor/grad_norm"] > 0.0  # whitened: pg_loss is 0 at ratio 1
     assert a["critic/advantages/max"] <= 2.0 and a["critic/advantages/min"] >= -2.0  # advantage_clip
-    assert _same_numbers(a, b)
-
-
-def _same_numbers(a, b):
-    def measured(row):  # what the run computed, not how long it took
-        return {k for k, v in row.items() if isinstance(v, (int, float)) and not k.startswith(("timing", "perf"))
-                and "time" not in k and "throughput" not in k}
-
-    numeric = measured(a)
-    assert numeric and numeric == measured(b)
-    for key in numeric:
-        assert math.isclose(a[key], b[key], rel_tol=1e-6, abs_tol=1e-6), (key, a[key], b[key])
-    return True
+    R.assert_same_settings(str(source), str(converted), {**_rl_overrides(str(tmp_path / "original")), **extra})
 
 
 def _pairs(path, n, shift):
@@ -157,31 +144,21 @@ def _overrides(tmp_path, out):
     }
 
 
-def test_roll_dpo_file_trains_two_steps_and_its_conversion_trains_the_same(tmp_path):
+def test_roll_dpo_file_trains_two_steps_and_its_conversion_reads_the_same(tmp_path):
     _pairs(tmp_path / "train.jsonl", 16, 1)
     _pairs(tmp_path / "val.jsonl", 4, 2)
     converted = tmp_path / "converted.yaml"
     converted.write_text(convert(DPO))
     assert "actor_train" not in converted.read_text() and "env_vars" in converted.read_text()
-    firsts = []
-    for name, path in (("original", DPO), ("converted", str(converted))):
-        out = str(tmp_path / name)
-        args = [f"--config={path}"] + [f"--config.{k}={v}" for k, v in _overrides(tmp_path, out).items()]
-        proc = run_main(args, devices=1)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        assert "environment of the run (trainer.env_vars): USE_MODELSCOPE=1" in proc.stderr
-        assert os.path.isdir(os.path.join(out, "checkpoints", "2")) and "step 2" in proc.stdout
-        # the first training step's row (a validation row before it has only val/ keys)
-        firsts.append(next(r for r in read_metrics(out) if any(k.startswith(("dpo/", "actor/")) for k in r)))
-    a, b = firsts
-    def measured(row):  # what the run computed, not how long it took
-        return {k for k, v in row.items() if isinstance(v, (int, float)) and not k.startswith(("timing", "perf"))
-                and "time" not in k and "throughput" not in k}
-
-    numeric = measured(a)
-    assert numeric and numeric == measured(b) and any(k.startswith(("dpo/", "actor/")) for k in numeric)
-    for key in numeric:
-        assert math.isclose(a[key], b[key], rel_tol=1e-6, abs_tol=1e-6), (key, a[key], b[key])
+    out = str(tmp_path / "original")
+    proc = R.run_file(DPO, _overrides(tmp_path, out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "environment of the run (trainer.env_vars): USE_MODELSCOPE=1" in proc.stderr
+    assert os.path.isdir(os.path.join(out, "checkpoints", "2")) and "step 2" in proc.stdout
+    # the first training step's row (a validation row before it has only val/ keys)
+    first = next(r for r in read_metrics(out) if any(k.startswith(("dpo/", "actor/")) for k in r))
+    assert any(k.startswith(("dpo/", "actor/")) and "loss" in k and math.isfinite(v) for k, v in first.items())
+    R.assert_same_settings(DPO, str(converted), _overrides(tmp_path, out))
 
 
 def test_roll_lora_settings_are_the_actors_adapters():
@@ -240,9 +217,9 @@ def _ppo_overrides(tmp_path, out):
     }
 
 
-def test_roll_ppo_docs_example_trains_two_steps_by_domain_and_its_conversion_trains_the_same(tmp_path):
+def test_roll_ppo_docs_example_trains_two_steps_by_domain_and_its_conversion_reads_the_same(tmp_path):
     """ROLL's docs example as written (PPO with a critic of model_type trl, one domain math_rule sampled by
-    domain_interleave_probs), shrunk by our keys only; its conversion to our keys computes the same first step."""
+    domain_interleave_probs), shrunk by our keys only; its conversion to our keys reads to the same settings."""
     _math_rows(tmp_path / "math.jsonl", 16)
     cfg = load_yaml(PPO)
     assert dict(cfg.data.domain_weights) == {"math_rule": 1.0} and cfg.algorithm.adv_estimator == "gae"
@@ -250,17 +227,13 @@ def test_roll_ppo_docs_example_trains_two_steps_by_domain_and_its_conversion_tra
     converted = tmp_path / "converted.yaml"
     converted.write_text(convert(PPO))
     assert "actor_train" not in converted.read_text() and "domain_weights" in converted.read_text()
-    firsts = []
-    for name, path in (("original", PPO), ("converted", str(converted))):
-        out = str(tmp_path / name)
-        args = [f"--config={path}"] + [f"--config.{k}={v}" for k, v in _ppo_overrides(tmp_path, out).items()]
-        proc = run_main(args, devices=1)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        assert os.path.isdir(os.path.join(out, "checkpoints", "2")) and "step 2" in proc.stdout
-        # the 4 code_sandbox rows are left out: the file's only domain is math_rule
-        assert "training prompts by domain (data.domain_weights): each batch of 4: math_rule 4 (of 12 rows)" in (
-            proc.stdout + proc.stderr)
-        firsts.append(next(r for r in read_metrics(out) if any(k.startswith("actor/") for k in r)))
-    a, b = firsts
+    out = str(tmp_path / "original")
+    proc = R.run_file(PPO, _ppo_overrides(tmp_path, out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert os.path.isdir(os.path.join(out, "checkpoints", "2")) and "step 2" in proc.stdout
+    # the 4 code_sandbox rows are left out: the file's only domain is math_rule
+    assert "training prompts by domain (data.domain_weights): each batch of 4: math_rule 4 (of 12 rows)" in (
+        proc.stdout + proc.stderr)
+    a = next(r for r in read_metrics(out) if any(k.startswith("actor/") for k in r))
     assert a["critic/vf_loss"] > 0.0 and a["actor/grad_norm"] > 0.0  # the critic trains (gae)
-    assert _same_numbers(a, b)
+    R.assert_same_settings(PPO, str(converted), _ppo_overrides(tmp_path, out))

@@ -1,15 +1,12 @@
-"""Shared pieces of the dialect-file run tests: small local data sets and first-step metric comparison."""
+"""Shared pieces of the dialect-file run tests: small local data sets, runs of a file, and the settings a converted
+file reads to."""
 
 from __future__ import annotations
 
 import json
-import math
 import os
 
 from tests.train.helpers import read_metrics, run_main
-
-# Metrics that measure the machine, not the computation.
-_TIMING = ("timing", "perf/", "time/", "throughput", "mfu", "memory", "idle", "latency")
 
 
 def write_jsonl(path: str, rows: list[dict]) -> str:
@@ -30,23 +27,34 @@ def pairs(path: str, n: int = 16) -> str:
     return write_jsonl(path, [{"prompt": f"{i}+1=", "chosen": str(i + 1), "rejected": str(i + 3)} for i in range(n)])
 
 
+def run_args(config: str, overrides: dict) -> list[str]:
+    return [f"--config={config}"] + [f"--config.{k}={v}" for k, v in overrides.items()]
+
+
 def run_file(config: str, overrides: dict, *, env: dict | None = None):
-    args = [f"--config={config}"] + [f"--config.{k}={v}" for k, v in overrides.items()]
-    return run_main(args, devices=1, env=env)
+    return run_main(run_args(config, overrides), devices=1, env=env)
 
 
-def first_step_metrics(out: str) -> dict[str, float]:
-    row = next(r for r in read_metrics(out) if "training/global_step" in r)  # the first training step
-    return {k: v for k, v in row.items() if isinstance(v, (int, float)) and not any(t in k for t in _TIMING)}
+def settings(config: str, overrides: dict) -> dict:
+    """Every setting a run of ``config`` with ``overrides`` reads, as the command line builds them."""
+    from rlhf_jax.config.cli import load_config_from_argv
+
+    return load_config_from_argv(["rlhf_jax.main"] + run_args(config, overrides)).to_dict()
 
 
-def assert_same_first_step(a: str, b: str, tol: float = 1e-6) -> None:
-    ma, mb = first_step_metrics(a), first_step_metrics(b)
-    assert set(ma) == set(mb), set(ma) ^ set(mb)
-    assert any("loss" in k for k in ma), sorted(ma)
-    for k in ma:
-        if not (math.isnan(ma[k]) and math.isnan(mb[k])):
-            assert abs(ma[k] - mb[k]) <= tol, (k, ma[k], mb[k])
+def assert_same_settings(original: str, converted: str, overrides: dict) -> None:
+    """A converted file, with the same overrides, reads to every setting its original does. A run is a function of
+    its settings and seed (the bit-exact resume tests), so the two train alike: the original's run stands for both
+    (a second run would only repeat it)."""
+    a, b = settings(original, overrides), settings(converted, overrides)
+
+    def flat(d, prefix=""):
+        for k, v in d.items():
+            yield from flat(v, f"{prefix}{k}.") if isinstance(v, dict) else [(prefix + k, v)]
+
+    fa, fb = dict(flat(a)), dict(flat(b))
+    differing = sorted(k for k in fa.keys() | fb.keys() if fa.get(k, "<absent>") != fb.get(k, "<absent>"))
+    assert not differing, [(k, fa.get(k, "<absent>"), fb.get(k, "<absent>")) for k in differing[:5]]
 
 
 def ran_two_steps(proc, out: str, fmt: str) -> None:

@@ -10,8 +10,8 @@ import sys
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # For subprocesses on several fake CPU devices: see tests/conftest.py on XLA:CPU's collective timeout.
 PATIENT_COLLECTIVES = "--xla_cpu_collective_call_terminate_timeout_seconds=600"
-# XLA:CPU compiles without LLVM's optimizations in tests (see tests/conftest.py).
-QUICK_COMPILES = "--xla_backend_optimization_level=0"
+# XLA:CPU compiles without LLVM's optimizations and with its classic fusion emitters in tests (see tests/conftest.py).
+QUICK_COMPILES = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
 
 
 def cpu_devices_flags(devices: int) -> str:
