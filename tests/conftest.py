@@ -248,3 +248,9 @@ def pytest_terminal_summary(terminalreporter):
     terminalreporter.write_sep("=", "slowest tests (setup, call and teardown)")
     for nodeid, seconds in sorted(_TEST_SECONDS.items(), key=lambda kv: -kv[1])[:40]:
         terminalreporter.write_line(f"{seconds:8.1f}s {100 * seconds / total:5.1f}%  {nodeid}")
+    record = os.environ.get("RLHF_JAX_TEST_SECONDS")  # every test's seconds as JSON, to compare two runs test by test
+    if record:
+        import json
+
+        with open(record, "w") as f:
+            json.dump(_TEST_SECONDS, f, indent=0, sort_keys=True)
