@@ -41,6 +41,12 @@ def gather_all(x) -> np.ndarray:
     return groups.allgather(x, tiled=True)
 
 
+def all_rows(local) -> np.ndarray:
+    """Every process's rows of a process-local host array, in process order (this process's own when it is alone)."""
+    local = np.asarray(local)
+    return local if groups.process_count() == 1 else groups.allgather(local, tiled=True)
+
+
 def sum_over_processes(values: np.ndarray) -> np.ndarray:
     """Element-wise sum of a same-shaped host array over the processes of the group."""
     if groups.process_count() == 1:

@@ -212,10 +212,9 @@ class SamplingLoop:
     def __init__(self, cfg, channel: Channel, training: groups.ProcessGroup, sampling: groups.ProcessGroup):
         from rlhf_jax import algos
         from rlhf_jax.data import loader_from_config
-        from rlhf_jax.rewards import RewardManager
         from rlhf_jax.rollout import Sampler
         from rlhf_jax.train.setup import load_actor, prepare, sampler_graphdef
-        from rlhf_jax.train.trainer_rollout import Producer, Rollouts
+        from rlhf_jax.train.trainer_rollout import Producer, Rollouts, scorers
         from rlhf_jax.runtime.preemption import STOP
 
         c = prepare(cfg)
@@ -227,14 +226,7 @@ class SamplingLoop:
         # under LoRA the sampler runs the plain model on merged weights
         self.graphdef = sampler_graphdef(cfg, model.config, model.task, None if model.config.lora else graphdef)
         sampler = Sampler(self.graphdef, mesh=mesh, rules=c.rules, max_positions=model.config.max_position_embeddings)
-        rewards = RewardManager.from_config(cfg.reward_model, cfg.custom_reward_function,
-                                            max_response_length=cfg.actor_rollout_ref.rollout.response_length,
-                                            experiment_name=cfg.trainer.experiment_name)
-        reward_model = None
-        if cfg.reward_model.enable:  # scored where sampled: the reward model lives on the sampling devices
-            from rlhf_jax.rewards import RewardModelScorer
-
-            reward_model = RewardModelScorer.from_config(cfg.reward_model, mesh=mesh, rules=c.rules)
+        rewards, reward_model = scorers(cfg, mesh, c.rules)
         self.rollouts = Rollouts(None, sampler, c.tokenizer, rewards, mesh=mesh, rules=c.rules,
                                  dp_size=mesh.devices.size, weight_dtype=cfg.actor_rollout_ref.rollout.weight_dtype,
                                  compute_dtype=cfg.actor_rollout_ref.rollout.dtype, lora=model.config.lora,

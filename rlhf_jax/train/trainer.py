@@ -28,7 +28,6 @@ from rlhf_jax.algos.rollout_correction import correction_from_config, mismatch_m
 from rlhf_jax.models.hub import resolve_model_path
 from rlhf_jax.data import loader_from_config
 from rlhf_jax.models import TASK_TOKEN_VALUE
-from rlhf_jax.rewards import RewardManager
 from rlhf_jax.rollout import Sampler
 from rlhf_jax.train import experience, losses
 from rlhf_jax.train import metrics as M
@@ -48,7 +47,7 @@ from rlhf_jax.train.steps import ActorLossSpec, CriticLossSpec, advantage_stage
 from rlhf_jax.train.trainer_checkpoints import (CheckpointItems, export_policy, model_record, restore_roles,
                                                 role_arrays)
 from rlhf_jax.train.split_run import experience_buffer, split_groups
-from rlhf_jax.train.trainer_rollout import Producer, Rollouts
+from rlhf_jax.train.trainer_rollout import Producer, Rollouts, scorers
 from rlhf_jax.train.update import UpdateSchedule, update_role
 from rlhf_jax.train.validation import Validator
 from rlhf_jax.parallel import batch_sharding
@@ -192,15 +191,7 @@ class Trainer:
 
             multi_turn = MultiTurnRollout(cfg, sampler.graphdef, self.actor.config, c.tokenizer, c.mesh, c.rules,
                                           cfg.data.max_prompt_length)
-        rewards = RewardManager.from_config(cfg.reward_model, cfg.custom_reward_function,
-                                            max_response_length=cfg.actor_rollout_ref.rollout.response_length,
-                                            experiment_name=cfg.trainer.experiment_name)
-        reward_model = None
-        if cfg.reward_model.enable:
-            from rlhf_jax.rewards import RewardModelScorer
-
-            # where the responses are sampled: on the rollout devices it scores while the update runs
-            reward_model = RewardModelScorer.from_config(cfg.reward_model, mesh=here or c.mesh, rules=c.rules)
+        rewards, reward_model = scorers(cfg, here or c.mesh, c.rules)
         return Rollouts(self.actor, sampler, c.tokenizer, rewards, mesh=c.mesh, rules=c.rules,
                         dp_size=cfg.derived.dp_size, reward_model=reward_model, multi_turn=multi_turn,
                         rollout_mesh=here, weight_dtype=cfg.actor_rollout_ref.rollout.weight_dtype,

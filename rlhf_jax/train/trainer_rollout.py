@@ -26,7 +26,7 @@ from rlhf_jax.rollout.sampler import cast_floating
 from rlhf_jax.train import metrics as M
 from rlhf_jax.train.offload import to_device
 from rlhf_jax.parallel import groups
-from rlhf_jax.parallel.hosts import gather_all, to_global, to_local
+from rlhf_jax.parallel.hosts import all_rows, gather_all, to_global, to_local
 from rlhf_jax.rollout.dynamic_sampling import OPTIONAL_KEYS, ROLLOUT_KEYS, Collected, varied_groups
 from rlhf_jax.rollout.generation import generate_batch, key_function
 from rlhf_jax.rollout.segments import Refresh, SegmentedSampler
@@ -39,6 +39,21 @@ def merge_dtype(weight_dtype: str | None, compute_dtype: str | None) -> str | No
     """The dtype the LoRA merge makes the sampler's weights in: its copy's (``rollout.weight_dtype``) when set, else
     the dtype it computes in (the model casts each weight at use, so a narrower merge changes no product)."""
     return weight_dtype or compute_dtype
+
+
+def scorers(cfg, mesh, rules) -> tuple[Any, Any]:
+    """(reward manager, reward model scorer or None) of a run. The reward model lives on ``mesh``, where the
+    responses are sampled (the rollout devices or the sampling processes'), so it scores while the update runs."""
+    from rlhf_jax.rewards import RewardManager
+
+    rewards = RewardManager.from_config(cfg.reward_model, cfg.custom_reward_function,
+                                        max_response_length=cfg.actor_rollout_ref.rollout.response_length,
+                                        experiment_name=cfg.trainer.experiment_name)
+    if not cfg.reward_model.enable:
+        return rewards, None
+    from rlhf_jax.rewards import RewardModelScorer
+
+    return rewards, RewardModelScorer.from_config(cfg.reward_model, mesh=mesh, rules=rules)
 
 
 class Rollouts:
@@ -174,12 +189,6 @@ def reward_components(extras: dict[str, np.ndarray], keys: tuple[str, ...]) -> n
     return np.stack(columns, axis=1)
 
 
-def _whole(local) -> np.ndarray:
-    """Every process's rows of a process-local array, in process order (this process's own when it is alone)."""
-    local = np.asarray(local)
-    return local if groups.process_count() == 1 else groups.allgather(local, tiled=True)
-
-
 @dataclasses.dataclass
 class Producer:
     """Prompt batch -> ScoredBatch for training step ``step``: sample, score (per-turn rewards of multi-turn
@@ -281,10 +290,10 @@ class Producer:
                 raise ValueError("algorithm.filter_groups.metric=acc: the reward function returns no 'acc' (return "
                                  "{'score': ..., 'acc': ...}) ; or set the metric to score")
             values = extras["acc"] if fg.metric == "acc" else scores
-            domain = None if pb.domain is None else _whole(np.repeat(pb.domain, n))
+            domain = None if pb.domain is None else all_rows(np.repeat(pb.domain, n))
             kept = (*ROLLOUT_KEYS, *(k for k in OPTIONAL_KEYS if getattr(out, k) is not None))
-            collected.add({k: gather_all(getattr(out, k)) for k in kept}, _whole(scores),
-                          varied_groups(_whole(values), n), domain)
+            collected.add({k: gather_all(getattr(out, k)) for k in kept}, all_rows(scores),
+                          varied_groups(all_rows(values), n), domain)
             if collected.num_groups >= wanted:
                 break
             if 0 < fg.max_num_gen_batches <= rounds:
