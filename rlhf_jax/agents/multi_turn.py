@@ -3,7 +3,8 @@
 
 ``response_mask`` marks the sampled tokens (trained), ``response_valid`` every response token (the attention
 mask's response part). Runs the turn loop of ``agents.turns`` on a ``ConversationSampler`` over the actor's
-weights (one program, no copy), on the training mesh, in one process. Metrics go under ``multi_turn/``.
+weights (one program, no copy), on the sampling mesh (the rollout devices' under ``mesh.rollout_devices``, else the
+training mesh), in one process; the batch it returns is on the training mesh. Metrics go under ``multi_turn/``.
 
 Three drivers: tool calls (the data's prompts; the reward manager scores), an environment (its first observation
 is the prompt; its summed rewards are the scores) and a workflow (a user's agent on an OpenAI-style client per
@@ -46,12 +47,15 @@ def stop_sequences(tokenizer: Any, fmt: str) -> list[list[int]]:
 class MultiTurnRollout:
     """Multi-turn rollouts for one trainer: settings from the config, one conversation sampler per sampling setting."""
 
-    def __init__(self, cfg, graphdef, model_config, tokenizer, mesh: Mesh, rules, prompt_length: int):
+    def __init__(self, cfg, graphdef, model_config, tokenizer, mesh: Mesh, rules, prompt_length: int,
+                 sampling_mesh: Mesh | None = None):
+        """``mesh``: the training mesh, where the returned batch lives; ``sampling_mesh``: where the conversation
+        sampler runs (None: ``mesh``)."""
         mt = cfg.actor_rollout_ref.rollout.multi_turn
         self.enabled = bool(mt.enable)
         self.settings = turn_settings(mt, int(cfg.actor_rollout_ref.rollout.response_length))
         self.graphdef, self.model_config, self.tok = graphdef, model_config, tokenizer
-        self.mesh, self.rules = mesh, rules
+        self.mesh, self.rules, self.sampling_mesh = mesh, rules, sampling_mesh or mesh
         self.prompt_length = int(prompt_length)
         self.capacity = self.prompt_length + self.settings.response_length
         self.stops = stop_sequences(tokenizer, self.settings.format)
@@ -73,7 +77,7 @@ class MultiTurnRollout:
         if key not in self._samplers:
             self._samplers[key] = ConversationSampler(
                 self.graphdef, self.model_config, capacity=self.capacity, params=sampling,
-                turn_len=self.settings.turn_len, stop_sequences=self.stops, stage=STAGE, mesh=self.mesh,
+                turn_len=self.settings.turn_len, stop_sequences=self.stops, stage=STAGE, mesh=self.sampling_mesh,
                 rules=self.rules)
         return self._samplers[key]
 

@@ -156,15 +156,12 @@ def router_replay_combinations(cfg: ConfigDict, ctx: Context) -> None:
                          f"single-turn sampler): set {_MT}enable=False or mode=R2")
 
 
-@rule(_MT + "enable", "mesh.rollout_devices", "algorithm.adv_estimator")
+@rule(_MT + "enable", "algorithm.adv_estimator")
 def multi_turn_combinations(cfg: ConfigDict, ctx: Context) -> None:
-    """Multi-turn rollouts run in one process on the training mesh, without a greedy baseline."""
+    """Multi-turn rollouts run in one process, without a greedy baseline."""
     if not cfg.actor_rollout_ref.rollout.multi_turn.enable:
         return
     key = _MT + "enable=True"
-    if cfg.mesh.rollout_devices:
-        raise ValueError(f"{key} with mesh.rollout_devices is not supported: multi-turn rollouts run on the "
-                         "training mesh (set mesh.rollout_devices=0)")
     if ctx.num_processes > 1:
         raise ValueError(f"{key} runs in one process; this run has {ctx.num_processes}")
     if algos.estimator_info(cfg.algorithm.adv_estimator).needs_greedy_baseline:

@@ -59,6 +59,29 @@ def test_grpo_trains_on_multi_turn_rollouts_with_tool_tokens_masked_and_dynamic_
     assert sampler.decoded_tokens > 0 and sampler.prefilled_tokens > 0
 
 
+def test_multi_turn_rollouts_on_rollout_devices_train_like_the_shared_layout(tmp_path):
+    """The conversations are sampled on 4 devices of their own from the trained weights' copy; the batch trains on
+    the other 4, as the 8 shared devices train it."""
+    turns = {**TURNS, MT + "tools": ("test_digits",), MT + "format": "test_first_two_turns"}
+    runs = {}
+    for name, extra in (("shared", {}), ("split", {"mesh.rollout_devices": 4, "mesh.tensor": 1})):
+        trainer = Trainer(make_config(str(tmp_path / name), "grpo", **turns, **extra))
+        trainer.fit()
+        if extra:
+            sampler = next(iter(trainer.rollouts.multi_turn._samplers.values()))
+            assert sampler.decoded_tokens > 0 and set(sampler.mesh.devices.flat) == set(
+                trainer.c.rollout_mesh.devices.flat)
+        trainer.close()
+        runs[name] = read_metrics(str(tmp_path / name))
+    a, b = runs["shared"], runs["split"]
+    assert [r["step"] for r in a] == [r["step"] for r in b] == [1, 2]
+    for ra, rb in zip(a, b):
+        assert rb["multi_turn/tool_calls/mean"] >= 1 and 0 < rb["multi_turn/masked_token_fraction"] < 1
+        for key in ("critic/score/mean", "actor/pg_loss", "actor/grad_norm", "actor/entropy", "response_length/mean",
+                    "multi_turn/num_turns/mean", "multi_turn/masked_token_fraction"):
+            assert rb[key] == pytest.approx(ra[key], rel=1e-5, abs=1e-6), (ra["step"], key)
+
+
 def test_cli_grpo_with_the_calculator_tool(tmp_path):
     out = str(tmp_path / "run")
     proc = run_main(cli_args(out, **{**TURNS, **ONE_DEVICE}), devices=1)
