@@ -188,6 +188,12 @@ class MultiTurnRollout:
             out["logprobs"][i, :r] = t.logprobs
             out["response_valid"][i, :r] = 1
             out["finished"][i] = t.finished
+        if trajs and trajs[0].routes is not None:  # R3: the experts of every token, beside it (-1 on padding)
+            routes = np.full((N, P + R) + trajs[0].routes.shape[1:], -1, np.int32)
+            for i, (p, t) in enumerate(zip(prompts, trajs)):
+                routes[i, P - len(p):P] = t.routes[:len(p)]
+                routes[i, P:P + len(t.response_ids)] = t.routes[len(p):]
+            out["routed_experts"] = routes
         return out
 
 

@@ -68,6 +68,8 @@ class Trajectory:
     reward_ends: list[int] = dataclasses.field(default_factory=list)  # per turn_rewards entry: its turn's last index
     finished: bool = False  # the last turn ended with a stop token (not at a length limit)
     done: bool = False
+    # (prompt + response tokens, sparse layers, K): the experts the sampler routed each token to (R3), or None
+    routes: Any = None
 
     def extend(self, ids: Sequence[int], sampled: bool, logprobs: Sequence[float] | None = None) -> None:
         self.response_ids += [int(t) for t in ids]
@@ -204,4 +206,8 @@ def run_turns(sampler, state: Any, tokenizer: Any, prompts: Sequence[Sequence[in
             timings.append_s += time.perf_counter() - t0
     for t in trajs:
         t.done = True
+    if getattr(sampler, "record_routes", False):  # every token was fed through the cache: each has its route
+        routes = sampler.routes(conv)
+        for i, t in enumerate(trajs):
+            t.routes = routes[i, :len(t.prompt_ids) + len(t.response_ids)]
     return trajs, timings

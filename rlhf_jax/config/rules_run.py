@@ -135,10 +135,11 @@ def files_exist(cfg: ConfigDict, ctx: Context) -> None:
         raise ValueError(f"custom_reward_function.path: file {custom!r} does not exist")
 
 
-@rule("actor_rollout_ref.actor.router_replay.mode", _MT + "enable", "algorithm.rollout_correction.bypass_mode",
-      "distillation.enabled")
+@rule("actor_rollout_ref.actor.router_replay.mode", _MT + "enable", _MT + "workflow",
+      "algorithm.rollout_correction.bypass_mode", "distillation.enabled")
 def router_replay_combinations(cfg: ConfigDict, ctx: Context) -> None:
-    """Routing replay: R2 records in the old-log-prob pass (no bypass), R3 in the single-turn sampler."""
+    """Routing replay: R2 records in the old-log-prob pass (no bypass), R3 in the sampler (single-turn, or the
+    conversations of tool calls and environments)."""
     mode = cfg.actor_rollout_ref.actor.router_replay.mode
     if mode == "disabled":
         return
@@ -151,9 +152,10 @@ def router_replay_combinations(cfg: ConfigDict, ctx: Context) -> None:
     if cfg.distillation.enabled:  # R3 replays in the reference's pass, where the teacher (another model) sits
         raise ValueError(f"{key} with distillation.enabled is not supported (the teacher would replay the student's "
                          "routes): use mode=R2")
-    if cfg.actor_rollout_ref.rollout.multi_turn.enable:
-        raise ValueError(f"{key} with {_MT}enable is not supported (the sampler's routes are recorded by the "
-                         f"single-turn sampler): set {_MT}enable=False or mode=R2")
+    mt = cfg.actor_rollout_ref.rollout.multi_turn
+    if mt.enable and mt.workflow:  # the client assembles a workflow's episode from its calls, not one conversation
+        raise ValueError(f"{key} with {_MT}workflow is not supported (a workflow's episode is assembled from its "
+                         "client's calls, whose routes are not kept): use mode=R2")
 
 
 @rule(_MT + "enable", "algorithm.adv_estimator")

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from rlhf_jax.rollout.params import SamplingParams
+from rlhf_jax.rollout.prefill import empty_routes
 from rlhf_jax.rollout.sampling import sample_in_row_chunks, sample_keys
 from rlhf_jax.rollout.shards import BatchShards
 
@@ -38,9 +39,13 @@ class Conversations:
     kv: list  # per layer (keys (B, K, D, W), values (B, K, W, D))
     length: jax.Array  # (B,) int32 tokens held
     logits: jax.Array  # (B, V) float32 next-token logits after each row's last token
+    # (B, W, sparse layers, K) int32: the experts each column's token was routed to, -1 where none (router replay
+    # R3 records them); None when not recorded
+    routes: jax.Array | None = None
 
     def specs(self, shards: BatchShards) -> "Conversations":
-        return Conversations(shards.cache(len(self.kv)), shards.rows(1), shards.rows(2))
+        return Conversations(shards.cache(len(self.kv)), shards.rows(1), shards.rows(2),
+                             None if self.routes is None else shards.rows(4))
 
 
 @struct.dataclass
@@ -63,10 +68,11 @@ def check_model(cfg, width: int) -> None:
                          f"below it or use a model without sliding windows)")
 
 
-def empty(model, rows: int, capacity: int, stage: int, shards: BatchShards) -> Conversations:
+def empty(model, rows: int, capacity: int, stage: int, shards: BatchShards, record_routes: bool = False) -> Conversations:
     kv = shards.constrain(model.init_cache(rows, capacity + stage), shards.cache(model.config.num_hidden_layers))
+    routes = shards.constrain(empty_routes(model, rows, capacity + stage), shards.rows(4)) if record_routes else None
     return Conversations(kv=kv, length=jnp.zeros((rows,), jnp.int32),
-                         logits=jnp.zeros((rows, model.config.vocab_size), jnp.float32))
+                         logits=jnp.zeros((rows, model.config.vocab_size), jnp.float32), routes=routes)
 
 
 def _commit_local(kv: list, length: jax.Array, width: int) -> list:
@@ -91,13 +97,19 @@ def append(model, conv: Conversations, ids_BT: jax.Array, count_B: jax.Array, sh
     cols = jnp.arange(W)[None, :]
     staged = jnp.pad(new_BT, ((0, 0), (start, 0)))
     key_valid = ((cols < conv.length[:, None]) | staged).astype(jnp.int32)
-    hidden, kv = model.forward_cached(ids_BT, positions, key_valid, conv.kv, start)
+    out = model.forward_cached(ids_BT, positions, key_valid, conv.kv, start, record_routes=conv.routes is not None)
+    hidden, kv = out[:2]
+    routes = conv.routes
+    if routes is not None:  # each row's T tokens' experts at its columns [length, length + T), -1 past its count
+        new = jnp.where(new_BT[:, :, None, None], out[2], -1)
+        routes = jax.vmap(lambda r, n, at: jax.lax.dynamic_update_slice_in_dim(r, n, at, axis=0))(
+            routes, new, conv.length)
     specs = shards.cache(len(kv))
     kv = shards.local(functools.partial(_commit_local, width=T), (specs, shards.rows(1)), specs)(kv, conv.length)
     last = jnp.take_along_axis(hidden, jnp.maximum(count_B - 1, 0)[:, None, None], axis=1)
     logits = model.logits_from_hidden(last)[:, 0, :]
     logits = jnp.where((count_B > 0)[:, None], logits, conv.logits)
-    conv = Conversations(kv=kv, length=conv.length + count_B, logits=logits)
+    conv = Conversations(kv=kv, length=conv.length + count_B, logits=logits, routes=routes)
     return shards.constrain(conv, conv.specs(shards))
 
 

@@ -37,6 +37,7 @@ class ConversationSampler:
         self.capacity = int(capacity)
         self.stage = next_power_of_two(max(1, int(stage)))
         self.params = params.static_key()
+        self.record_routes = bool(params.record_routes)  # R3: every token's experts, read with ``routes``
         self.turn_len = int(turn_len)
         self.stop_sequences = tuple(tuple(int(t) for t in s) for s in stop_sequences if len(s))
         self.mesh = mesh
@@ -79,7 +80,8 @@ class ConversationSampler:
     @functools.partial(jax.jit, static_argnums=(0, 2, 3))
     def _empty(self, state, rows: int, shards: BatchShards):
         self.trace_count += 1
-        return conversation.empty(nnx.merge(self.graphdef, state), rows, self.capacity, self.stage, shards)
+        return conversation.empty(nnx.merge(self.graphdef, state), rows, self.capacity, self.stage, shards,
+                                  self.record_routes)
 
     @functools.partial(jax.jit, static_argnums=(0, 5), donate_argnums=(2,))
     def _append(self, state, conv, ids, count, shards: BatchShards):
@@ -131,6 +133,13 @@ class ConversationSampler:
         out = jax.tree.map(np.asarray, jax.device_get(out))
         self.decoded_tokens += int(out.count.sum())
         return conv, out
+
+    def routes(self, conv: Conversations) -> np.ndarray:
+        """(rows, columns, sparse layers, K): the experts each held token was routed to (column = position; -1
+        past a row's length). Only with ``params.record_routes``."""
+        if conv.routes is None:
+            raise ValueError("these conversations record no routes (SamplingParams.record_routes is off)")
+        return np.asarray(jax.device_get(conv.routes))
 
     def lengths(self, conv: Conversations) -> np.ndarray:
         return np.asarray(jax.device_get(conv.length))

@@ -139,16 +139,27 @@ def _dynamic_on_rollout_devices(tmp_path) -> dict:
             "algorithm.filter_groups.metric": "acc", "custom_reward_function.path": str(reward)}
 
 
+def _tool_conversations() -> dict:
+    """Multi-turn rollouts: a tool call after every turn (up to 3 turns of 4 tokens), its response appended; the
+    sampler keeps the float32 weights, so that the trainer's native routes show where each recorded one belongs."""
+    from tests.train.test_multi_turn_train import MT  # registers the test tool and its parser
+
+    return {"actor_rollout_ref.rollout.weight_dtype": None, MT + "enable": True, MT + "tools": ("test_digits",), MT + "format": "test_first_two_turns",
+            MT + "max_assistant_turns": 3, MT + "max_tokens_per_turn": 4, "data.max_response_length": 40,
+            "data.prompt_template": "native", "data.max_prompt_length": 32}
+
+
 @pytest.fixture(scope="module")
 def runs(moe_dir, tmp_path_factory):
     """Each (mode, packed, variant) run once for the module, on first use; variant "dynamic": see
-    ``_dynamic_on_rollout_devices``."""
+    ``_dynamic_on_rollout_devices``, "multi_turn": ``_tool_conversations``."""
     done: dict = {}
 
     def get(mode: str, packed: bool, variant: str = "") -> dict:
         if (mode, packed, variant) not in done:
             tmp = tmp_path_factory.mktemp("runs")
-            overrides = _dynamic_on_rollout_devices(tmp) if variant == "dynamic" else {}
+            overrides = {"dynamic": _dynamic_on_rollout_devices, "multi_turn": lambda _: _tool_conversations(),
+                         "": lambda _: {}}[variant](tmp)
             done[mode, packed, variant] = _run(tmp, moe_dir, mode, packed, **overrides)
         return done[mode, packed, variant]
 
@@ -190,6 +201,24 @@ def test_r3_update_routes_every_fed_token_as_the_sampler_did(runs, packed, varia
     np.testing.assert_array_equal(response[fed], sampled[:, P:P + R][fed])
     # without replay the bf16 sampler and the f32 trainer disagree on some route
     assert (native[fed] != sampled[:, P:P + R][fed]).any(axis=(-1, -2)).sum() > 0
+
+
+def test_r3_multi_turn_update_routes_every_token_of_the_conversations_as_the_sampler_did(runs):
+    """Every token a conversation held (the prompt, the assistant turns, the tool responses between them, and the
+    last token too: each went through the cache) is routed in the update as the sampler routed it, at its own
+    column: with the sampler's (float32) weights the trainer routes natively to the same experts."""
+    run = runs("R3", False, "multi_turn")
+    assert run["metrics"]["multi_turn/tool_calls/mean"] >= 1
+    assert 0 < run["metrics"]["multi_turn/masked_token_fraction"] < 1  # tool responses in the sequences
+    sampled, P, R = run["rollout"], run["prompt_mask"].shape[1], run["response_mask"].shape[1]
+    used, native = run["update"][True], run["native"]  # native: the batch routed with the sampler's weights
+    width_p = used.shape[1] - R  # the padded batch keeps the prompt's last width_p columns
+    expected = np.concatenate([sampled[:, P - width_p:P], sampled[:, P:P + R]], axis=1)
+    real = run["attention_mask"].astype(bool)
+    assert (expected[real] >= 0).all() and (expected[~real] == -1).all()
+    np.testing.assert_array_equal(used[real], expected[real])
+    agree = (native[real] == expected[real]).all(axis=(-1, -2)).mean()
+    assert agree > 0.97, agree  # a near tie may fall the other way in another program; a shifted column would not
 
 
 def test_r2_packed_records_native_routes_and_the_update_replays_them(runs):
