@@ -41,9 +41,11 @@ def experience_schedule(cfg: ConfigDict, ctx: Context) -> None:
                          f"experience.overlap={e.overlap} trains batches up to {lag} updates after their weights")
 
 
-@rule("experience.partial_rollout_tokens", "experience.partial_rollout_wait", "mesh.rollout_processes")
+@rule("experience.partial_rollout_tokens", "experience.partial_rollout_wait", "mesh.rollout_processes",
+      _MT + "enable")
 def partial_rollouts(cfg: ConfigDict, ctx: Context) -> None:
-    """Partial rollouts swap weights into a batch being sampled: a split run's sampling processes do that."""
+    """Partial rollouts swap weights into a batch being sampled: a split run's sampling processes do that, in
+    single-turn rollouts."""
     e = cfg.experience
     if e.partial_rollout_wait and not e.partial_rollout_tokens:
         raise ValueError("experience.partial_rollout_wait=True waits at a segment boundary: set "
@@ -52,6 +54,10 @@ def partial_rollouts(cfg: ConfigDict, ctx: Context) -> None:
         raise ValueError(f"experience.partial_rollout_tokens={e.partial_rollout_tokens} takes updates into the "
                          "batch being sampled, which needs sampling processes of their own: set "
                          "mesh.rollout_processes (or experience.partial_rollout_tokens=0)")
+    if e.partial_rollout_tokens and cfg.actor_rollout_ref.rollout.multi_turn.enable:
+        raise ValueError(f"experience.partial_rollout_tokens={e.partial_rollout_tokens} with {_MT}enable is not "
+                         "supported: a conversation's turns take the weights it started with (set "
+                         "experience.partial_rollout_tokens=0)")
 
 
 # Critic settings a shared trunk does not use: the actor's model, optimizer and mini-batches train the value head.
@@ -158,14 +164,16 @@ def router_replay_combinations(cfg: ConfigDict, ctx: Context) -> None:
                          "client's calls, whose routes are not kept): use mode=R2")
 
 
-@rule(_MT + "enable", "algorithm.adv_estimator")
+@rule(_MT + "enable", "algorithm.adv_estimator", "mesh.rollout_processes")
 def multi_turn_combinations(cfg: ConfigDict, ctx: Context) -> None:
-    """Multi-turn rollouts run in one process, without a greedy baseline."""
+    """Multi-turn rollouts run in one process (or a split run's one sampling process beside one training process,
+    which validates), without a greedy baseline."""
     if not cfg.actor_rollout_ref.rollout.multi_turn.enable:
         return
     key = _MT + "enable=True"
-    if ctx.num_processes > 1:
-        raise ValueError(f"{key} runs in one process; this run has {ctx.num_processes}")
+    if ctx.num_processes > 1 and not (cfg.mesh.rollout_processes == 1 and ctx.num_processes == 2):
+        raise ValueError(f"{key} runs in one process, or in a split run of one sampling and one training process "
+                         f"(mesh.rollout_processes=1); this run has {ctx.num_processes}")
     if algos.estimator_info(cfg.algorithm.adv_estimator).needs_greedy_baseline:
         raise ValueError(f"{key} with algorithm.adv_estimator={cfg.algorithm.adv_estimator} is not supported (its "
                          "greedy baseline is a single-turn rollout)")
@@ -201,9 +209,9 @@ def split_run_combinations(cfg: ConfigDict, ctx: Context) -> None:
     k = cfg.mesh.rollout_processes
     if not k:
         return
-    if cfg.actor_rollout_ref.rollout.multi_turn.enable:
-        raise ValueError(f"mesh.rollout_processes={k} with {_MT}enable True is not built yet: the sampling "
-                         "processes run single-turn rollouts (set mesh.rollout_processes=0)")
+    if cfg.actor_rollout_ref.rollout.multi_turn.enable and k > 1:
+        raise ValueError(f"mesh.rollout_processes={k} with {_MT}enable: the conversations are sampled in one "
+                         "process (set mesh.rollout_processes=1)")
     if cfg.algorithm.type != "rl":
         raise ValueError(f"mesh.rollout_processes={k} splits an RL run's sampling from its training; "
                          f"algorithm.type={cfg.algorithm.type} samples nothing (set mesh.rollout_processes=0)")

@@ -139,6 +139,10 @@ class Checkpointer:
         'No such file or directory' surfaces at its first save."""
         self.directory = os.path.abspath(os.path.expanduser(directory))
         group = groups.current()
+        # A group of one process in a run of several (a split run's only training process) holds every array whole,
+        # which Orbax refuses to write in a multi-process run (it takes it for a per-host value): it saves host
+        # copies, which read back into the same layouts.
+        self._host_copies = group.count == 1 and not group.spans_the_run()
         processes = {} if group.spans_the_run() else {"multiprocessing_options": ocp.options.MultiprocessingOptions(
             primary_host=group.processes[0], active_processes=set(group.processes))}  # this group's alone
         if processes and not read_only:  # Orbax creates the directory only for a manager of every process
@@ -200,6 +204,8 @@ class Checkpointer:
 
     def save(self, step: int, arrays: dict[str, Any], extra: dict) -> None:
         """Start saving ``arrays`` (item name -> tree) and ``extra`` for ``step``; returns before the write ends."""
+        if self._host_copies:
+            arrays = {name: None if tree is None else jax.device_get(tree) for name, tree in arrays.items()}
         items = {name: ocp.args.StandardSave(to_flat_dict(tree)) for name, tree in arrays.items() if tree is not None}
         items["extra"] = ocp.args.JsonSave(extra)
         self.check()  # a failure of the previous save is its own, not this one's

@@ -227,10 +227,16 @@ class SamplingLoop:
         self.graphdef = sampler_graphdef(cfg, model.config, model.task, None if model.config.lora else graphdef)
         sampler = Sampler(self.graphdef, mesh=mesh, rules=c.rules, max_positions=model.config.max_position_embeddings)
         rewards, reward_model = scorers(cfg, mesh, c.rules)
+        multi_turn = None
+        if cfg.actor_rollout_ref.rollout.multi_turn.enable:  # one sampling process (config/rules_run.py)
+            from rlhf_jax.agents.multi_turn import MultiTurnRollout
+
+            multi_turn = MultiTurnRollout(cfg, self.graphdef, model.config, c.tokenizer, mesh, c.rules,
+                                          cfg.data.max_prompt_length)
         self.rollouts = Rollouts(None, sampler, c.tokenizer, rewards, mesh=mesh, rules=c.rules,
                                  dp_size=mesh.devices.size, weight_dtype=cfg.actor_rollout_ref.rollout.weight_dtype,
                                  compute_dtype=cfg.actor_rollout_ref.rollout.dtype, lora=model.config.lora,
-                                 reward_model=reward_model)
+                                 reward_model=reward_model, multi_turn=multi_turn)
         self.loader = loader_from_config(cfg.data, c.tokenizer, "train", num_epochs=None, dataset=c.train_dataset)
         self.producer = Producer(self.rollouts, c.sampling, cfg.algorithm.filter_groups,
                                  greedy_baseline=algos.estimator_info(cfg.algorithm.adv_estimator).needs_greedy_baseline,

@@ -255,3 +255,37 @@ def test_dapo_with_a_distillation_teacher_trains_like_one_process(tmp_path):
         keys = (*KEYS, "train/num_gen_batches", "distillation/loss", "distillation/abs_loss")
         for key in (k for k in keys if k in a or k in b):  # DAPO has no KL loss
             assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), (a["step"], key)
+
+
+def test_multi_turn_conversations_in_one_sampling_process_train_like_one_process(tmp_path):
+    """An environment's conversations (the guessing game: its replies appended between turns, untrained, and its
+    rewards the scores) sampled by one process of four devices while another of four trains and validates, like
+    one process of eight with four rollout devices and overlap. Both runs stop after 3 steps and resume from their
+    checkpoints for a fourth (the lone training process's checkpoint holds host copies: Orbax writes no whole
+    array in a multi-process run)."""
+    mt = "actor_rollout_ref.rollout.multi_turn."
+    game = {mt + "enable": True, mt + "environment": "guess_number", mt + "max_assistant_turns": 3,
+            mt + "max_tokens_per_turn": 6, "data.max_response_length": 80, "data.prompt_template": "native",
+            "data.max_prompt_length": 160, "trainer.total_training_steps": 4,
+            "data.train_files": ("builtin:guess_number?max_value=3&max_steps=3&train_size=16",),
+            "data.val_files": ("builtin:guess_number?max_value=3&max_steps=3&test_size=4",)}
+    single, split = str(tmp_path / "single"), str(tmp_path / "split")
+    for steps in (3, 4):
+        proc = run_main(cli_args(single, **{**COMMON, **game, "mesh.rollout_devices": 4,
+                                            "trainer.total_training_steps": steps}), devices=8)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    for steps in (3, 4):
+        args = cli_args(split, **{**COMMON, **game, "mesh.rollout_processes": 1, "mesh.handoff_timeout_s": 120.0,
+                                  "trainer.total_training_steps": steps})
+        with Processes(2, 4, args) as procs:
+            _, stderr = procs.communicate(timeout=600)
+        assert procs.returncode == 0, stderr[-4000:]
+    # the second commands resumed at step 3: a fresh start would have moved the first one's metrics aside
+    assert not any(os.path.exists(os.path.join(out, "metrics.jsonl.1")) for out in (single, split))
+    one, two = read_metrics(single), read_metrics(split)
+    assert [r["step"] for r in two] == [r["step"] for r in one] == [1, 2, 3, 4]
+    assert all(0 < r["multi_turn/masked_token_fraction"] < 1 for r in two)  # the game's replies, untrained
+    for a, b in zip(one, two):
+        for key in (*KEYS, "multi_turn/env_reward/mean", "multi_turn/num_turns/mean", "val-core/guess_number/reward/mean@1"):
+            if key in a or key in b:
+                assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), (a["step"], key)
