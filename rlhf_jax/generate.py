@@ -97,7 +97,7 @@ def generate(cfg, output_path: str) -> list[dict]:
     if cfg.actor_rollout_ref.rollout.multi_turn.enable:
         from rlhf_jax.agents.multi_turn import MultiTurnRollout
 
-        multi_turn = MultiTurnRollout(cfg, sampler.graphdef, policy.config, tok, mesh, rules, cfg.data.max_prompt_length)
+        multi_turn = MultiTurnRollout(cfg, sampler.graphdef, policy.config, tok, mesh, rules)
     rows = []
     for pb in loader_from_config(cfg.data, tok, "val", dataset=dataset):
         if multi_turn is None:

@@ -47,8 +47,7 @@ def stop_sequences(tokenizer: Any, fmt: str) -> list[list[int]]:
 class MultiTurnRollout:
     """Multi-turn rollouts for one trainer: settings from the config, one conversation sampler per sampling setting."""
 
-    def __init__(self, cfg, graphdef, model_config, tokenizer, mesh: Mesh, rules, prompt_length: int,
-                 sampling_mesh: Mesh | None = None):
+    def __init__(self, cfg, graphdef, model_config, tokenizer, mesh: Mesh, rules, sampling_mesh: Mesh | None = None):
         """``mesh``: the training mesh, where the returned batch lives; ``sampling_mesh``: where the conversation
         sampler runs (None: ``mesh``)."""
         mt = cfg.actor_rollout_ref.rollout.multi_turn
@@ -56,7 +55,7 @@ class MultiTurnRollout:
         self.settings = turn_settings(mt, int(cfg.actor_rollout_ref.rollout.response_length))
         self.graphdef, self.model_config, self.tok = graphdef, model_config, tokenizer
         self.mesh, self.rules, self.sampling_mesh = mesh, rules, sampling_mesh or mesh
-        self.prompt_length = int(prompt_length)
+        self.prompt_length = int(cfg.data.max_prompt_length)
         self.capacity = self.prompt_length + self.settings.response_length
         self.stops = stop_sequences(tokenizer, self.settings.format)
         self._samplers: dict[SamplingParams, ConversationSampler] = {}

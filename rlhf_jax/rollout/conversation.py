@@ -68,7 +68,8 @@ def check_model(cfg, width: int) -> None:
                          f"below it or use a model without sliding windows)")
 
 
-def empty(model, rows: int, capacity: int, stage: int, shards: BatchShards, record_routes: bool = False) -> Conversations:
+def empty(model, rows: int, capacity: int, stage: int, shards: BatchShards,
+          record_routes: bool = False) -> Conversations:
     kv = shards.constrain(model.init_cache(rows, capacity + stage), shards.cache(model.config.num_hidden_layers))
     routes = shards.constrain(empty_routes(model, rows, capacity + stage), shards.rows(4)) if record_routes else None
     return Conversations(kv=kv, length=jnp.zeros((rows,), jnp.int32),

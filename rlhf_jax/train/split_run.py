@@ -231,8 +231,7 @@ class SamplingLoop:
         if cfg.actor_rollout_ref.rollout.multi_turn.enable:  # one sampling process (config/rules_run.py)
             from rlhf_jax.agents.multi_turn import MultiTurnRollout
 
-            multi_turn = MultiTurnRollout(cfg, self.graphdef, model.config, c.tokenizer, mesh, c.rules,
-                                          cfg.data.max_prompt_length)
+            multi_turn = MultiTurnRollout(cfg, self.graphdef, model.config, c.tokenizer, mesh, c.rules)
         self.rollouts = Rollouts(None, sampler, c.tokenizer, rewards, mesh=mesh, rules=c.rules,
                                  dp_size=mesh.devices.size, weight_dtype=cfg.actor_rollout_ref.rollout.weight_dtype,
                                  compute_dtype=cfg.actor_rollout_ref.rollout.dtype, lora=model.config.lora,

@@ -190,7 +190,7 @@ class Trainer:
             from rlhf_jax.agents.multi_turn import MultiTurnRollout
 
             multi_turn = MultiTurnRollout(cfg, sampler.graphdef, self.actor.config, c.tokenizer, c.mesh, c.rules,
-                                          cfg.data.max_prompt_length, sampling_mesh=here)
+                                          sampling_mesh=here)
         rewards, reward_model = scorers(cfg, here or c.mesh, c.rules)
         return Rollouts(self.actor, sampler, c.tokenizer, rewards, mesh=c.mesh, rules=c.rules,
                         dp_size=cfg.derived.dp_size, reward_model=reward_model, multi_turn=multi_turn,
