@@ -27,6 +27,13 @@ if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
 # that runs a little slower; the tests' programs are compiled far more often than they run.
 if "xla_cpu_use_fusion_emitters" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] += " --xla_cpu_use_fusion_emitters=false"
+# The package's bytecode, written once: each of the suite's ~400 command-line runs and worker processes would
+# otherwise compile all ~180 modules from source (0.3 s each time) wherever PYTHONDONTWRITEBYTECODE is set, as it
+# is on the CI machine. Only writing is turned off by that variable; every process reads what is written here.
+import compileall  # noqa: E402
+
+compileall.compile_dir(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "rlhf_jax"),
+                       quiet=2)
 # The eight devices' collectives need threads to spare in XLA:CPU's pool, or a dispatch loop that runs ahead of
 # execution deadlocks them (rlhf_jax/runtime/cpu_collectives.py); subprocesses inherit the setting.
 from rlhf_jax.runtime import cpu_collectives  # noqa: E402  (imports no JAX)
@@ -214,14 +221,33 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(autouse=True, scope="module")
 def _free_compiled_programs():
     """Drop the programs a test file compiled once it is done: JAX keeps every executable in memory otherwise, and
-    a worker that runs a few hundred files would grow past its share of the host (the on-disk cache keeps them)."""
+    a worker that runs a few hundred files would grow past its share of the host (the on-disk cache keeps them).
+    The tests of one file share the programs they describe alike (rlhf_jax/runtime/programs.py)."""
     yield
     import gc
 
     import jax
 
+    from rlhf_jax.runtime import programs
+
+    programs.clear()
     jax.clear_caches()
     gc.collect()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_programs_for_patched_code(request):
+    """A test that patches the package's code or constants (``monkeypatch``) gets programs traced from the patched
+    code, and leaves none behind: the process's program store (rlhf_jax/runtime/programs.py) keys a program by what
+    it was built from, not by the code it was traced from."""
+    if "monkeypatch" not in request.fixturenames:
+        yield
+        return
+    from rlhf_jax.runtime import programs
+
+    programs.clear()
+    yield
+    programs.clear()
 
 
 # Seconds per test file (setup, call and teardown of its tests, summed over the workers), printed at the end: where

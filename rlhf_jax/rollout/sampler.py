@@ -3,9 +3,10 @@
 ``Sampler`` compiles ``decode.rollout_with_stats`` ahead of time (``jit(...).lower(...).compile()``)
 once per (batch, prompt length, sampling settings, parameter layout) and calls
 the compiled executable directly afterwards, so ``compile_count`` is exactly
-the number of XLA compilations it caused. The parameters are passed in as the
-actor's own arrays (``nnx.split(model)[1]``), with their sharding; they are
-read, never copied or donated.
+the number of programs it needed. A program another sampler of the same model
+compiled in this process is taken from the process's store (runtime/programs.py)
+instead of traced again. The parameters are passed in as the actor's own arrays
+(``nnx.split(model)[1]``), with their sharding; they are read, never copied or donated.
 
 Typical trainer use::
 
@@ -28,6 +29,7 @@ from rlhf_jax.parallel.mesh import DEFAULT_RULES, Rules, batch_sharding, data_pa
 from rlhf_jax.rollout.decode import DecodeStats, RolloutBatch, rollout_with_stats
 from rlhf_jax.rollout.params import SamplingParams
 from rlhf_jax.rollout.sampling import rollout_key
+from rlhf_jax.runtime import programs
 
 
 def mesh_of(state: Any) -> Mesh:
@@ -73,8 +75,8 @@ class Sampler:
         self.max_positions = max_positions  # the model's context length: prompt + response must fit
         self.mesh = mesh
         self.rules = tuple(rules)
-        self.compile_count = 0  # XLA compilations this sampler performed
-        self.trace_count = 0  # times the rollout function was traced (equals compile_count)
+        self.compile_count = 0  # programs this sampler needed (compiled, or found in the process's store)
+        self.trace_count = 0  # times its rollout function was traced (at most compile_count)
         self._compiled: dict[tuple, Any] = {}
 
     @classmethod
@@ -99,8 +101,14 @@ class Sampler:
             )
         mesh = self._mesh(state)
         cache_key = (batch, prompt_len, params.static_key(), mesh, _layout(state))
-        if cache_key in self._compiled:
-            return self._compiled[cache_key]
+        if cache_key not in self._compiled:
+            # a sampler of the same model and rules (a later trainer's, a validation run's) shares it
+            self._compiled[cache_key] = programs.shared(
+                (self.graphdef, self.rules, cache_key), lambda: self._compile(state, batch, prompt_len, params, mesh))
+            self.compile_count += 1
+        return self._compiled[cache_key]
+
+    def _compile(self, state: Any, batch: int, prompt_len: int, params: SamplingParams, mesh: Mesh):
         rows = batch_sharding(mesh, 2, self.rules)
         rows1 = batch_sharding(mesh, 1, self.rules)
         state_shardings = jax.tree.map(lambda x: x.sharding, state)
@@ -114,10 +122,7 @@ class Sampler:
         ids = jax.ShapeDtypeStruct((batch, prompt_len), jnp.int32, sharding=rows)
         key = jax.eval_shape(lambda: rollout_key(0))
         key = jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=replicated(mesh))
-        compiled = fn.lower(state, ids, ids, key).compile()
-        self.compile_count += 1
-        self._compiled[cache_key] = compiled
-        return compiled
+        return fn.lower(state, ids, ids, key).compile()
 
     def generate(
         self,

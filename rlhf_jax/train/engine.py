@@ -1,14 +1,12 @@
 """A model role (actor, critic, reference) on the mesh: sharded parameters, optimizer state and jitted steps.
 
-Every hot step is a ``jax.jit`` with explicit input/output shardings: parameters and
-optimizer state keep the layout their logical axes give them (FSDP / tensor
-parallel), batch arrays are split over the batch axes, metrics are replicated.
-Updates donate the old parameters and optimizer state.
+Every hot step is a ``jax.jit`` with explicit input/output shardings: parameters and optimizer state keep the layout
+their logical axes give them (FSDP / tensor parallel), batch arrays are split over the batch axes, metrics are
+replicated. Updates donate the old parameters and optimizer state. Roles described alike share their programs.
 
-A role may train only part of its parameters (frozen groups, or only the LoRA adapters): ``params``
-holds the trained ones, ``frozen`` the rest. Gradients and optimizer state exist only for ``params``;
-``frozen`` is passed to every step unchanged and never donated, so another role (the reference under
-LoRA) can share its arrays.
+A role may train only part of its parameters (frozen groups, or only the LoRA adapters): ``params`` holds the
+trained ones, ``frozen`` the rest. Gradients and optimizer state exist only for ``params``; ``frozen`` is passed to
+every step unchanged and never donated, so another role (the reference under LoRA) can share its arrays.
 
 Parameters and optimizer state may live in host memory between programs (``train/offload.py``): each program
 copies them to the devices first, and the updates write them back to host memory.
@@ -27,18 +25,13 @@ from jax.sharding import Mesh
 
 from rlhf_jax.models.sequence_split import traced_with_split
 from rlhf_jax.parallel import batch_sharding, replicated
+from rlhf_jax.runtime import programs
 from rlhf_jax.train import packed_steps, steps
 from rlhf_jax.train.losses import Loss
 from rlhf_jax.train.offload import HOST_MEMORY, any_in_host, device_copy, place, reading_on_devices, to_device, to_host
 from rlhf_jax.types import TrainBatch, shape_key
 
 __all__ = ["HOST_MEMORY", "Role"]
-
-
-def topk_grids(grid_shape: tuple[int, int], k: int) -> tuple[jax.ShapeDtypeStruct, jax.ShapeDtypeStruct]:
-    """The (rows, R, k) grids a top-k pass fills: log-probs (float32) and token ids (int32)."""
-    shape = (*grid_shape, k)
-    return jax.ShapeDtypeStruct(shape, jnp.float32), jax.ShapeDtypeStruct(shape, jnp.int32)
 
 
 class Role:
@@ -85,7 +78,13 @@ class Role:
                                          out_shardings=self.opt_shardings)(self.params)
             else:  # abstract parameters (compiling for another target, rlhf_jax/plan): shapes and shardings only
                 self.opt_state = place(abstract, self.opt_shardings)
-        self._compiled: dict[tuple, Callable] = {}
+        self._compiled: dict[tuple, Callable] = {}  # this role's programs, found in the process's store or built
+        # what they are built from besides their own keys (a role described alike shares them: runtime/programs.py);
+        # a training program also from the optimizer and its state's layout
+        forward = (self.graphdef, self.mesh, shape_key(self.params), shape_key(self.frozen),
+                   *map(programs.tree_description, (self.param_shardings, self.frozen_shardings)))
+        self._described = {False: programs.Described(*forward),
+                           True: programs.Described(*forward, self.tx, programs.tree_description(self.opt_shardings))}
 
     # ----------------------------------------------------------------- helpers
     def model(self) -> nnx.Module:
@@ -130,9 +129,9 @@ class Role:
         """Row shardings of every array of a batch (a TrainBatch, or a dict of arrays)."""
         return jax.tree.map(lambda v: batch_sharding(self.mesh, v.ndim), batch)
 
-    def _jit(self, key: tuple, make: Callable[[], Callable]) -> Callable:
+    def _jit(self, key: tuple, make: Callable[[], Callable], training: bool = False) -> Callable:
         if key not in self._compiled:
-            self._compiled[key] = make()
+            self._compiled[key] = programs.shared((self._described[training], "jit", key), make)
         return self._compiled[key]
 
     def update_count(self) -> int:
@@ -186,7 +185,7 @@ class Role:
     def _update_fn(self, name: str, step_fn: Callable, spec: Any, mb: Any, n_extra: int, n_micro: int) -> Callable:
         rep = replicated(self.mesh)
         return self._jit(
-            (name, spec, n_micro, shape_key(mb)),
+            (name, step_fn, spec, n_micro, shape_key(mb)),
             lambda: jax.jit(
                 self._on_devices(functools.partial(step_fn, self.graphdef, self.tx, spec, n_micro=n_micro),
                                  self.param_shardings, self.frozen_shardings, self.opt_shardings),
@@ -194,8 +193,7 @@ class Role:
                               self._batch_shardings(mb)) + (rep,) * n_extra,
                 out_shardings=(self.param_shardings, self.opt_shardings, rep),
                 donate_argnums=(0, 2),
-            ),
-        )
+            ), training=True)
 
     def update(self, loss: Loss, mb: TrainBatch, *, n_micro: int, rng: jax.Array | None = None) -> dict:
         """One optimizer step of ``loss`` on the padded mini-batch ``mb`` (gradients over ``n_micro``
@@ -214,7 +212,7 @@ class Role:
             return (self._update_fn(name, step_fn, spec, inputs, 0, n_micro),
                     (self.params, self.frozen, self.opt_state, inputs))
 
-        return self._compile(("aot", name, spec, n_micro, tuple(sorted(batch_specs.items()))), make)
+        return self._compile(("aot", name, step_fn, spec, n_micro, tuple(sorted(batch_specs.items()))), make, True)
 
     def apply_program(self, program: Any, mb: dict) -> dict:
         """One optimizer step of an ``update_program`` on the mini-batch ``mb``; returns its metrics."""
@@ -251,11 +249,11 @@ class Role:
         return {k: jax.ShapeDtypeStruct(shape, dtype, sharding=batch_sharding(self.mesh, len(shape)))
                 for k, (shape, dtype) in specs.items()}
 
-    def _compile(self, key: tuple, make: Callable[[], tuple[Callable, tuple]]) -> Any:
+    def _compile(self, key: tuple, make: Callable[[], tuple[Callable, tuple]], training: bool = False) -> Any:
         """The executable cached under ``key``; ``make`` returns (jitted function, example arguments)."""
         if key not in self._compiled:
-            fn, example = make()
-            self._compiled[key] = fn.lower(*example).compile()
+            self._compiled[key] = programs.shared((self._described[training], "compiled", key),
+                                                  lambda: programs.compile_example(*make()))
         return self._compiled[key]
 
     def _packed_micro(self, micro_shape: tuple[int, int], logit_size: int, routes: tuple | None = None) -> dict:
@@ -288,7 +286,7 @@ class Role:
             if static.get("topk"):  # two (rows, R, k) grids: the top-k log-probs and token ids
                 rows = (batch_sharding(self.mesh, 3),) * 2
                 grid = tuple(jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=rows[0])
-                             for s in topk_grids(grid_shape, static["topk"]))
+                             for s in packed_steps.topk_grids(grid_shape, static["topk"]))
             record = {"record_routes": True} if record_routes else {}
             fn = jax.jit(self._on_devices(functools.partial(step_fn, self.graphdef, dp=dp, **static, **record)),
                          in_shardings=(self.state_shardings(), rows, self._batch_shardings(micro)),
@@ -306,7 +304,7 @@ class Role:
             grid = (grid, jax.device_put(jnp.zeros(grid_shape, jnp.float32), batch_sharding(self.mesh, 2)))
         if static.get("topk"):
             grid = tuple(jax.device_put(jnp.zeros(s.shape, s.dtype), batch_sharding(self.mesh, 3))
-                         for s in topk_grids(grid_shape, static["topk"]))
+                         for s in packed_steps.topk_grids(grid_shape, static["topk"]))
         record = route_grid is not None
         for micro in micros:
             inputs = {k: v for k, v in micro.items() if k != "route_sources"}
@@ -363,7 +361,7 @@ class Role:
             reading_on_devices(functools.partial(steps.apply_update, self.tx), self.param_shardings,
                                self.opt_shardings),
             in_shardings=(self.param_shardings, self.opt_shardings, self.grad_shardings),
-            out_shardings=(self.param_shardings, self.opt_shardings, rep), donate_argnums=(0, 1)))
+            out_shardings=(self.param_shardings, self.opt_shardings, rep), donate_argnums=(0, 1)), training=True)
 
     def apply_grads_program(self) -> Any:
         """The packed updates' optimizer step (accumulated gradients in, new parameters and state out), compiled."""

@@ -65,9 +65,26 @@ def step_schedule(
     return schedule
 
 
+_MADE: dict[tuple, tuple] = {}  # settings -> (transformation, schedule): equal settings, the same objects
+
+
 def make_optimizer(optim_cfg: Any, grad_clip: float, total_steps: int, updates_per_step: int):
-    """(optax transformation, lr-of-training-step function) from the ``optim`` section of a finalized config."""
+    """(optax transformation, lr-of-training-step function) from the ``optim`` section of a finalized config.
+
+    Equal settings return the same objects: a training role's programs are shared by value with any other role
+    built alike (runtime/programs.py), and the transformation, a tuple of functions, is the one part of that value
+    that compares by identity."""
     o = optim_cfg
+    settings = (o.optimizer, float(o.lr), o.lr_warmup_steps, o.lr_warmup_steps_ratio, o.warmup_style,
+                float(o.min_lr_ratio), float(o.num_cycles), tuple(o.betas), float(o.eps), float(o.weight_decay),
+                repr(sorted(optimizer_settings(o.optimizer, o.override_optimizer_config).items())),
+                grad_clip, total_steps, updates_per_step)
+    if settings not in _MADE:
+        _MADE[settings] = _make_optimizer(o, grad_clip, total_steps, updates_per_step)
+    return _MADE[settings]
+
+
+def _make_optimizer(o: Any, grad_clip: float, total_steps: int, updates_per_step: int):
     schedule = step_schedule(
         float(o.lr),
         total_steps,

@@ -47,6 +47,12 @@ MICRO_KEYS = ROW_KEYS + LOGIT_KEYS
 ROUTE_KEYS = ("routes", "route_sources")
 
 
+def topk_grids(grid_shape: tuple[int, int], k: int) -> tuple[jax.ShapeDtypeStruct, jax.ShapeDtypeStruct]:
+    """The (rows, R, k) grids a top-k pass fills: log-probs (float32) and token ids (int32)."""
+    shape = (*grid_shape, k)
+    return jax.ShapeDtypeStruct(shape, jnp.float32), jax.ShapeDtypeStruct(shape, jnp.int32)
+
+
 def scatter_to_grid(values_BL: jax.Array, targets_BL: jax.Array, grid_shape: tuple[int, int], dp: int) -> jax.Array:
     """Per-entry values (one per target, each a scalar or a trailing (...) array) -> the (rows, R, ...) grid; shard
     d's entries fill shard d's block of grid rows.
