@@ -70,6 +70,7 @@ def generate(cfg, output_path: str) -> list[dict]:
     import jax
     import pandas as pd
 
+    from rlhf_jax.agents.multi_turn import multi_turn_rollout
     from rlhf_jax.config import finalize
     from rlhf_jax.models.hub import resolve_model_path
     from rlhf_jax.data import dataset_from_config, loader_from_config
@@ -93,11 +94,7 @@ def generate(cfg, output_path: str) -> list[dict]:
     policy = Role(load_policy(cfg, model_path, mesh, rules), mesh)
     sampler = Sampler(sampler_graphdef(cfg, policy.config, policy.task, policy.graphdef), mesh=mesh, rules=rules, max_positions=policy.config.max_position_embeddings)
     key = key_function(mesh)(sampling.seed, 0)  # the key of the trainer's validation
-    multi_turn = None
-    if cfg.actor_rollout_ref.rollout.multi_turn.enable:
-        from rlhf_jax.agents.multi_turn import MultiTurnRollout
-
-        multi_turn = MultiTurnRollout(cfg, sampler.graphdef, policy.config, tok, mesh, rules)
+    multi_turn = multi_turn_rollout(cfg, sampler.graphdef, policy.config, tok, mesh, rules)
     rows = []
     for pb in loader_from_config(cfg.data, tok, "val", dataset=dataset):
         if multi_turn is None:

@@ -237,14 +237,22 @@ def _free_compiled_programs():
 
 @pytest.fixture(autouse=True)
 def _fresh_programs_for_patched_code(request):
-    """A test that patches the package's code or constants (``monkeypatch``) gets programs traced from the patched
-    code, and leaves none behind: the process's program store (rlhf_jax/runtime/programs.py) keys a program by what
-    it was built from, not by the code it was traced from."""
+    """Each patch a test makes (``monkeypatch.setattr``) empties the process's program store, and so does its end:
+    the store (rlhf_jax/runtime/programs.py) keys a program by the values it was built from, not by the code and
+    module constants it was traced from, which a patch changes."""
     if "monkeypatch" not in request.fixturenames:
         yield
         return
     from rlhf_jax.runtime import programs
 
+    patcher = request.getfixturevalue("monkeypatch")
+    setattr_ = patcher.setattr
+
+    def patched(*args, **kwargs):
+        programs.clear()
+        return setattr_(*args, **kwargs)
+
+    patcher.setattr = patched
     programs.clear()
     yield
     programs.clear()

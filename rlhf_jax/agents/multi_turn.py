@@ -44,6 +44,14 @@ def stop_sequences(tokenizer: Any, fmt: str) -> list[list[int]]:
     return [list(tokenizer.encode(marker, add_special_tokens=False))] if marker else []
 
 
+def multi_turn_rollout(cfg, graphdef, model_config, tokenizer, mesh: Mesh, rules,
+                       sampling_mesh: Mesh | None = None) -> "MultiTurnRollout | None":
+    """The run's multi-turn rollout, or None when ``rollout.multi_turn.enable`` is off (the sampler's own)."""
+    if not cfg.actor_rollout_ref.rollout.multi_turn.enable:
+        return None
+    return MultiTurnRollout(cfg, graphdef, model_config, tokenizer, mesh, rules, sampling_mesh=sampling_mesh)
+
+
 class MultiTurnRollout:
     """Multi-turn rollouts for one trainer: settings from the config, one conversation sampler per sampling setting."""
 

@@ -211,6 +211,7 @@ class SamplingLoop:
 
     def __init__(self, cfg, channel: Channel, training: groups.ProcessGroup, sampling: groups.ProcessGroup):
         from rlhf_jax import algos
+        from rlhf_jax.agents.multi_turn import multi_turn_rollout
         from rlhf_jax.data import loader_from_config
         from rlhf_jax.rollout import Sampler
         from rlhf_jax.train.setup import load_actor, prepare, sampler_graphdef
@@ -227,11 +228,8 @@ class SamplingLoop:
         self.graphdef = sampler_graphdef(cfg, model.config, model.task, None if model.config.lora else graphdef)
         sampler = Sampler(self.graphdef, mesh=mesh, rules=c.rules, max_positions=model.config.max_position_embeddings)
         rewards, reward_model = scorers(cfg, mesh, c.rules)
-        multi_turn = None
-        if cfg.actor_rollout_ref.rollout.multi_turn.enable:  # one sampling process (config/rules_run.py)
-            from rlhf_jax.agents.multi_turn import MultiTurnRollout
-
-            multi_turn = MultiTurnRollout(cfg, self.graphdef, model.config, c.tokenizer, mesh, c.rules)
+        # multi-turn runs have one sampling process (config/rules_run.py)
+        multi_turn = multi_turn_rollout(cfg, self.graphdef, model.config, c.tokenizer, mesh, c.rules)
         self.rollouts = Rollouts(None, sampler, c.tokenizer, rewards, mesh=mesh, rules=c.rules,
                                  dp_size=mesh.devices.size, weight_dtype=cfg.actor_rollout_ref.rollout.weight_dtype,
                                  compute_dtype=cfg.actor_rollout_ref.rollout.dtype, lora=model.config.lora,

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 from ml_collections import ConfigDict
 
 from rlhf_jax import algos
+from rlhf_jax.agents.multi_turn import multi_turn_rollout
 from rlhf_jax.algos.rollout_correction import correction_from_config, mismatch_metrics, rollout_correction
 from rlhf_jax.models.hub import resolve_model_path
 from rlhf_jax.data import loader_from_config
@@ -185,12 +186,8 @@ class Trainer:
         # samples on other processes; this sampler validates on the training mesh
         sampler = Sampler(graphdef, mesh=here or c.mesh, rules=c.rules,
                           max_positions=self.actor.config.max_position_embeddings)
-        multi_turn = None
-        if cfg.actor_rollout_ref.rollout.multi_turn.enable:
-            from rlhf_jax.agents.multi_turn import MultiTurnRollout
-
-            multi_turn = MultiTurnRollout(cfg, sampler.graphdef, self.actor.config, c.tokenizer, c.mesh, c.rules,
-                                          sampling_mesh=here)
+        multi_turn = multi_turn_rollout(cfg, sampler.graphdef, self.actor.config, c.tokenizer, c.mesh, c.rules,
+                                        sampling_mesh=here)
         rewards, reward_model = scorers(cfg, here or c.mesh, c.rules)
         return Rollouts(self.actor, sampler, c.tokenizer, rewards, mesh=c.mesh, rules=c.rules,
                         dp_size=cfg.derived.dp_size, reward_model=reward_model, multi_turn=multi_turn,
