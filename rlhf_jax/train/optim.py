@@ -75,16 +75,16 @@ def make_optimizer(optim_cfg: Any, grad_clip: float, total_steps: int, updates_p
     built alike (runtime/programs.py), and the transformation, a tuple of functions, is the one part of that value
     that compares by identity."""
     o = optim_cfg
+    further = optimizer_settings(o.optimizer, o.override_optimizer_config)
     settings = (o.optimizer, float(o.lr), o.lr_warmup_steps, o.lr_warmup_steps_ratio, o.warmup_style,
                 float(o.min_lr_ratio), float(o.num_cycles), tuple(o.betas), float(o.eps), float(o.weight_decay),
-                repr(sorted(optimizer_settings(o.optimizer, o.override_optimizer_config).items())),
-                grad_clip, total_steps, updates_per_step)
+                repr(sorted(further.items())), grad_clip, total_steps, updates_per_step)
     if settings not in _MADE:
-        _MADE[settings] = _make_optimizer(o, grad_clip, total_steps, updates_per_step)
+        _MADE[settings] = _make_optimizer(o, further, grad_clip, total_steps, updates_per_step)
     return _MADE[settings]
 
 
-def _make_optimizer(o: Any, grad_clip: float, total_steps: int, updates_per_step: int):
+def _make_optimizer(o: Any, further: dict, grad_clip: float, total_steps: int, updates_per_step: int):
     schedule = step_schedule(
         float(o.lr),
         total_steps,
@@ -94,8 +94,7 @@ def _make_optimizer(o: Any, grad_clip: float, total_steps: int, updates_per_step
         num_cycles=float(o.num_cycles),
     )
     per_update = lambda count: schedule(count // max(updates_per_step, 1))  # noqa: E731
-    update = optimizer_transform(o.optimizer, per_update, tuple(o.betas), float(o.eps), float(o.weight_decay),
-                                 optimizer_settings(o.optimizer, o.override_optimizer_config))
+    update = optimizer_transform(o.optimizer, per_update, tuple(o.betas), float(o.eps), float(o.weight_decay), further)
     parts = [optax.clip_by_global_norm(grad_clip)] if grad_clip and grad_clip > 0 else []
     return optax.chain(*parts, update), schedule
 
