@@ -11,9 +11,10 @@ test of what a run prints while the interpreter finalizes needs a fresh process,
 Whatever the imports printed on stderr is written first into every child's stderr, so a test that reads a
 run's whole stderr sees at least what a fresh process would print.
 
-:func:`run_module` is the tests' side: ``subprocess.run`` semantics, served by the forked child when the run's
-environment differs from the server's only in variables read after start-up, by a fresh process otherwise (or
-always, with ``RLHF_JAX_TEST_FRESH_PROCESSES=1``).
+:func:`run_module` is the tests' side: ``subprocess.run`` semantics, served when the run's environment differs
+from the server's only in variables read after start-up by tests/cli_warm.py's server (a process that keeps the
+programs of the runs it served), or by a forked child here when the run restarts its own process; by a fresh
+process otherwise (or always, with ``RLHF_JAX_TEST_FRESH_PROCESSES=1``).
 
 Protocol (one JSON object per line): a request on stdin ``{"module", "argv", "env", "cwd", "stdout",
 "stderr"}``; the replies on stdout ``{"pid": N}`` once the child exists, then ``{"returncode": R}`` (negative:
@@ -255,25 +256,27 @@ def _server_for(env: dict, cwd: str) -> _Server | None:
 def run_module(module: str, args: list[str], *, env: dict, cwd: str, timeout: float | None = None
                ) -> subprocess.CompletedProcess:
     """``subprocess.run([python, "-m", module, *args], env=env, cwd=cwd, capture_output=True, text=True,
-    stdin=DEVNULL, timeout=timeout)``, run by a forked child of a server whose environment is ``env`` but for
-    :data:`READ_AFTER_START` (a fresh process when another run holds the server or ``RLHF_JAX_TEST_FRESH_PROCESSES``
-    is set)."""
+    stdin=DEVNULL, timeout=timeout)``, run where the environment allows (it is ``env`` but for
+    :data:`READ_AFTER_START`) by the server of tests/cli_warm.py (a process that ran runs before and kept their
+    programs), or by a forked child of this module's server when the run restarts its process; by a fresh process
+    when another run holds the servers, the environment differs, or ``RLHF_JAX_TEST_FRESH_PROCESSES`` is set."""
     command = [sys.executable, "-m", module, *args]
-    if os.environ.get(FRESH) == "1" or not _lock.acquire(blocking=False):
+    standard = _start_up_env(dict(os.environ, JAX_PLATFORMS="cpu"))
+    if os.environ.get(FRESH) == "1" or _start_up_env(env) != standard or not _lock.acquire(blocking=False):
         return subprocess.run(command, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout,
                               stdin=subprocess.DEVNULL)
     try:
-        server = _server_for(env, cwd)
-        if server is None:
-            return subprocess.run(command, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout,
-                                  stdin=subprocess.DEVNULL)
         with tempfile.TemporaryDirectory(prefix="rlhf_jax-test-run-") as tmp:
             out, err = os.path.join(tmp, "stdout"), os.path.join(tmp, "stderr")
             for path in (out, err):
                 open(path, "w").close()
             request = dict(module=module, argv=list(args), env=_hugepage_env(dict(env)), cwd=cwd, stdout=out,
                            stderr=err)
-            returncode, timed_out = server.run(request, timeout)
+            from tests import cli_warm
+
+            returncode, timed_out = cli_warm.server_for(request["env"], cwd).run(request, timeout)
+            if returncode is None:  # the run restarts its own process: a forked child
+                returncode, timed_out = _server_for(env, cwd).run(request, timeout)
             with open(out) as f_out, open(err) as f_err:
                 stdout, stderr = f_out.read(), f_err.read()
     finally:
