@@ -99,17 +99,8 @@ def _run(request: dict, preface: bytes, interpreter: _Interpreter) -> tuple[int,
     import runpy
     import traceback
 
-    os.chdir(request["cwd"])
-    os.environ.clear()
-    os.environ.update(request["env"])
+    enter_run(request, preface)
     interpreter.reset()
-    for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
-        opened = os.open(path, os.O_WRONLY | os.O_TRUNC)
-        os.dup2(opened, fd)
-        os.close(opened)
-    os.write(2, preface)
-    sys.path[0] = request["cwd"]
-    sys.argv = [request["module"], *request["argv"]]
     threads, settings = set(threading.enumerate()), _jax_settings()
     code, restart = 1, False
     try:
@@ -124,10 +115,9 @@ def _run(request: dict, preface: bytes, interpreter: _Interpreter) -> tuple[int,
     for thread in threading.enumerate():  # the interpreter's exit waits for the run's non-daemon threads
         if thread not in threads and not thread.daemon and thread is not threading.current_thread():
             thread.join()
-    jax = sys.modules.get("jax")
-    for name, value in settings.items():
-        if _jax_settings().get(name) != value:
-            jax.config.update(name, value)
+    changed = {name: value for name, value in _jax_settings().items() if settings.get(name, value) != value}
+    for name in changed:
+        sys.modules["jax"].config.update(name, settings[name])
     for stream in (sys.stdout, sys.stderr, *interpreter.streams):
         try:
             stream.flush()
@@ -225,6 +215,6 @@ def server_for(env: dict, cwd: str) -> Server:
 
 
 if __name__ == "__main__":  # run as a script, beside cli_zygote.py (sys.path[0] is this folder until a run)
-    from cli_zygote import _exit_code, preload
+    from cli_zygote import _exit_code, enter_run, preload
 
     serve()

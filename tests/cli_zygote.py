@@ -11,10 +11,7 @@ test of what a run prints while the interpreter finalizes needs a fresh process,
 Whatever the imports printed on stderr is written first into every child's stderr, so a test that reads a
 run's whole stderr sees at least what a fresh process would print.
 
-:func:`run_module` is the tests' side: ``subprocess.run`` semantics, served when the run's environment differs
-from the server's only in variables read after start-up by tests/cli_warm.py's server (a process that keeps the
-programs of the runs it served), or by a forked child here when the run restarts its own process; by a fresh
-process otherwise (or always, with ``RLHF_JAX_TEST_FRESH_PROCESSES=1``).
+:func:`run_module` is the tests' side: ``subprocess.run`` semantics (see its docstring for who serves a run).
 
 Protocol (one JSON object per line): a request on stdin ``{"module", "argv", "env", "cwd", "stdout",
 "stderr"}``; the replies on stdout ``{"pid": N}`` once the child exists, then ``{"returncode": R}`` (negative:
@@ -64,11 +61,9 @@ def preload() -> bytes:
         return captured.read()
 
 
-def become_run(request: dict, preface: bytes, requests) -> None:
-    """In the forked child: turn this process into ``python -m module argv...`` (does not return normally)."""
-    import runpy
-
-    requests.close()
+def enter_run(request: dict, preface: bytes) -> None:
+    """Give this process the run's working directory, environment, standard streams (stdin from /dev/null, the
+    output files, ``preface`` first on stderr) and the ``sys.path[0]`` and argv ``python -m module`` gives."""
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
@@ -80,6 +75,14 @@ def become_run(request: dict, preface: bytes, requests) -> None:
     os.write(2, preface)
     sys.path[0] = request["cwd"]  # what ``python -m`` puts first
     sys.argv = [request["module"], *request["argv"]]
+
+
+def become_run(request: dict, preface: bytes, requests) -> None:
+    """In the forked child: turn this process into ``python -m module argv...`` (does not return normally)."""
+    import runpy
+
+    requests.close()
+    enter_run(request, preface)
     try:
         runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
         code = 0
@@ -376,8 +379,7 @@ _detached_lock = threading.Lock()
 def popen_module(module: str, args: list[str], *, env: dict, cwd: str, stdout: str = os.devnull,
                  stderr: str = os.devnull):
     """``subprocess.Popen([python, "-m", module, *args], env=env, cwd=cwd, stdin=DEVNULL)`` with its output in the
-    files ``stdout`` and ``stderr``: a child forked by the detached server when ``env`` allows (see
-    ``run_module``), else a fresh process."""
+    files ``stdout`` and ``stderr``: a child forked by the detached server when ``env`` allows, else a fresh one."""
     global _detached
     command = [sys.executable, "-m", module, *args]
     standard = _start_up_env(dict(os.environ, JAX_PLATFORMS="cpu"))
