@@ -90,6 +90,13 @@ class MultiTurnRollout:
 
     def rollout(self, params: Any, pb: PromptBatch, sampling: SamplingParams, key) -> tuple[RolloutBatch, dict]:
         """``sampling.n`` trajectories per prompt (prompt-major), as a global ``RolloutBatch``, and the metrics."""
+        arrays, out = self.play(params, pb, sampling, key)
+        return RolloutBatch(**{k: to_global(self.mesh, v) for k, v in arrays.items()}), out
+
+    def play(self, params: Any, pb: PromptBatch, sampling: SamplingParams,
+             key) -> tuple[dict[str, np.ndarray], dict]:
+        """``sampling.n`` trajectories per prompt (prompt-major) as this process's arrays of a ``RolloutBatch``,
+        and the metrics; the environment's scores and per-turn rewards wait to be taken."""
         n = sampling.n
         mask = pb.attention_mask.astype(bool)
         prompts = [pb.input_ids[b][mask[b]].tolist() for b in range(len(pb)) for _ in range(n)]
@@ -111,7 +118,6 @@ class MultiTurnRollout:
             rewards = [sum(t.turn_rewards) for t in trajs] if envs_on else None
         seconds = time.perf_counter() - start
         arrays = self._arrays(prompts, trajs, sampling)
-        batch = RolloutBatch(**{k: to_global(self.mesh, v) for k, v in arrays.items()})
         out = metrics(trajs, timings, seconds)
         if self.workflow is not None:
             out["multi_turn/calls_per_batch"] = per_batch  # the workflow clients' calls sampled together
@@ -120,7 +126,7 @@ class MultiTurnRollout:
             out["multi_turn/env_reward/mean"] = float(self._scores.mean())
         if self.per_turn_rewards:
             self._token_rewards = per_turn_rewards(trajs, self.settings.response_length)
-        return batch, out
+        return arrays, out
 
     def _run_workflow(self, params: Any, pb: PromptBatch, sampling: SamplingParams,
                       key) -> tuple[list[Trajectory], list[float], float]:

@@ -14,7 +14,6 @@ from collections.abc import Mapping
 
 from ml_collections import ConfigDict
 
-from rlhf_jax import algos
 from rlhf_jax.config import builtin, hub_data, schema
 from rlhf_jax.config.names import BUILTIN_DATASETS, BUILTIN_MODELS
 from rlhf_jax.config.rule import Context, rule
@@ -164,19 +163,16 @@ def router_replay_combinations(cfg: ConfigDict, ctx: Context) -> None:
                          "client's calls, whose routes are not kept): use mode=R2")
 
 
-@rule(_MT + "enable", "algorithm.adv_estimator", "mesh.rollout_processes")
+@rule(_MT + "enable", "mesh.rollout_processes")
 def multi_turn_combinations(cfg: ConfigDict, ctx: Context) -> None:
     """Multi-turn rollouts run in one process (or a split run's one sampling process beside one training process,
-    which validates), without a greedy baseline."""
+    which validates)."""
     if not cfg.actor_rollout_ref.rollout.multi_turn.enable:
         return
     key = _MT + "enable=True"
     if ctx.num_processes > 1 and not (cfg.mesh.rollout_processes == 1 and ctx.num_processes == 2):
         raise ValueError(f"{key} runs in one process, or in a split run of one sampling and one training process "
                          f"(mesh.rollout_processes=1); this run has {ctx.num_processes}")
-    if algos.estimator_info(cfg.algorithm.adv_estimator).needs_greedy_baseline:
-        raise ValueError(f"{key} with algorithm.adv_estimator={cfg.algorithm.adv_estimator} is not supported (its "
-                         "greedy baseline is a single-turn rollout)")
 
 
 @rule(_MT + "enable", _MT + "tools", _MT + "tool_config_path", _MT + "environment", _MT + "workflow",

@@ -312,9 +312,19 @@ class Producer:
         return out, pb, rows["scores"], rounds
 
     def _greedy_baselines(self, pb: PromptBatch, n: int, step: int, weights: Any = None) -> jax.Array:
-        """ReMax's baseline: the score of one greedy response per prompt, repeated for the prompt's n samples."""
+        """ReMax's baseline: the score of one greedy response per prompt, repeated for the prompt's n samples. With
+        multi-turn rollouts the greedy response is a whole conversation (or episode) played as the samples are, and
+        its score is the samples' kind: the environment's summed rewards, the workflow's reward, or the reward
+        function's on every response token."""
         greedy = dataclasses.replace(self.sampling, n=1, do_sample=False)
         r = self.rollouts
-        out, keep = r.generate(pb, greedy, r.key(greedy.seed, step), weights=weights)
-        scores, _, _, _ = r.score(pb, to_local(out.responses)[:keep], to_local(out.response_mask)[:keep], 1)
+        key = r.key(greedy.seed, step)
+        if r.multi_turn is None:
+            out, keep = r.generate(pb, greedy, key, weights=weights)
+            responses, mask = to_local(out.responses)[:keep], to_local(out.response_mask)[:keep]
+        else:  # this process's conversations, not laid out as a batch: one per prompt need not fill the mesh
+            arrays, _ = r.multi_turn.play(r.weights() if weights is None else weights, pb, greedy, key)
+            r.multi_turn.take_token_rewards()  # per-turn rewards: the baseline is the episode's whole score
+            responses, mask = arrays["responses"], arrays["response_valid"]
+        scores, _, _, _ = r.score(pb, responses, mask, 1)
         return to_global(r.mesh, np.repeat(scores, n).astype(np.float32))

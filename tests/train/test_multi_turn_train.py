@@ -8,6 +8,7 @@ import math
 import pytest
 
 from rlhf_jax.agents import Tool, register_tool
+from rlhf_jax.agents.environment import Environment, StepResult, register_environment
 from rlhf_jax.agents.tool_calls import ParsedCalls, ToolCall, register_parser
 from rlhf_jax.config import finalize
 from rlhf_jax.train.setup import tool_schemas
@@ -28,6 +29,20 @@ def _calls_in_short_texts(text: str) -> ParsedCalls:
 
 
 register_tool(Tool("test_digits", "count characters", {"type": "object"}, lambda text: str(len(text))))
+
+
+@register_environment("test_echo")
+class _Echo(Environment):
+    """Two moves; each scores the task's number plus the move's length, so any text earns a reward that differs
+    between tasks and between moves of different lengths (a random model's greedy moves are all alike)."""
+
+    def reset(self, task: dict) -> str:
+        self.moves, self.number = 0, int(task["ground_truth"])
+        return f"Say {self.number} at length."
+
+    def step(self, action: str) -> StepResult:
+        self.moves += 1
+        return StepResult("Again.", (self.number + len(action)) / 10, self.moves >= 2)
 
 
 def test_grpo_trains_on_multi_turn_rollouts_with_tool_tokens_masked_and_dynamic_sampling(tmp_path):
@@ -94,18 +109,54 @@ def test_cli_grpo_with_the_calculator_tool(tmp_path):
         assert f"multi_turn/{name}" in rows[-1], name
 
 
+GAME = {**TURNS, MT + "tools": (), MT + "environment": "guess_number", "data.max_prompt_length": 160,
+        "data.train_files": ("builtin:guess_number?max_value=3&max_steps=3&train_size=16",),
+        "data.val_files": ("builtin:guess_number?max_value=3&max_steps=3&test_size=4",)}
+
+
 def test_grpo_with_an_environment_scores_by_its_rewards(tmp_path):
     """The guessing game: its first observation is the prompt, its per-turn rewards summed are the score."""
-    cfg = make_config(str(tmp_path), "grpo", **{
-        **TURNS, MT + "tools": (), MT + "environment": "guess_number", "data.max_prompt_length": 160,
-        "data.train_files": ("builtin:guess_number?max_value=3&max_steps=3&train_size=16",),
-        "data.val_files": ("builtin:guess_number?max_value=3&max_steps=3&test_size=4",)})
+    cfg = make_config(str(tmp_path), "grpo", **GAME)
     trainer = Trainer(cfg)
     trainer.fit()
     for row in read_metrics(str(tmp_path))[1:]:
         assert row["critic/score/mean"] == pytest.approx(row["multi_turn/env_reward/mean"])
         assert row["multi_turn/num_turns/mean"] >= 1 and row["multi_turn/tool_calls/max"] == 0
         assert math.isfinite(row["actor/pg_loss"])
+
+
+@pytest.mark.parametrize("per_turn", [False, True])
+def test_remax_baselines_each_prompt_with_one_greedy_episode_of_its_game(tmp_path, per_turn):
+    """ReMax with an environment: a prompt's baseline is the score of one greedy episode of the same game, played
+    as the samples are. Sampled greedily, the samples are that episode: every row's baseline is its own score (a
+    single-turn response, or the reward function's score, would not be). Then the run trains on reward-to-go
+    minus the baseline; with per-turn rewards the baseline is the episode's whole score."""
+    import dataclasses
+
+    import numpy as np
+
+    from rlhf_jax.parallel.hosts import to_local
+
+    cfg = make_config(str(tmp_path), "grpo", **{**GAME, MT + "environment": "test_echo",
+                                                "algorithm.adv_estimator": "remax", MT + "per_turn_rewards": per_turn})
+    trainer = Trainer(cfg)
+    try:
+        greedy = dataclasses.replace(trainer.producer, sampling=dataclasses.replace(trainer.producer.sampling,
+                                                                                    do_sample=False))
+        scored = greedy.produce(next(trainer.loader), 0)
+        scores, baselines = to_local(scored.scores), to_local(scored.baselines)
+        totals = scores.sum(-1) if per_turn else scores  # (N, R) per-turn rewards on the turns' last tokens
+        np.testing.assert_array_equal(baselines, totals)
+        assert len(set(totals.tolist())) > 1, totals  # each prompt's own game: the baselines differ
+        trainer.fit()
+    finally:
+        trainer.close()
+    rows = read_metrics(str(tmp_path))
+    assert [r["step"] for r in rows] == [1, 2]
+    for r in rows:
+        assert r["timing_s/gen_max"] > 0 and r["multi_turn/num_turns/mean"] >= 1
+        assert math.isfinite(r["actor/pg_loss"]) and math.isfinite(r["actor/grad_norm"])
+    assert any(r["critic/advantages/max"] != r["critic/advantages/min"] for r in rows)
 
 
 AGENT = '''
