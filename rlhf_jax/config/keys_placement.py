@@ -44,7 +44,7 @@ MESH = (
         choices=CONTEXT_ATTENTION),
     Key("mesh.rollout_devices", 0, "Sample on this many devices of their own (the last ones; their own data-parallel "
         "mesh) while the other devices train; the actor's weights move there after each update. 0 = every device does both."),
-    Key("mesh.rollout_processes", 0, "Sample on the last k processes while the others train (experience.overlap's "
+    Key("mesh.rollout_processes", 0, "Sample on the last k processes while the others train (in the experience.* "
         "schedule; batches and weights move device to device; docs/placement.md). 0 = every process does both."),
     Key("mesh.handoff_timeout_s", 1800.0, "With mesh.rollout_processes: the longest wait for the other side's "
         "weights or batch before the run stops, naming the process and the transfer.", type=float),

@@ -27,10 +27,6 @@ _MAPS = (Mapping, ConfigDict)
 def experience_schedule(cfg: ConfigDict, ctx: Context) -> None:
     """The experience schedule (buffer, overlap) has devices to overlap on and stays within the staleness bound."""
     e = cfg.experience
-    if cfg.mesh.rollout_processes and not (e.overlap and e.buffer_size == 1):
-        raise ValueError(f"mesh.rollout_processes={cfg.mesh.rollout_processes} samples each batch while the training "
-                         "processes train on the one before (a batch trains 1 update after its weights): set "
-                         "experience.overlap=True and experience.buffer_size=1")
     if e.overlap and cfg.mesh.rollout_devices == 0 and not cfg.mesh.rollout_processes:
         raise ValueError("experience.overlap=True samples while the training devices update, so the rollout needs "
                          "devices of its own: set mesh.rollout_devices (e.g. half of the devices)")
@@ -41,10 +37,10 @@ def experience_schedule(cfg: ConfigDict, ctx: Context) -> None:
 
 
 @rule("experience.partial_rollout_tokens", "experience.partial_rollout_wait", "mesh.rollout_processes",
-      _MT + "enable")
+      "experience.overlap", "experience.buffer_size", _MT + "enable")
 def partial_rollouts(cfg: ConfigDict, ctx: Context) -> None:
     """Partial rollouts swap weights into a batch being sampled: a split run's sampling processes do that, in
-    single-turn rollouts."""
+    single-turn rollouts, for the one batch sampled while each update trains."""
     e = cfg.experience
     if e.partial_rollout_wait and not e.partial_rollout_tokens:
         raise ValueError("experience.partial_rollout_wait=True waits at a segment boundary: set "
@@ -53,6 +49,9 @@ def partial_rollouts(cfg: ConfigDict, ctx: Context) -> None:
         raise ValueError(f"experience.partial_rollout_tokens={e.partial_rollout_tokens} takes updates into the "
                          "batch being sampled, which needs sampling processes of their own: set "
                          "mesh.rollout_processes (or experience.partial_rollout_tokens=0)")
+    if e.partial_rollout_tokens and not (e.overlap and e.buffer_size == 1):
+        raise ValueError(f"experience.partial_rollout_tokens={e.partial_rollout_tokens} hands each update to the batch "
+                         "sampled while it trains: set experience.overlap=True and experience.buffer_size=1")
     if e.partial_rollout_tokens and cfg.actor_rollout_ref.rollout.multi_turn.enable:
         raise ValueError(f"experience.partial_rollout_tokens={e.partial_rollout_tokens} with {_MT}enable is not "
                          "supported: a conversation's turns take the weights it started with (set "

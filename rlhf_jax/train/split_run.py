@@ -1,12 +1,14 @@
 """A run whose last ``mesh.rollout_processes`` processes sample while the others train (parallel/groups.py).
 
-The schedule is ``experience.overlap``'s with one batch a round: batch 0 is sampled with the starting weights
-(version 0), batch k >= 1 with version k - 1, and each training step waits at its end for the next batch, so a
-step boundary (a checkpoint, a stop) holds it, as in one process.
+The schedule is the experience buffer's (train/experience.py), in rounds of ``experience.buffer_size`` batches.
+With ``experience.overlap`` and one batch a round, batch 0 is sampled with the starting weights (version 0), batch
+k >= 1 with version k - 1, and each training step waits at its end for the next batch, so a step boundary (a
+checkpoint, a stop) holds it, as in one process. Without overlap a round is sampled when nothing is left to train
+on, with the weights as they are, while the training processes wait.
 
-- The training processes' experience buffer is a :class:`RemoteExperience`: at step s it sends its current
-  weights "for batch s + 1" (a version number alone when the sampling side has them already), learns on batch s,
-  then receives batch s + 1.
+- The training processes' experience buffer is a :class:`RemoteExperience`: when a round falls due at step s it
+  sends its current weights "for batch b" for each batch b of the round (a version number alone when the
+  sampling side has them already); with overlap it learns on batch s meanwhile, then receives the round.
 - The sampling processes run :class:`SamplingLoop`: for each batch, receive the weights for it, draw the prompts,
   sample and score them (``trainer_rollout.Producer``), send the ``ScoredBatch`` (train/scored_handoff.py).
 
@@ -61,9 +63,11 @@ def experience_buffer(cfg, c, total_steps: int, loader, produce, rollouts):
         e = cfg.experience
         return ExperienceBuffer(e.buffer_size, e.overlap, total_steps, loader, produce)
     sampler_state = rollouts.adapters if rollouts.lora else rollouts.sampler_weights
+    e = cfg.experience
     return RemoteExperience(Channel(deadline_s=cfg.mesh.handoff_timeout_s), *split, total_steps, loader,
                             sampler_state, c.rollout_mesh, c.mesh, c.rules, int(c.sampling.pad_token_id),
-                            partial=bool(cfg.experience.partial_rollout_tokens))
+                            partial=bool(e.partial_rollout_tokens), buffer_size=int(e.buffer_size),
+                            overlap=bool(e.overlap))
 
 
 def join_split(cfg) -> str:
@@ -101,11 +105,13 @@ class RemoteExperience:
 
     def __init__(self, channel: Channel, training: groups.ProcessGroup, sampling: groups.ProcessGroup,
                  total_steps: int, loader, sampler_state: Callable[[], Any], sampling_mesh, train_mesh, rules,
-                 pad_token_id: int, partial: bool = False):
+                 pad_token_id: int, partial: bool = False, buffer_size: int = 1, overlap: bool = True):
         """``loader``: this process's prompt loader, drawn in step with the sampling side's (its rows of each batch,
         and the state a checkpoint keeps); ``sampler_state()``: the sampler's weights on the training mesh;
-        ``partial``: offer each update to the batch being sampled (partial rollouts)."""
+        ``partial``: offer each update to the batch being sampled (partial rollouts); ``buffer_size`` and
+        ``overlap``: the schedule of rounds, as ``ExperienceBuffer``'s."""
         self.channel, self.training, self.sampling, self.partial = channel, training, sampling, partial
+        self.buffer_size, self.overlap = buffer_size, overlap
         self.total_steps, self.loader, self.sampler_state = total_steps, loader, sampler_state
         self._started = False
         self.sampling_mesh, self.train_mesh, self.rules, self.pad = sampling_mesh, train_mesh, rules, pad_token_id
@@ -154,21 +160,31 @@ class RemoteExperience:
             start = {"first": step + len(self.pending), "step": step, "loader": self.loader.get_state()}
             self.channel.send_bytes(f"{WEIGHTS}.start", 0, pickle.dumps(start), self.sampling.processes)
 
+    def _round(self, first: int, version: int) -> tuple[range, int]:
+        """Ask for the round of batches from ``first`` (``buffer_size`` of them, to the last step), all sampled with
+        this step's weights (version ``version``); (the round's batches, the bytes sent)."""
+        batches = range(first, min(first + self.buffer_size, self.total_steps))
+        return batches, sum(self._send_weights(b, version) for b in batches)
+
     def train_next(self, step: int, weights: Callable[[], Any], learn: Callable[[ScoredBatch, M.Timer], dict]) -> dict:
-        """Step ``step`` (updates so far) on batch ``step``; ``weights`` is unused (the sampling side's copy
-        comes from ``sampler_state``)."""
+        """Step ``step`` (updates so far) on batch ``step``, asking for rounds of batches as ``ExperienceBuffer``
+        produces them: when nothing is pending, sampled before the step trains; with overlap, the next round
+        asked for before the update and received at the step's end. ``weights`` is unused (the sampling side's
+        copy comes from ``sampler_state``)."""
         timer = M.Timer()
         watchdog.set_doing(f"step {step}: training")
         if not self._started:
             self._start(step)
-        sent = 0
+        sent, ahead = 0, range(0)
         with timer("step"):
-            if not self.pending:  # the first batch: sampled with the weights as they are (version ``step``)
-                sent += self._send_weights(step, step)
+            if not self.pending:  # a round sampled with the weights as they are (version ``step``)
+                now, sent = self._round(step, step)
                 with timer("wait_rollout"):
-                    self.pending.append(self._receive(step))
-            if step + 1 < self.total_steps:  # the next batch samples with this step's weights, before its update
-                sent += self._send_weights(step + 1, step)
+                    self.pending.extend(self._receive(b) for b in now)
+            first = step + len(self.pending)
+            if self.overlap and X.production_due(len(self.pending), self.buffer_size, True) and first < self.total_steps:
+                ahead, more = self._round(first, step)  # sampled with this step's weights, before its update
+                sent += more
         start = time.perf_counter()
         metrics = learn(self.pending[0], timer)
         self.timeline.append(("train", step + 1, start, time.perf_counter()))
@@ -177,9 +193,9 @@ class RemoteExperience:
             with timer("step"):
                 sent += self._send_weights(step + 1, step + 1, UPDATE)
             self._updated = step + 1
-        if step + 1 < self.total_steps:
+        if ahead:
             with timer("step"), timer("wait_rollout"):
-                self.pending.append(self._receive(step + 1))
+                self.pending.extend(self._receive(b) for b in ahead)
         metrics["split/weight_bytes_sent"] = float(sent)  # the adapters alone under LoRA
         metrics["timing_s/step"] = timer.seconds["step"]
         metrics["timing_s/wait_rollout"] = timer.seconds.get("wait_rollout", 0.0)

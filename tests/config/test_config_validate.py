@@ -319,3 +319,21 @@ def test_multi_turn_runs_in_one_process_or_a_split_of_one_sampling_and_one_train
     with pytest.raises(ValueError, match=r"partial_rollout_tokens=2 with actor_rollout_ref\.rollout\.multi_turn\.enable "
                                          r"is not supported"):
         multi_turn(2, 1, partial=2)
+
+
+def test_a_split_run_takes_any_experience_schedule_but_partial_rollouts_need_one_overlapped_batch():
+    def split(overlap: bool, buffer_size: int, partial: int = 0):
+        cfg = grpo_like()
+        cfg.mesh.rollout_processes = 1
+        cfg.experience.overlap, cfg.experience.buffer_size = overlap, buffer_size
+        cfg.experience.partial_rollout_tokens = partial
+        return finalize(cfg, num_devices=8, num_processes=2, check_paths=False)
+
+    for overlap, buffer_size in ((False, 1), (False, 3), (True, 2)):
+        assert split(overlap, buffer_size).experience.buffer_size == buffer_size
+    split(True, 1, partial=2)
+    for overlap, buffer_size in ((False, 1), (True, 2)):
+        with pytest.raises(ValueError, match=r"experience\.partial_rollout_tokens=2 hands each update to the batch "
+                                             r"sampled while it trains: set experience\.overlap=True and "
+                                             r"experience\.buffer_size=1"):
+            split(overlap, buffer_size, partial=2)

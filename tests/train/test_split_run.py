@@ -229,7 +229,9 @@ def test_dapo_with_a_distillation_teacher_trains_like_one_process(tmp_path):
     """DAPO's dynamic sampling (algorithm.filter_groups) in a split run: the sampling processes draw further prompt
     batches until the batch's groups vary and send the kept groups with the number of batches drawn, so the
     training processes' loader keeps pace. A distillation teacher (another checkpoint) scores the samples on the
-    training side, in the reference's pass. The run trains like one process with rollout devices and overlap."""
+    training side, in the reference's pass. Rounds of two batches (experience.buffer_size=2) with overlap: the
+    first round is sampled before step 1, the second while step 1 trains, both with the starting weights. The run
+    trains like one process with rollout devices and the same schedule."""
     from tests.train.helpers import tiny_hf_checkpoint
     from tests.train.test_verl_semantics import HALF_FLAT_REWARD
 
@@ -241,7 +243,8 @@ def test_dapo_with_a_distillation_teacher_trains_like_one_process(tmp_path):
             "actor_rollout_ref.rollout.n": 4, "data.max_response_length": 8,
             "reward_model.overlong_buffer.enable": False, "distillation.enabled": True,
             "distillation.teacher_models.teacher_model.model_path": teacher,
-            "distillation.distillation_loss.loss_mode": "k3", "distillation.distillation_loss.distillation_loss_coef": 0.5}
+            "distillation.distillation_loss.loss_mode": "k3", "distillation.distillation_loss.distillation_loss_coef": 0.5,
+            "experience.buffer_size": 2}
     single, split = str(tmp_path / "single"), str(tmp_path / "split")
     proc = run_main(cli_args(single, "dapo", **{**COMMON, **dapo, "mesh.rollout_devices": 4}), devices=8)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -251,6 +254,7 @@ def test_dapo_with_a_distillation_teacher_trains_like_one_process(tmp_path):
     assert [r["step"] for r in two] == list(range(1, STEPS + 1))
     assert all(r["train/num_gen_batches"] >= 2 for r in one)  # half the groups are flat: one batch never fills
     assert all(r["distillation/abs_loss"] > 0.01 for r in one)  # another model: a real divergence
+    assert [r["training/weight_version"] for r in two] == [0, 0, 0, 0]  # two rounds, both before the first update
     for a, b in zip(one, two):
         keys = (*KEYS, "train/num_gen_batches", "distillation/loss", "distillation/abs_loss")
         for key in (k for k in keys if k in a or k in b):  # DAPO has no KL loss
@@ -260,15 +264,17 @@ def test_dapo_with_a_distillation_teacher_trains_like_one_process(tmp_path):
 def test_multi_turn_conversations_in_one_sampling_process_train_like_one_process(tmp_path):
     """An environment's conversations (the guessing game: its replies appended between turns, untrained, and its
     rewards the scores) sampled by one process of four devices while another of four trains and validates, like
-    one process of eight with four rollout devices and overlap. Both runs stop after 3 steps and resume from their
-    checkpoints for a fourth (the lone training process's checkpoint holds host copies: Orbax writes no whole
-    array in a multi-process run)."""
+    one process of eight with four rollout devices, on-policy in rounds of two batches (no overlap,
+    experience.buffer_size=2: the training process waits while a round is sampled with its weights). Both runs stop
+    after 3 steps and resume from their checkpoints for a fourth (the lone training process's checkpoint holds host
+    copies: Orbax writes no whole array in a multi-process run)."""
     mt = "actor_rollout_ref.rollout.multi_turn."
     game = {mt + "enable": True, mt + "environment": "guess_number", mt + "max_assistant_turns": 3,
             mt + "max_tokens_per_turn": 6, "data.max_response_length": 80, "data.prompt_template": "native",
             "data.max_prompt_length": 160, "trainer.total_training_steps": 4,
             "data.train_files": ("builtin:guess_number?max_value=3&max_steps=3&train_size=16",),
-            "data.val_files": ("builtin:guess_number?max_value=3&max_steps=3&test_size=4",)}
+            "data.val_files": ("builtin:guess_number?max_value=3&max_steps=3&test_size=4",),
+            "experience.overlap": False, "experience.buffer_size": 2}
     single, split = str(tmp_path / "single"), str(tmp_path / "split")
     for steps in (3, 4):
         proc = run_main(cli_args(single, **{**COMMON, **game, "mesh.rollout_devices": 4,
@@ -285,6 +291,8 @@ def test_multi_turn_conversations_in_one_sampling_process_train_like_one_process
     one, two = read_metrics(single), read_metrics(split)
     assert [r["step"] for r in two] == [r["step"] for r in one] == [1, 2, 3, 4]
     assert all(0 < r["multi_turn/masked_token_fraction"] < 1 for r in two)  # the game's replies, untrained
+    # rounds of steps 1-2 and 3 (the first command ends there), then 4 in the resumed one: sampled when due
+    assert [r["training/weight_version"] for r in two] == [0, 0, 2, 3]
     for a, b in zip(one, two):
         for key in (*KEYS, "multi_turn/env_reward/mean", "multi_turn/num_turns/mean", "val-core/guess_number/reward/mean@1"):
             if key in a or key in b:
