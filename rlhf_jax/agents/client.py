@@ -36,6 +36,7 @@ class RecordedCall:
     logprobs: list[float]
     finish_reason: str  # "stop" (EOS / end marker) or "length"
     reused_prefix: bool  # the prompt extends the previous call's tokens (no re-tokenization)
+    routes: Any = None  # R3 (the sampler records routes): every prompt and sampled token's experts, in order
 
 
 def assistant_message(content: str, parser: str = "hermes", prefix: str = "call") -> SimpleNamespace:
@@ -54,7 +55,7 @@ class _Request:
     limit: int
     start: int
     row_id: int
-    result: tuple[list[int], list[float], bool] | None = None
+    result: tuple[list[int], list[float], bool, Any] | None = None
     error: BaseException | None = None
     done: bool = False
 
@@ -73,8 +74,10 @@ class SamplerBroker:
         self.batches = 0
         self.calls = 0
 
-    def sample(self, prompt: list[int], limit: int, start: int, row_id: int) -> tuple[list[int], list[float], bool]:
-        """(token ids, their log-probs, stopped at EOS / a stop sequence) of one conversation's next turn."""
+    def sample(self, prompt: list[int], limit: int, start: int,
+               row_id: int) -> tuple[list[int], list[float], bool, Any]:
+        """(token ids, their log-probs, stopped at EOS / a stop sequence, the experts of the prompt's and the
+        sampled tokens when the sampler records routes, else None) of one conversation's next turn."""
         request = _Request(prompt, limit, start, row_id)
         with self._cv:
             self._queue.append(request)
@@ -99,18 +102,22 @@ class SamplerBroker:
             raise request.error
         return request.result
 
-    def _run(self, batch: list[_Request]) -> list[tuple[list[int], list[float], bool]]:
+    def _run(self, batch: list[_Request]) -> list[tuple[list[int], list[float], bool, Any]]:
         shards = self.sampler.shard_count(self.state)
         pad = shards * next_power_of_two(-(-len(batch) // shards)) - len(batch)
         column = lambda name: [getattr(r, name) for r in batch] + [0] * pad  # noqa: E731  padding rows draw nothing
         with self.sampler.device_lock:
             conv = self.sampler.append(self.state, self.sampler.start(self.state, len(batch) + pad),
                                        [r.prompt for r in batch] + [[]] * pad)
-            _, out = self.sampler.decode(self.state, conv, column("limit"), column("start"), column("row_id"), self.key)
+            conv, out = self.sampler.decode(self.state, conv, column("limit"), column("start"), column("row_id"),
+                                            self.key)
+            # every sampled token went through the cache too (a next turn would append after it)
+            routes = self.sampler.routes(conv) if getattr(self.sampler, "record_routes", False) else None
         self.batches += 1
         self.calls += len(batch)
-        return [(out.tokens[i, :out.count[i]].tolist(), out.logprobs[i, :out.count[i]].tolist(), bool(out.stopped[i]))
-                for i in range(len(batch))]
+        return [(out.tokens[i, :out.count[i]].tolist(), out.logprobs[i, :out.count[i]].tolist(), bool(out.stopped[i]),
+                 None if routes is None else routes[i, :len(r.prompt) + int(out.count[i])])
+                for i, r in enumerate(batch)]
 
 
 class ChatClient:
@@ -147,9 +154,9 @@ class ChatClient:
                              f"({self.sampler.capacity}; in training data.max_prompt_length + rollout.response_length): "
                              "raise it or shorten the episode")
         start = sum(len(c.response_ids) for c in self.calls)  # fresh draws for every call of the episode
-        tokens, logprobs, stopped = self.broker.sample(prompt, limit, start, self.row_id)
+        tokens, logprobs, stopped, routes = self.broker.sample(prompt, limit, start, self.row_id)
         finish = "stop" if stopped else "length"
-        self.calls.append(RecordedCall(prompt, tokens, logprobs, finish, reused))
+        self.calls.append(RecordedCall(prompt, tokens, logprobs, finish, reused, routes))
         self._ids, self._text = prompt + tokens, text + self.tok.decode(tokens, skip_special_tokens=False)
         content = self.tok.decode([t for t in tokens if t not in self.eos], skip_special_tokens=False)
         message = assistant_message(content, self.parser, prefix=f"call_{len(self.calls)}")
@@ -179,3 +186,10 @@ class ChatClient:
             mask += [1] * len(call.response_ids)
             logps += call.logprobs
         return prompt, ids, mask, logps
+
+    def routes(self) -> Any:
+        """R3: the experts of every token of ``trajectory()``'s sequence (its prompt, then the rest), as the sampler
+        routed them, or None when it records none. The last call's: its prompt holds every earlier token, routed in
+        the same context (attention is causal), and its reply follows."""
+        self.trajectory()  # the episode is one sequence
+        return self.calls[-1].routes

@@ -157,8 +157,10 @@ class MultiTurnRollout:
             if len(prompt) > self.prompt_length:
                 raise ValueError(f"{KEY}.workflow: an episode's first prompt is {len(prompt)} tokens, longer than "
                                  f"data.max_prompt_length={self.prompt_length}")
+            routes = client.routes()
             t = Trajectory(prompt_ids=prompt, response_ids=ids[:R], loss_mask=mask[:R], logprobs=logps[:R],
-                           turns=len(client.calls), done=True)
+                           turns=len(client.calls), done=True,
+                           routes=None if routes is None else routes[:len(prompt) + min(len(ids), R)])
             t.finished = len(ids) <= R and client.calls[-1].finish_reason == "stop"
             trajs.append(t)
         return trajs, rewards, broker.calls / max(broker.batches, 1)

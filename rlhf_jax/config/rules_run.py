@@ -139,11 +139,10 @@ def files_exist(cfg: ConfigDict, ctx: Context) -> None:
         raise ValueError(f"custom_reward_function.path: file {custom!r} does not exist")
 
 
-@rule("actor_rollout_ref.actor.router_replay.mode", _MT + "enable", _MT + "workflow",
-      "algorithm.rollout_correction.bypass_mode", "distillation.enabled")
+@rule("actor_rollout_ref.actor.router_replay.mode", "algorithm.rollout_correction.bypass_mode", "distillation.enabled")
 def router_replay_combinations(cfg: ConfigDict, ctx: Context) -> None:
     """Routing replay: R2 records in the old-log-prob pass (no bypass), R3 in the sampler (single-turn, or the
-    conversations of tool calls and environments)."""
+    conversations of tool calls, environments and workflows), not with a teacher in the reference's pass."""
     mode = cfg.actor_rollout_ref.actor.router_replay.mode
     if mode == "disabled":
         return
@@ -156,10 +155,6 @@ def router_replay_combinations(cfg: ConfigDict, ctx: Context) -> None:
     if cfg.distillation.enabled:  # R3 replays in the reference's pass, where the teacher (another model) sits
         raise ValueError(f"{key} with distillation.enabled is not supported (the teacher would replay the student's "
                          "routes): use mode=R2")
-    mt = cfg.actor_rollout_ref.rollout.multi_turn
-    if mt.enable and mt.workflow:  # the client assembles a workflow's episode from its calls, not one conversation
-        raise ValueError(f"{key} with {_MT}workflow is not supported (a workflow's episode is assembled from its "
-                         "client's calls, whose routes are not kept): use mode=R2")
 
 
 @rule(_MT + "enable", "mesh.rollout_processes")

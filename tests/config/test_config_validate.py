@@ -191,11 +191,6 @@ def test_model_config_read_and_length_limit(tmp_path):
         (lambda c: (setattr(c.actor_rollout_ref.actor.router_replay, "mode", "R2"),
                     setattr(c.algorithm.rollout_correction, "bypass_mode", True)),
          r"^actor_rollout_ref\.actor\.router_replay\.mode=R2 with algorithm\.rollout_correction\.bypass_mode"),
-        (lambda c: (setattr(c.actor_rollout_ref.actor.router_replay, "mode", "R3"),
-                    setattr(c.actor_rollout_ref.rollout.multi_turn, "enable", True),
-                    setattr(c.actor_rollout_ref.rollout.multi_turn, "workflow", "agent.py:solve")),
-         r"^actor_rollout_ref\.actor\.router_replay\.mode=R3 with actor_rollout_ref\.rollout\.multi_turn\.workflow is "
-         r"not supported"),
     ],
 )
 def test_rejections_name_the_key(mutate, pattern):

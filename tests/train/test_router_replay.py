@@ -149,17 +149,29 @@ def _tool_conversations() -> dict:
             "data.prompt_template": "native", "data.max_prompt_length": 32}
 
 
+def _workflow_episodes(tmp_path) -> dict:
+    """A workflow agent's episodes (tests/train/test_multi_turn_train.py's AGENT: two client calls, the agent's own
+    messages between them), the sampler in float32 as in ``_tool_conversations``."""
+    from tests.train.test_multi_turn_train import AGENT, MT
+
+    path = tmp_path / "agent.py"
+    path.write_text(AGENT)
+    return {"actor_rollout_ref.rollout.weight_dtype": None, MT + "enable": True, MT + "workflow": f"{path}:solve",
+            MT + "workflow_args": {"calls": 2}, MT + "max_tokens_per_turn": 4, "data.max_response_length": 120,
+            "data.prompt_template": "native", "data.max_prompt_length": 64}
+
+
 @pytest.fixture(scope="module")
 def runs(moe_dir, tmp_path_factory):
     """Each (mode, packed, variant) run once for the module, on first use; variant "dynamic": see
-    ``_dynamic_on_rollout_devices``, "multi_turn": ``_tool_conversations``."""
+    ``_dynamic_on_rollout_devices``, "multi_turn": ``_tool_conversations``, "workflow": ``_workflow_episodes``."""
     done: dict = {}
 
     def get(mode: str, packed: bool, variant: str = "") -> dict:
         if (mode, packed, variant) not in done:
             tmp = tmp_path_factory.mktemp("runs")
             overrides = {"dynamic": _dynamic_on_rollout_devices, "multi_turn": lambda _: _tool_conversations(),
-                         "": lambda _: {}}[variant](tmp)
+                         "workflow": _workflow_episodes, "": lambda _: {}}[variant](tmp)
             done[mode, packed, variant] = _run(tmp, moe_dir, mode, packed, **overrides)
         return done[mode, packed, variant]
 
@@ -203,13 +215,18 @@ def test_r3_update_routes_every_fed_token_as_the_sampler_did(runs, packed, varia
     assert (native[fed] != sampled[:, P:P + R][fed]).any(axis=(-1, -2)).sum() > 0
 
 
-def test_r3_multi_turn_update_routes_every_token_of_the_conversations_as_the_sampler_did(runs):
+@pytest.mark.parametrize("variant", ["multi_turn", "workflow"])
+def test_r3_multi_turn_update_routes_every_token_of_the_conversations_as_the_sampler_did(runs, variant):
     """Every token a conversation held (the prompt, the assistant turns, the tool responses between them, and the
     last token too: each went through the cache) is routed in the update as the sampler routed it, at its own
-    column: with the sampler's (float32) weights the trainer routes natively to the same experts."""
-    run = runs("R3", False, "multi_turn")
-    assert run["metrics"]["multi_turn/tool_calls/mean"] >= 1
-    assert 0 < run["metrics"]["multi_turn/masked_token_fraction"] < 1  # tool responses in the sequences
+    column: with the sampler's (float32) weights the trainer routes natively to the same experts. A workflow's
+    episode (the agent's messages between its client's calls) likewise, from its last call."""
+    run = runs("R3", False, variant)
+    if variant == "multi_turn":
+        assert run["metrics"]["multi_turn/tool_calls/mean"] >= 1
+    else:
+        assert run["metrics"]["multi_turn/num_turns/mean"] == 2  # two client calls per episode
+    assert 0 < run["metrics"]["multi_turn/masked_token_fraction"] < 1  # tool responses / the agent's messages
     sampled, P, R = run["rollout"], run["prompt_mask"].shape[1], run["response_mask"].shape[1]
     used, native = run["update"][True], run["native"]  # native: the batch routed with the sampler's weights
     width_p = used.shape[1] - R  # the padded batch keeps the prompt's last width_p columns
