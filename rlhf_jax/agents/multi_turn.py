@@ -30,7 +30,7 @@ from rlhf_jax.data.prompts import render_prompt
 from rlhf_jax.rollout.conversation_sampler import ConversationSampler
 from rlhf_jax.rollout.decode import RolloutBatch
 from rlhf_jax.rollout.params import SamplingParams
-from rlhf_jax.parallel.hosts import to_global
+from rlhf_jax.parallel.hosts import all_rows, to_global
 
 # Tokens a prompt's new tokens are appended in at most (the staging width of the conversation caches).
 STAGE = 64
@@ -123,7 +123,7 @@ class MultiTurnRollout:
             out["multi_turn/calls_per_batch"] = per_batch  # the workflow clients' calls sampled together
         if rewards is not None:  # an environment's or a workflow's rewards are the scores
             self._scores = np.asarray(rewards, np.float32)
-            out["multi_turn/env_reward/mean"] = float(self._scores.mean())
+            out["multi_turn/env_reward/mean"] = float(all_rows(self._scores).mean())  # every process's
         if self.per_turn_rewards:
             self._token_rewards = per_turn_rewards(trajs, self.settings.response_length)
         return arrays, out
@@ -189,7 +189,7 @@ class MultiTurnRollout:
     def _arrays(self, prompts: list[list[int]], trajs: list[Trajectory],
                 sampling: SamplingParams) -> dict[str, np.ndarray]:
         N, R = len(trajs), self.settings.response_length
-        P = max(len(p) for p in prompts)
+        P = int(all_rows([max(len(p) for p in prompts)]).max())  # every process's rows are as wide
         out = {"prompts": np.full((N, P), sampling.pad_token_id, np.int32), "prompt_mask": np.zeros((N, P), np.int32),
                "responses": np.full((N, R), sampling.pad_token_id, np.int32),
                "response_mask": np.zeros((N, R), np.int32), "logprobs": np.zeros((N, R), np.float32),
@@ -236,17 +236,18 @@ def per_turn_rewards(trajs: list[Trajectory], width: int) -> np.ndarray:
 
 
 def metrics(trajs: list[Trajectory], timings: TurnTimings, seconds: float) -> dict[str, float]:
-    """``multi_turn/``: per-trajectory means and maxima, tool latency, the untrained share, device idle time."""
+    """``multi_turn/``: per-trajectory means and maxima, tool latency and the untrained share over every process's
+    trajectories; this process's device idle time."""
     out: dict[str, float] = {}
-    per = {"num_turns": [t.turns for t in trajs], "tool_calls": [t.stats.calls for t in trajs],
-           "tool_errors": [t.stats.errors for t in trajs], "tool_timeouts": [t.stats.timeouts for t in trajs]}
-    for name, values in per.items():
-        out[f"multi_turn/{name}/mean"] = float(np.mean(values))
-        out[f"multi_turn/{name}/max"] = float(np.max(values))
-    calls = sum(t.stats.calls for t in trajs)
-    out["multi_turn/tool_latency_s"] = sum(t.stats.seconds for t in trajs) / max(calls, 1)  # per call
-    tokens = sum(len(t.response_ids) for t in trajs)
-    out["multi_turn/masked_token_fraction"] = (tokens - sum(sum(t.loss_mask) for t in trajs)) / max(tokens, 1)
+    names = ("num_turns", "tool_calls", "tool_errors", "tool_timeouts")
+    rows = all_rows(np.asarray([(t.turns, t.stats.calls, t.stats.errors, t.stats.timeouts, t.stats.seconds,
+                                 len(t.response_ids), sum(t.loss_mask)) for t in trajs], np.float64))
+    for j, name in enumerate(names):
+        out[f"multi_turn/{name}/mean"] = float(np.mean(rows[:, j]))
+        out[f"multi_turn/{name}/max"] = float(np.max(rows[:, j]))
+    calls, call_seconds, tokens, trained = rows[:, 1].sum(), rows[:, 4].sum(), rows[:, 5].sum(), rows[:, 6].sum()
+    out["multi_turn/tool_latency_s"] = float(call_seconds / max(calls, 1))  # per call
+    out["multi_turn/masked_token_fraction"] = float((tokens - trained) / max(tokens, 1))
     # turn-synchronous: the device is idle while the host runs the tools
     out["multi_turn/device_idle_s"] = timings.tool_wait_s
     out["multi_turn/device_idle_fraction"] = timings.tool_wait_s / max(seconds, 1e-9)

@@ -25,6 +25,8 @@ from rlhf_jax.agents.render import tool_suffix_ids
 from rlhf_jax.agents.tool_calls import parse_tool_calls
 from rlhf_jax.agents.tools import Tool
 from rlhf_jax.config.names import TOOL_RESPONSE_TRUNCATION
+from rlhf_jax.parallel import groups
+from rlhf_jax.parallel.hosts import all_rows
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,14 +138,18 @@ def run_turns(sampler, state: Any, tokenizer: Any, prompts: Sequence[Sequence[in
 
     ``replies`` answer each row's turns (default: ``tool_reply(settings)`` for every row; environments:
     ``agents.environment.environment_reply``); they run at the same time for all rows. ``row_ids`` key each
-    trajectory's random stream (default: its index); the batch is padded with empty rows to the sampler's
-    data-parallel shard count.
+    trajectory's random stream (default: its index in the batch of every process's prompts); the batch is padded
+    with empty rows to the sampler's data-parallel shard count.
+
+    Over several processes each runs its own prompts (as many on every process) and their replies; the turns
+    end when every process's trajectories are done, so that all run the same programs.
     """
     trajs = [Trajectory(prompt_ids=[int(t) for t in p]) for p in prompts]
     real = len(trajs)
     shards = sampler.shard_count(state)
     rows = -(-real // shards) * shards
-    ids = list(row_ids) if row_ids is not None else list(range(real))
+    first = groups.process_index() * real  # this process's rows come after the earlier processes' ones
+    ids = list(row_ids) if row_ids is not None else list(range(first, first + real))
     ids += [0] * (rows - real)
     eos = {int(e) for e in eos_token_ids}
     timings = TurnTimings()
@@ -156,7 +162,7 @@ def run_turns(sampler, state: Any, tokenizer: Any, prompts: Sequence[Sequence[in
     timings.append_s += time.perf_counter() - t0
     with ThreadPoolExecutor(max_workers=max(1, real)) as pool:
         for turn in range(settings.max_assistant_turns):
-            if all(t.done for t in trajs):
+            if all_rows([all(t.done for t in trajs)]).all():
                 break
             limit = [0 if t.done else min(settings.turn_len, settings.response_length - len(t.response_ids))
                      for t in trajs] + [0] * len(pad)
@@ -199,9 +205,7 @@ def run_turns(sampler, state: Any, tokenizer: Any, prompts: Sequence[Sequence[in
                 traj.extend(suffix, False)
                 traj.tool_turns += 1
                 new_rows[i] = suffix
-            if not any(new_rows):
-                continue
-            t0 = time.perf_counter()
+            t0 = time.perf_counter()  # (nothing to append anywhere: no program runs)
             conv = sampler.append(state, conv, new_rows)
             timings.append_s += time.perf_counter() - t0
     for t in trajs:

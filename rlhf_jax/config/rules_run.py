@@ -157,16 +157,17 @@ def router_replay_combinations(cfg: ConfigDict, ctx: Context) -> None:
                          "routes): use mode=R2")
 
 
-@rule(_MT + "enable", "mesh.rollout_processes")
+@rule(_MT + "enable", _MT + "workflow", "mesh.rollout_processes")
 def multi_turn_combinations(cfg: ConfigDict, ctx: Context) -> None:
-    """Multi-turn rollouts run in one process (or a split run's one sampling process beside one training process,
-    which validates)."""
-    if not cfg.actor_rollout_ref.rollout.multi_turn.enable:
+    """A workflow's episodes are sampled by one process (or a split run's one sampling process beside one training
+    process, which validates): its clients call the sampler when the user's code does, which processes cannot
+    agree on. Conversations of tools and environments run on any processes."""
+    mt = cfg.actor_rollout_ref.rollout.multi_turn
+    if not (mt.enable and mt.workflow):
         return
-    key = _MT + "enable=True"
     if ctx.num_processes > 1 and not (cfg.mesh.rollout_processes == 1 and ctx.num_processes == 2):
-        raise ValueError(f"{key} runs in one process, or in a split run of one sampling and one training process "
-                         f"(mesh.rollout_processes=1); this run has {ctx.num_processes}")
+        raise ValueError(f"{_MT}workflow runs in one process, or in a split run of one sampling and one training "
+                         f"process (mesh.rollout_processes=1); this run has {ctx.num_processes}")
 
 
 @rule(_MT + "enable", _MT + "tools", _MT + "tool_config_path", _MT + "environment", _MT + "workflow",
@@ -199,9 +200,6 @@ def split_run_combinations(cfg: ConfigDict, ctx: Context) -> None:
     k = cfg.mesh.rollout_processes
     if not k:
         return
-    if cfg.actor_rollout_ref.rollout.multi_turn.enable and k > 1:
-        raise ValueError(f"mesh.rollout_processes={k} with {_MT}enable: the conversations are sampled in one "
-                         "process (set mesh.rollout_processes=1)")
     if cfg.algorithm.type != "rl":
         raise ValueError(f"mesh.rollout_processes={k} splits an RL run's sampling from its training; "
                          f"algorithm.type={cfg.algorithm.type} samples nothing (set mesh.rollout_processes=0)")

@@ -5,6 +5,11 @@
 of at most ``stage`` tokens, each padded to a power of two, so a run compiles a handful of append programs.
 ``prefilled_tokens`` counts the real tokens appended (prompts and later turns' new tokens): a conversation that
 continues from its cache adds only what is new.
+
+Over several processes (a mesh whose devices several processes hold) every host call takes and returns this
+process's rows (block p of the global rows, as ``parallel.hosts.to_global`` lays them out), and every process
+makes the same calls in the same order: what decides a program's shape (the widest new row) is agreed over the
+processes first.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 
+from rlhf_jax.parallel.hosts import all_rows, to_local
 from rlhf_jax.parallel.mesh import DEFAULT_RULES, Rules, replicated
 from rlhf_jax.rollout import conversation
 from rlhf_jax.rollout.buckets import next_power_of_two
@@ -70,11 +76,16 @@ class ConversationSampler:
         return self._shards_of[mesh]
 
     def shard_count(self, state: Any) -> int:
-        """Data-parallel shards the rows split over (a batch is padded to a multiple of it)."""
-        return self._shards(state).count
+        """Data-parallel shards this process's rows split over (its rows are padded to a multiple of it)."""
+        shards = self._shards(state)
+        return shards.count // _processes(shards.mesh)
 
     def _rows(self, shards: BatchShards, x, ndim: int):
-        return jax.device_put(x, NamedSharding(shards.mesh, shards.rows(ndim)))
+        """This process's rows of a batch as the global batch-sharded array."""
+        sharding = NamedSharding(shards.mesh, shards.rows(ndim))
+        if sharding.is_fully_addressable:
+            return jax.device_put(x, sharding)
+        return jax.make_array_from_process_local_data(sharding, np.asarray(x))
 
     # ------------------------------------------------------------------ traced programs (cached by jax.jit)
     @functools.partial(jax.jit, static_argnums=(0, 2, 3))
@@ -96,22 +107,28 @@ class ConversationSampler:
 
     # ------------------------------------------------------------------ host API
     def start(self, state: Any, rows: int) -> Conversations:
-        """``rows`` empty conversations (rows must split over the data-parallel shards)."""
+        """``rows`` empty conversations of this process (they must split over its data-parallel shards; every
+        process starts as many)."""
         shards = self._shards(state)
+        rows *= _processes(shards.mesh)
         shards.per_shard(rows, "conversations")
         return self._empty(state, rows, shards)
 
     def append(self, state: Any, conv: Conversations, new_ids: Sequence[Sequence[int]]) -> Conversations:
-        """Append each row's new tokens (an empty list leaves a row as it is), ``stage`` tokens per call at most."""
+        """Append each of this process's rows' new tokens (an empty list leaves a row as it is), ``stage`` tokens per
+        call at most."""
         shards = self._shards(state)
         rows = [list(map(int, r)) for r in new_ids]
-        if len(rows) != conv.length.shape[0]:
-            raise ValueError(f"{len(rows)} rows of new tokens for {conv.length.shape[0]} conversations")
+        own = conv.length.shape[0] // _processes(shards.mesh)
+        if len(rows) != own:
+            raise ValueError(f"{len(rows)} rows of new tokens for {own} conversations")
+        # the calls below and their widths follow every process's rows, so that all make the same ones
+        lengths = all_rows(np.asarray([len(r) for r in rows], np.int64))
         offset = 0
-        longest = max((len(r) for r in rows), default=0)
+        longest = int(lengths.max(initial=0))
         while offset < longest:
             pieces = [r[offset:offset + self.stage] for r in rows]
-            width = next_power_of_two(max(len(p) for p in pieces))
+            width = next_power_of_two(int(np.clip(lengths - offset, 0, self.stage).max()))
             ids = np.zeros((len(rows), width), np.int32)
             for b, p in enumerate(pieces):
                 ids[b, :len(p)] = p
@@ -130,7 +147,7 @@ class ConversationSampler:
         key = jax.device_put(key, replicated(shards.mesh))
         conv, out = self._decode(state, conv, as_rows(np.minimum(limit, self.turn_len)), as_rows(start),
                                  as_rows(row_ids), key, shards)
-        out = jax.tree.map(np.asarray, jax.device_get(out))
+        out = jax.tree.map(to_local, out)
         self.decoded_tokens += int(out.count.sum())
         return conv, out
 
@@ -139,8 +156,13 @@ class ConversationSampler:
         past a row's length). Only with ``params.record_routes``."""
         if conv.routes is None:
             raise ValueError("these conversations record no routes (SamplingParams.record_routes is off)")
-        return np.asarray(jax.device_get(conv.routes))
+        return to_local(conv.routes)
 
     def lengths(self, conv: Conversations) -> np.ndarray:
-        return np.asarray(jax.device_get(conv.length))
+        return to_local(conv.length)
+
+
+def _processes(mesh: Mesh) -> int:
+    """How many processes hold the mesh's devices."""
+    return len({d.process_index for d in mesh.devices.flat})
 

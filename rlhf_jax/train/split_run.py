@@ -244,7 +244,6 @@ class SamplingLoop:
         self.graphdef = sampler_graphdef(cfg, model.config, model.task, None if model.config.lora else graphdef)
         sampler = Sampler(self.graphdef, mesh=mesh, rules=c.rules, max_positions=model.config.max_position_embeddings)
         rewards, reward_model = scorers(cfg, mesh, c.rules)
-        # multi-turn runs have one sampling process (config/rules_run.py)
         multi_turn = multi_turn_rollout(cfg, self.graphdef, model.config, c.tokenizer, mesh, c.rules)
         self.rollouts = Rollouts(None, sampler, c.tokenizer, rewards, mesh=mesh, rules=c.rules,
                                  dp_size=mesh.devices.size, weight_dtype=cfg.actor_rollout_ref.rollout.weight_dtype,

@@ -296,21 +296,23 @@ def test_routing_replay_is_accepted_with_packed_passes(mode):
     finalize(cfg, num_devices=8)
 
 
-def test_multi_turn_runs_in_one_process_or_a_split_of_one_sampling_and_one_training_process():
-    def multi_turn(processes: int, rollout_processes: int, partial: int = 0):
+def test_multi_turn_runs_on_any_processes_but_a_workflow_in_one_sampling_process():
+    def multi_turn(processes: int, rollout_processes: int, partial: int = 0, workflow: str | None = None):
         cfg = grpo_like()
         cfg.actor_rollout_ref.rollout.multi_turn.enable = True
         cfg.actor_rollout_ref.rollout.multi_turn.tools = ("calculator",)
-        cfg.experience.overlap, cfg.experience.partial_rollout_tokens = True, partial
+        cfg.actor_rollout_ref.rollout.multi_turn.workflow = workflow
+        cfg.experience.overlap, cfg.experience.partial_rollout_tokens = bool(rollout_processes), partial
         cfg.mesh.rollout_processes = rollout_processes
         return finalize(cfg, num_devices=8, num_processes=processes, check_paths=False)
 
-    multi_turn(2, 1)
-    with pytest.raises(ValueError, match=r"multi_turn\.enable=True runs in one process, or in a split run of one "
-                                         r"sampling and one training process .*; this run has 4"):
-        multi_turn(4, 2)
-    with pytest.raises(ValueError, match=r"multi_turn\.enable=True runs in one process.*this run has 4"):
-        multi_turn(4, 1)
+    for processes, rollout_processes in ((2, 1), (4, 2), (2, 0), (4, 0)):
+        multi_turn(processes, rollout_processes)
+    multi_turn(2, 1, workflow="agent.py:solve")
+    for processes, rollout_processes in ((4, 2), (2, 0)):
+        with pytest.raises(ValueError, match=r"multi_turn\.workflow runs in one process, or in a split run of one "
+                                             rf"sampling and one training process .*; this run has {processes}$"):
+            multi_turn(processes, rollout_processes, workflow="agent.py:solve")
     with pytest.raises(ValueError, match=r"partial_rollout_tokens=2 with actor_rollout_ref\.rollout\.multi_turn\.enable "
                                          r"is not supported"):
         multi_turn(2, 1, partial=2)

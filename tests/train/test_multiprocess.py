@@ -108,3 +108,43 @@ def test_dapo_dynamic_sampling_in_two_processes_matches_one_process(tmp_path):
         for key in ("train/num_gen_batches", "critic/score/mean", "response_length/mean", "actor/pg_loss",
                     "actor/grad_norm", "actor/entropy"):
             assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), (a["step"], key)
+
+
+COUNTDOWN = '''
+from rlhf_jax.agents.environment import Environment, StepResult
+
+
+class Countdown(Environment):
+    """Ends after as many moves as the task's answer (at least one), so games end at different turns on each
+    process; replies and rewards vary with each move's length."""
+
+    def reset(self, task):
+        self.left = 1 + int(task["ground_truth"]) % 3
+        return f"Count down from {self.left}."
+
+    def step(self, action):
+        self.left -= 1
+        return StepResult("x" * (len(action) % 5 + 1), len(action) / 10, self.left <= 0)
+'''
+
+
+def test_multi_turn_conversations_in_two_processes_match_one_process(tmp_path):
+    """An environment's conversations in two processes: each plays its own prompts' games, their replies of
+    different lengths appended and the games ending at different turns, while both run the same programs (the
+    widest new row and the turn count agreed between them). The run equals one process of 4 devices."""
+    env = tmp_path / "countdown.py"
+    env.write_text(COUNTDOWN)
+    mt = "actor_rollout_ref.rollout.multi_turn."
+    overrides = {mt + "enable": True, mt + "environment": f"{env}:Countdown", mt + "max_assistant_turns": 3,
+                 mt + "max_tokens_per_turn": 6, "data.max_response_length": 120, "data.prompt_template": "native",
+                 "data.max_prompt_length": 48, "trainer.total_training_steps": 2, "mesh.data": -1, "mesh.fsdp": 1,
+                 "mesh.tensor": 1, "trainer.logger": ("jsonl",)}
+    one, two = _one_and_two_processes(tmp_path, 2, "grpo", **overrides)
+    assert [r["step"] for r in one] == [r["step"] for r in two] == [1, 2]
+    assert any(r["multi_turn/num_turns/max"] > r["multi_turn/num_turns/mean"] for r in one)  # games of many lengths
+    assert any(0 < r["multi_turn/masked_token_fraction"] < 1 for r in two)  # the replies, untrained
+    for a, b in zip(one, two):
+        for key in ("critic/score/mean", "response_length/mean", "actor/pg_loss", "actor/grad_norm", "actor/entropy",
+                    "multi_turn/env_reward/mean", "multi_turn/num_turns/mean", "multi_turn/num_turns/max",
+                    "multi_turn/masked_token_fraction"):
+            assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), (a["step"], key)
