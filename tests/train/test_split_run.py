@@ -79,6 +79,31 @@ def test_two_sampling_and_two_training_processes_train_like_one_process_with_ove
         np.testing.assert_allclose(_weights(split).get(name), reference.get(name), rtol=1e-6, atol=1e-6, err_msg=name)
 
 
+def test_two_sampling_processes_play_the_conversations_together_like_one_process(tmp_path):
+    """The guessing game's conversations sampled by two processes (each plays its own prompts' games; they agree
+    on every program the conversations run) while two others train: like one process with rollout devices."""
+    mt = "actor_rollout_ref.rollout.multi_turn."
+    game = {mt + "enable": True, mt + "environment": "guess_number", mt + "max_assistant_turns": 3,
+            mt + "max_tokens_per_turn": 6, "data.max_response_length": 80, "data.prompt_template": "native",
+            "data.max_prompt_length": 160,
+            "data.train_files": ("builtin:guess_number?max_value=3&max_steps=3&train_size=16",),
+            "data.val_files": ("builtin:guess_number?max_value=3&max_steps=3&test_size=4",)}
+    single, split = str(tmp_path / "single"), str(tmp_path / "split")
+    proc = run_main(cli_args(single, **{**COMMON, **game, "mesh.rollout_devices": 4}), devices=8)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = _split_run(split, **game)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    one, two = read_metrics(single), read_metrics(split)
+    assert [r["step"] for r in two] == list(range(1, STEPS + 1))
+    for a, b in zip(one, two):
+        assert 0 < b["multi_turn/masked_token_fraction"] < 1  # the game's replies between the turns
+        for key in (*KEYS, "multi_turn/num_turns/mean", "multi_turn/env_reward/mean"):
+            assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), (a["step"], key)
+    reference = _weights(single)
+    for name in reference.keys():
+        np.testing.assert_allclose(_weights(split).get(name), reference.get(name), rtol=1e-6, atol=1e-6, err_msg=name)
+
+
 def _rows(out: str) -> int:
     path = os.path.join(out, "metrics.jsonl")
     return sum(1 for line in open(path) if line.endswith("\n")) if os.path.exists(path) else 0
