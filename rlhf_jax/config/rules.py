@@ -242,8 +242,7 @@ def sum_pi_squared_pass(cfg: ConfigDict, ctx: Context) -> None:
                          "pass): turn one of them off")
 
 
-@rule("algorithm.adv_estimator", "algorithm.gdpo_reward_keys", "algorithm.gdpo_reward_weights",
-      "algorithm.filter_groups.enable")
+@rule("algorithm.adv_estimator", "algorithm.gdpo_reward_keys", "algorithm.gdpo_reward_weights")
 def gdpo_components(cfg: ConfigDict, ctx: Context) -> None:
     """GDPO normalises named reward components (verl asserts that gdpo_reward_keys is set), one weight each."""
     alg = cfg.algorithm
@@ -256,9 +255,6 @@ def gdpo_components(cfg: ConfigDict, ctx: Context) -> None:
     if weights is not None and len(weights) != len(keys):
         raise ValueError(f"algorithm.gdpo_reward_weights has {len(weights)} entries for {len(keys)} "
                          f"algorithm.gdpo_reward_keys {list(keys)}: give one weight per key")
-    if alg.filter_groups.enable:
-        raise ValueError("algorithm.adv_estimator=gdpo with algorithm.filter_groups.enable is not implemented: the "
-                         "dynamic sampling batches keep the summed score only")
 
 
 @rule("algorithm.kl_penalty", "algorithm.use_kl_in_reward", A + "actor.kl_loss_type", A + "actor.use_kl_loss")

@@ -47,15 +47,16 @@ class Collected:
         return sum(p["scores"].shape[0] for p in self.parts) // self.n
 
     def add(self, rollout: dict[str, np.ndarray], scores: np.ndarray, keep: np.ndarray,
-            domain: np.ndarray | None = None) -> None:
+            domain: np.ndarray | None = None, components: np.ndarray | None = None) -> None:
         """``rollout``: the ROLLOUT_KEYS arrays and any OPTIONAL_KEYS ones; ``scores`` (rows,) or token-level
         (rows, R); ``domain`` (rows,): each row's data domain, kept with its group (the per-domain statistics'
-        segments)."""
+        segments); ``components`` (rows, K): GDPO's reward components of each row."""
         rows = (keep[:, None] * self.n + np.arange(self.n)[None, :]).reshape(-1)
         part = {**{k: rollout[k][rows] for k in (*ROLLOUT_KEYS, *OPTIONAL_KEYS) if k in rollout},
                 "scores": scores[rows]}
-        if domain is not None:
-            part["domain"] = np.asarray(domain)[rows]
+        for name, values in (("domain", domain), ("components", components)):
+            if values is not None:
+                part[name] = np.asarray(values)[rows]
         self.parts.append(part)
 
     def batch(self, num_groups: int) -> dict[str, np.ndarray]:

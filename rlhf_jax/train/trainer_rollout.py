@@ -217,12 +217,13 @@ class Producer:
             segments = SegmentedSampler(self.rollouts.sampler, self.partial_tokens, version, refresh)
         draws = 1
         if self.filter_groups.enable:
-            out, pb, scores, draws = self._dynamic_rollout(pb, timer, out_metrics, step, version, weights,
-                                                           abandonable, segments)
+            out, pb, scores, draws, components = self._dynamic_rollout(pb, timer, out_metrics, step, version,
+                                                                       weights, abandonable, segments)
         else:
             out, scores = self._rollout(pb, timer, out_metrics, self.rollouts.key(self.sampling.seed, step), step,
                                         extras, abandonable=abandonable, weights=weights, version=version,
                                         segments=segments)
+            components = reward_components(extras, self.component_keys) if self.component_keys else None
         baselines = None
         if self.greedy_baseline:
             with timer("gen_max"):  # verl's name for ReMax's greedy baseline rollout
@@ -230,9 +231,8 @@ class Producer:
         mesh = self.rollouts.mesh
         with timer("reward"):
             scores = jax.block_until_ready(to_global(mesh, np.asarray(scores, np.float32)))
-            components = None
-            if self.component_keys:
-                components = to_global(mesh, reward_components(extras, self.component_keys))
+            if components is not None:  # GDPO's, of this process's rows
+                components = to_global(mesh, components)
         out_metrics.update({f"timing_s/{k}": v for k, v in timer.seconds.items()})
         return ScoredBatch(rollout=out, scores=scores, baselines=baselines, prompts=pb, version=version,
                            data_state=data_state, metrics=out_metrics, components=components, draws=draws)
@@ -270,7 +270,8 @@ class Producer:
     def _dynamic_rollout(self, pb: PromptBatch, timer, out_metrics: dict, step: int, version: int,
                          weights: Any = None, abandonable: bool = True, segments: SegmentedSampler | None = None):
         """DAPO's dynamic sampling (rollout/dynamic_sampling.py): batches until train_batch_size groups vary, all
-        sampled with ``weights`` (version ``version``). Returns (rollout, prompts, scores, prompt batches drawn).
+        sampled with ``weights`` (version ``version``). Returns (rollout, prompts, scores, prompt batches drawn,
+        GDPO's reward components of the kept rows or None).
 
         Over several processes every process sees every row: the groups kept are chosen from the whole batch (the
         same choice everywhere, so all draw the same number of batches), and each takes its block of the kept
@@ -291,9 +292,10 @@ class Producer:
                                  "{'score': ..., 'acc': ...}) ; or set the metric to score")
             values = extras["acc"] if fg.metric == "acc" else scores
             domain = None if pb.domain is None else all_rows(np.repeat(pb.domain, n))
+            components = all_rows(reward_components(extras, self.component_keys)) if self.component_keys else None
             kept = (*ROLLOUT_KEYS, *(k for k in OPTIONAL_KEYS if getattr(out, k) is not None))
             collected.add({k: gather_all(getattr(out, k)) for k in kept}, all_rows(scores),
-                          varied_groups(all_rows(values), n), domain)
+                          varied_groups(all_rows(values), n), domain, components)
             if collected.num_groups >= wanted:
                 break
             if 0 < fg.max_num_gen_batches <= rounds:
@@ -309,7 +311,7 @@ class Producer:
             pb = pb.replace(domain=rows["domain"][::n])
         out = RolloutBatch(**{k: to_global(self.rollouts.mesh, rows[k]) for k in (*ROLLOUT_KEYS, *OPTIONAL_KEYS)
                               if k in rows})
-        return out, pb, rows["scores"], rounds
+        return out, pb, rows["scores"], rounds, rows.get("components")
 
     def _greedy_baselines(self, pb: PromptBatch, n: int, step: int, weights: Any = None) -> jax.Array:
         """ReMax's baseline: the score of one greedy response per prompt, repeated for the prompt's n samples. With

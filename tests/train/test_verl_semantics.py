@@ -124,6 +124,46 @@ def test_dapo_filter_groups_fills_the_batch_with_varied_groups(tmp_path):
     assert batch["prompt_mask"][:2, :2].sum() == 0  # left padding of the shorter prompts
 
 
+GDPO_HALF_FLAT_REWARD = """
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    fmt = 1.0 if int(extra_info["index"]) % 2 == 0 else float(len(solution_str) % 2)
+    return {"score": fmt, "acc": fmt, "format_reward": fmt, "length_reward": float(len(solution_str))}
+"""
+
+
+def test_gdpo_with_dynamic_sampling_keeps_each_kept_rows_components(tmp_path):
+    """GDPO's reward components travel with the groups dynamic sampling keeps: every kept row's are the reward
+    function's values of that row's response (its length; its format, which is its score), then the step trains."""
+    import math
+
+    import numpy as np
+
+    from rlhf_jax.parallel.hosts import to_local
+    from rlhf_jax.rewards.reward_model import decode_responses
+    from rlhf_jax.train import metrics as M
+
+    reward = tmp_path / "reward.py"
+    reward.write_text(GDPO_HALF_FLAT_REWARD)
+    trainer = Trainer(make_config(str(tmp_path / "run"), recipe="dapo", **{
+        "custom_reward_function.path": str(reward), "algorithm.filter_groups.metric": "acc",
+        "algorithm.adv_estimator": "gdpo", "algorithm.gdpo_reward_keys": ("format_reward", "length_reward"),
+        "trainer.total_training_steps": 1, "actor_rollout_ref.rollout.n": 4, "data.max_response_length": 8,
+        "reward_model.overlong_buffer.enable": False}))
+    try:
+        scored = trainer.producer.produce(next(trainer.loader), 0)
+        assert scored.draws >= 2  # half the groups are flat: one batch of 4 prompts is never enough
+        components, scores = to_local(scored.components), to_local(scored.scores)
+        texts = decode_responses(trainer.c.tokenizer, to_local(scored.rollout.responses),
+                                 to_local(scored.rollout.response_mask))
+        np.testing.assert_array_equal(components[:, 1], [len(t) for t in texts])
+        np.testing.assert_array_equal(components[:, 0], scores)
+        assert len(set(components[:, 1].tolist())) > 1  # rows of several lengths: a shifted row would show
+        metrics = trainer.learn(scored, M.Timer(), 0)
+    finally:
+        trainer.close()
+    assert math.isfinite(metrics["actor/pg_loss"]) and math.isfinite(metrics["actor/grad_norm"])
+
+
 def test_dynamic_sampling_keeps_r3_routes_beside_their_tokens():
     """R3's expert ids (rows, P + R, layers, k) of batches with other prompt and response widths: the prompt's
     columns are left-padded and the response's right-padded with the tokens, with -1 (routed by no expert)."""
