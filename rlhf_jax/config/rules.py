@@ -308,14 +308,11 @@ def rollout_correction(cfg: ConfigDict, ctx: Context) -> None:
     correction_from_config(cfg.algorithm.rollout_correction, cfg.actor_rollout_ref.actor.tis_imp_ratio_cap)
 
 
-@rule("algorithm.filter_groups.enable", "algorithm.adv_estimator", "algorithm.filter_groups.metric",
+@rule("algorithm.filter_groups.enable", "algorithm.filter_groups.metric",
       "algorithm.use_kl_in_reward")
 def filter_groups(cfg: ConfigDict, ctx: Context) -> None:
-    """Dynamic sampling regroups one prompt batch: no greedy baseline, and its metric is known before the KL."""
+    """Dynamic sampling's metric is known before the KL."""
     alg, fg = cfg.algorithm, cfg.algorithm.filter_groups
-    if fg.enable and algos.estimator_info(alg.adv_estimator).needs_greedy_baseline:
-        raise ValueError(f"algorithm.filter_groups with adv_estimator={alg.adv_estimator} is not supported: its greedy "
-                         "baseline is drawn for one prompt batch; turn one of them off")
     if fg.enable and fg.metric == "seq_final_reward" and alg.use_kl_in_reward:
         raise ValueError("algorithm.filter_groups.metric=seq_final_reward with use_kl_in_reward: the KL penalty is "
                          "known only after the group filter; use score or acc")

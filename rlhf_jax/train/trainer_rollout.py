@@ -217,22 +217,22 @@ class Producer:
             segments = SegmentedSampler(self.rollouts.sampler, self.partial_tokens, version, refresh)
         draws = 1
         if self.filter_groups.enable:
-            out, pb, scores, draws, components = self._dynamic_rollout(pb, timer, out_metrics, step, version,
-                                                                       weights, abandonable, segments)
+            out, pb, scores, draws, components, baselines = self._dynamic_rollout(
+                pb, timer, out_metrics, step, version, weights, abandonable, segments)
         else:
             out, scores = self._rollout(pb, timer, out_metrics, self.rollouts.key(self.sampling.seed, step), step,
                                         extras, abandonable=abandonable, weights=weights, version=version,
                                         segments=segments)
             components = reward_components(extras, self.component_keys) if self.component_keys else None
-        baselines = None
-        if self.greedy_baseline:
-            with timer("gen_max"):  # verl's name for ReMax's greedy baseline rollout
-                baselines = self._greedy_baselines(pb, self.sampling.n, step, weights)
+            baselines = None
+            if self.greedy_baseline:
+                with timer("gen_max"):  # verl's name for ReMax's greedy baseline rollout
+                    baselines = self._greedy_baselines(pb, step, weights)
         mesh = self.rollouts.mesh
         with timer("reward"):
             scores = jax.block_until_ready(to_global(mesh, np.asarray(scores, np.float32)))
-            if components is not None:  # GDPO's, of this process's rows
-                components = to_global(mesh, components)
+            # GDPO's components and ReMax's baselines, of this process's rows
+            components, baselines = (None if x is None else to_global(mesh, x) for x in (components, baselines))
         out_metrics.update({f"timing_s/{k}": v for k, v in timer.seconds.items()})
         return ScoredBatch(rollout=out, scores=scores, baselines=baselines, prompts=pb, version=version,
                            data_state=data_state, metrics=out_metrics, components=components, draws=draws)
@@ -271,7 +271,7 @@ class Producer:
                          weights: Any = None, abandonable: bool = True, segments: SegmentedSampler | None = None):
         """DAPO's dynamic sampling (rollout/dynamic_sampling.py): batches until train_batch_size groups vary, all
         sampled with ``weights`` (version ``version``). Returns (rollout, prompts, scores, prompt batches drawn,
-        GDPO's reward components of the kept rows or None).
+        GDPO's reward components and ReMax's greedy baselines of the kept rows, each or None).
 
         Over several processes every process sees every row: the groups kept are chosen from the whole batch (the
         same choice everywhere, so all draw the same number of batches), and each takes its block of the kept
@@ -293,9 +293,14 @@ class Producer:
             values = extras["acc"] if fg.metric == "acc" else scores
             domain = None if pb.domain is None else all_rows(np.repeat(pb.domain, n))
             components = all_rows(reward_components(extras, self.component_keys)) if self.component_keys else None
+            baselines = None
+            if self.greedy_baseline:  # each drawn batch's own prompts' greedy responses
+                with timer("gen_max"):
+                    baselines = all_rows(self._greedy_baselines(pb, step, weights))
             kept = (*ROLLOUT_KEYS, *(k for k in OPTIONAL_KEYS if getattr(out, k) is not None))
             collected.add({k: gather_all(getattr(out, k)) for k in kept}, all_rows(scores),
-                          varied_groups(all_rows(values), n), domain, components)
+                          varied_groups(all_rows(values), n), domain=domain, components=components,
+                          baselines=baselines)
             if collected.num_groups >= wanted:
                 break
             if 0 < fg.max_num_gen_batches <= rounds:
@@ -311,10 +316,11 @@ class Producer:
             pb = pb.replace(domain=rows["domain"][::n])
         out = RolloutBatch(**{k: to_global(self.rollouts.mesh, rows[k]) for k in (*ROLLOUT_KEYS, *OPTIONAL_KEYS)
                               if k in rows})
-        return out, pb, rows["scores"], rounds, rows.get("components")
+        return out, pb, rows["scores"], rounds, rows.get("components"), rows.get("baselines")
 
-    def _greedy_baselines(self, pb: PromptBatch, n: int, step: int, weights: Any = None) -> jax.Array:
-        """ReMax's baseline: the score of one greedy response per prompt, repeated for the prompt's n samples. With
+    def _greedy_baselines(self, pb: PromptBatch, step: int, weights: Any = None) -> np.ndarray:
+        """ReMax's baseline: the score of one greedy response per prompt, repeated for the prompt's n samples (this
+        process's rows). With
         multi-turn rollouts the greedy response is a whole conversation (or episode) played as the samples are, and
         its score is the samples' kind: the environment's summed rewards, the workflow's reward, or the reward
         function's on every response token."""
@@ -329,4 +335,4 @@ class Producer:
             r.multi_turn.take_token_rewards()  # per-turn rewards: the baseline is the episode's whole score
             responses, mask = arrays["responses"], arrays["response_valid"]
         scores, _, _, _ = r.score(pb, responses, mask, 1)
-        return to_global(r.mesh, np.repeat(scores, n).astype(np.float32))
+        return np.repeat(scores, self.sampling.n).astype(np.float32)

@@ -164,6 +164,47 @@ def test_gdpo_with_dynamic_sampling_keeps_each_kept_rows_components(tmp_path):
     assert math.isfinite(metrics["actor/pg_loss"]) and math.isfinite(metrics["actor/grad_norm"])
 
 
+# Each prompt scores its own index (plus 0.5 for an odd response length when the index is odd); the groups of
+# even indices are flat.
+INDEX_REWARD = """
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    i = int(extra_info["index"])
+    if i % 2 == 0:
+        return {"score": float(i), "acc": 1.0}
+    return {"score": i + 0.5 * (len(solution_str) % 2), "acc": float(len(solution_str) % 2)}
+"""
+
+
+def test_remax_with_dynamic_sampling_baselines_each_kept_group_with_its_own_prompt(tmp_path):
+    """ReMax's greedy baselines with dynamic sampling: every drawn batch's prompts get their greedy responses, and
+    a kept group keeps its own: each row's baseline is its prompt's index (the whole part of its score) plus the
+    greedy response's 0 or 0.5, whichever batch the group came from."""
+    import math
+
+    import numpy as np
+
+    from rlhf_jax.parallel.hosts import to_local
+    from rlhf_jax.train import metrics as M
+
+    reward = tmp_path / "reward.py"
+    reward.write_text(INDEX_REWARD)
+    trainer = Trainer(make_config(str(tmp_path / "run"), recipe="dapo", **{
+        "custom_reward_function.path": str(reward), "algorithm.filter_groups.metric": "acc",
+        "algorithm.adv_estimator": "remax", "trainer.total_training_steps": 1, "actor_rollout_ref.rollout.n": 4,
+        "data.max_response_length": 8, "reward_model.overlong_buffer.enable": False}))
+    try:
+        scored = trainer.producer.produce(next(trainer.loader), 0)
+        assert scored.draws >= 2 and scored.metrics["timing_s/gen_max"] > 0
+        scores, baselines = to_local(scored.scores), to_local(scored.baselines)
+        np.testing.assert_array_equal(np.floor(baselines), np.floor(scores))
+        assert set((baselines - np.floor(baselines)).tolist()) <= {0.0, 0.5}
+        assert len(set(np.floor(scores).tolist())) > 1  # several prompts: a group given another's baseline would show
+        metrics = trainer.learn(scored, M.Timer(), 0)
+    finally:
+        trainer.close()
+    assert math.isfinite(metrics["actor/pg_loss"]) and math.isfinite(metrics["actor/grad_norm"])
+
+
 def test_dynamic_sampling_keeps_r3_routes_beside_their_tokens():
     """R3's expert ids (rows, P + R, layers, k) of batches with other prompt and response widths: the prompt's
     columns are left-padded and the response's right-padded with the tokens, with -1 (routed by no expert)."""
