@@ -11,7 +11,6 @@ import functools
 import os
 
 import jax
-import pytest
 
 from rlhf_jax.batch.packing import row_length
 from rlhf_jax.config.validate import finalize
