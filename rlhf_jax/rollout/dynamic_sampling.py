@@ -47,14 +47,15 @@ class Collected:
         return sum(p["scores"].shape[0] for p in self.parts) // self.n
 
     def add(self, rollout: dict[str, np.ndarray], scores: np.ndarray, keep: np.ndarray,
-            **per_row: np.ndarray | None) -> None:
+            domain: np.ndarray | None = None, **per_row: np.ndarray | None) -> None:
         """``rollout``: the ROLLOUT_KEYS arrays and any OPTIONAL_KEYS ones; ``scores`` (rows,) or token-level
-        (rows, R); ``per_row``: further values of each row kept with its group (None: none), e.g. ``domain``
-        (rows,), each row's data domain (the per-domain statistics' segments), GDPO's ``components`` (rows, K),
-        ReMax's ``baselines`` (rows,)."""
+        (rows, R); ``domain`` (rows,): each row's data domain, kept with its group (the per-domain statistics'
+        segments); ``per_row``: further values of each row kept with its group (None: none), e.g. GDPO's
+        ``components`` (rows, K), ReMax's ``baselines`` (rows,)."""
         rows = (keep[:, None] * self.n + np.arange(self.n)[None, :]).reshape(-1)
         part = {**{k: rollout[k][rows] for k in (*ROLLOUT_KEYS, *OPTIONAL_KEYS) if k in rollout},
                 "scores": scores[rows]}
+        per_row = {"domain": domain, **per_row}
         part.update({name: np.asarray(values)[rows] for name, values in per_row.items() if values is not None})
         self.parts.append(part)
 
