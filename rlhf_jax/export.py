@@ -63,9 +63,9 @@ def export(checkpoint: str, out_dir: str, step: int | None = None) -> str:
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     as_template = lambda state: jax.tree.map(  # noqa: E731
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), state)
-    if info.get("lora"):  # the checkpoint holds the adapters; the base weights are read from the base model
+    if info.get("lora"):  # the checkpoint holds the adapters (and a value head); the base is read from the base model
         model = _lora_base(info, dtype)
-        graphdef, adapters, base = nnx.split(model, lora.adapter_filter, ...)
+        graphdef, adapters, base = nnx.split(model, lora.trained_filter, ...)
         adapters = ckpt.restore_arrays(step, {"actor_params": as_template(adapters)})["actor_params"]
         model = nnx.merge(graphdef, adapters, base)
     else:

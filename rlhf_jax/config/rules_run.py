@@ -65,7 +65,7 @@ SEPARATE_CRITIC_ONLY = ("critic.optim.lr", "critic.optim.weight_decay", "critic.
 
 
 @rule("critic.shared_trunk", "critic.enable", "critic.model.path", "actor_rollout_ref.model.path",
-      "actor_rollout_ref.model.lora_rank", *SEPARATE_CRITIC_ONLY)
+      *SEPARATE_CRITIC_ONLY)
 def shared_trunk(cfg: ConfigDict, ctx: Context) -> None:
     """critic.shared_trunk: a value head on the actor; the settings of a separate critic stay unset."""
     c = cfg.critic
@@ -77,9 +77,6 @@ def shared_trunk(cfg: ConfigDict, ctx: Context) -> None:
     if c.model.path != cfg.actor_rollout_ref.model.path:
         raise ValueError(f"critic.model.path={c.model.path!r}: with critic.shared_trunk the value head sits on the "
                          "actor's trunk; leave critic.model.path unset")
-    if cfg.actor_rollout_ref.model.lora_rank:
-        raise ValueError("critic.shared_trunk=True with actor_rollout_ref.model.lora_rank > 0 is not supported "
-                         "(the value head would train through frozen weights): use a separate critic")
     for path in SEPARATE_CRITIC_ONLY:
         value = schema.get_path(cfg, path)
         if value != schema.get_key(path).default:

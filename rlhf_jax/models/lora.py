@@ -47,9 +47,13 @@ def is_adapter(path: tuple) -> bool:
     return leaf.endswith(SUFFIX_A) or leaf.endswith(SUFFIX_B)
 
 
-def adapter_filter(path, _value=None) -> bool:
-    """An ``nnx`` filter: True for adapter parameters (what a LoRA run trains)."""
-    return is_adapter(path)
+HEAD_PARAMS = ("score", "score_bias")  # a head on the trunk (a value or score head), new to the checkpoint
+
+
+def trained_filter(path, _value=None) -> bool:
+    """An ``nnx`` filter: True for what a LoRA run trains, the adapters and a head on the trunk (PEFT's
+    ``modules_to_save``; a value head on the actor, as TRL's PEFT value-head models train it)."""
+    return is_adapter(path) or (len(path) == 1 and str(path[0]) in HEAD_PARAMS)
 
 
 def delta(a: jax.Array, b: jax.Array, scale: float) -> jax.Array:

@@ -76,7 +76,7 @@ def _trainable(cfg: ConfigDict, model: nnx.Module):
     from rlhf_jax.train import freeze
 
     if lora_spec(cfg) is not None:
-        return lora.adapter_filter
+        return lora.trained_filter
     spec = freeze.FreezeSpec.from_config(cfg.actor_rollout_ref.actor.freeze)
     if not spec.active:
         return None
@@ -97,7 +97,7 @@ def abstract_reference(cfg: ConfigDict, hf: dict, actor: Role, mesh, rules) -> R
     """The frozen reference, as ``train/setup.reference_role`` builds it: under LoRA the base model over the actor's
     frozen arrays, else its own abstract copy."""
     if actor.config.lora:
-        return Role(nnx.merge(lora.plain_graphdef(actor.config, actor.task), actor.frozen), mesh)
+        return Role(nnx.merge(lora.plain_graphdef(actor.config, TASK_CAUSAL_LM), actor.frozen), mesh)
     model = abstract_model(model_config(cfg, hf, "ref"), TASK_CAUSAL_LM, mesh, rules)
     return Role(model, mesh, offload=bool(cfg.actor_rollout_ref.ref.fsdp_config.param_offload))
 

@@ -245,7 +245,7 @@ def actor_trainable(cfg: ConfigDict, model_path: str):
                 raise ValueError(f"{LORA_KEY}lora_adapter_path={adapter!r} has r={found.rank}, lora_alpha={found.alpha:g}, "
                                  f"target_modules={list(found.targets)}; set lora_rank, lora_alpha and target_modules "
                                  "to match it")
-        return lora.adapter_filter
+        return lora.trained_filter
     _, state = nnx.split(build_abstract(model_cfg, models.TASK_CAUSAL_LM))
     return freeze.check(freeze_spec, state, model_cfg.num_hidden_layers)
 
@@ -296,8 +296,8 @@ def reference_role(cfg: ConfigDict, c: Any, actor):
     offload = bool(cfg.actor_rollout_ref.ref.fsdp_config.param_offload)
     if cfg.distillation.enabled:  # the teacher takes the reference's place
         return Role(teacher_model(cfg, c, actor), c.mesh, offload=offload)
-    if actor.config.lora:
-        return Role(nnx.merge(models.lora.plain_graphdef(actor.config, actor.task), actor.frozen), c.mesh)
+    if actor.config.lora:  # the causal LM: a value head on the actor's trunk trains, so it is not in ``frozen``
+        return Role(nnx.merge(models.lora.plain_graphdef(actor.config, models.TASK_CAUSAL_LM), actor.frozen), c.mesh)
     return Role(load_policy(cfg, c.model_path, c.mesh, c.rules, role="ref"), c.mesh, offload=offload)
 
 

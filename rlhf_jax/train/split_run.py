@@ -58,12 +58,10 @@ def experience_buffer(cfg, c, total_steps: int, loader, produce, rollouts):
     sampling processes of a split run (``RemoteExperience``, on a training process)."""
     from rlhf_jax.train.trainer_experience import ExperienceBuffer
 
-    split = split_groups(cfg)
+    split, e = split_groups(cfg), cfg.experience
     if split is None:
-        e = cfg.experience
         return ExperienceBuffer(e.buffer_size, e.overlap, total_steps, loader, produce)
     sampler_state = rollouts.adapters if rollouts.lora else rollouts.sampler_weights
-    e = cfg.experience
     return RemoteExperience(Channel(deadline_s=cfg.mesh.handoff_timeout_s), *split, total_steps, loader,
                             sampler_state, c.rollout_mesh, c.mesh, c.rules, int(c.sampling.pad_token_id),
                             partial=bool(e.partial_rollout_tokens), buffer_size=int(e.buffer_size),

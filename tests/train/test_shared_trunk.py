@@ -131,6 +131,40 @@ def test_ppo_with_a_shared_trunk_trains_exports_and_packs_like_padded(tmp_path):
             assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), (a["step"], key)
 
 
+def test_lora_trains_the_adapters_and_the_value_head_and_exports_the_head(tmp_path):
+    """Under LoRA the value head trains beside the adapters (the base stays frozen), the reference is the causal LM
+    over the frozen arrays, and both the run's export and ``rlhf_jax.export`` from its checkpoint write the head."""
+    from rlhf_jax.export import export
+    from rlhf_jax.models import lora
+
+    out = str(tmp_path / "run")
+    trainer = Trainer(make_config(out, recipe="ppo", **{
+        "critic.shared_trunk": True, "critic.optim.lr": 1e-5, "trainer.total_training_steps": 2,
+        "trainer.save_freq": 2, "trainer.save_hf_checkpoint": "last", "actor_rollout_ref.model.lora_rank": 4,
+        "actor_rollout_ref.model.lora_alpha": 8.0, "actor_rollout_ref.actor.optim.lr": 2e-2,
+        "actor_rollout_ref.actor.use_kl_loss": True}))
+    head = {("score",), ("score_bias",)}
+    before = {k: np.asarray(v.get_value()) for k, v in nnx.to_flat_state(trainer.actor.state())}
+    trained = {k for k, _ in nnx.to_flat_state(trainer.actor.params)}
+    assert trained == {k for k in before if lora.is_adapter(k)} | head
+    ref = trainer.ref.state()
+    assert not head & {k for k, _ in nnx.to_flat_state(ref)}
+    assert {id(x) for x in jax.tree.leaves(ref)} <= {id(x) for x in jax.tree.leaves(trainer.actor.frozen)}
+    trainer.fit()
+    for r in read_metrics(out):
+        assert np.isfinite(r["critic/vf_loss"]) and np.isfinite(r["actor/pg_loss"])
+    after = {k: np.asarray(v.get_value()) for k, v in nnx.to_flat_state(trainer.actor.state())}
+    assert not np.array_equal(before[("score",)], after[("score",)])
+    assert any(not np.array_equal(before[k], after[k]) for k in trained - head)
+    for k in set(before) - trained:
+        np.testing.assert_array_equal(before[k], after[k], err_msg=str(k))
+    trunk = os.path.join(out, "hf", "global_step_2")
+    remade = export(os.path.join(out, "checkpoints"), str(tmp_path / "remade"))
+    for directory in (trunk, remade):
+        saved = load_file(os.path.join(directory, "value_head.safetensors"))
+        np.testing.assert_array_equal(saved["v_head.summary.weight"], after[("score",)].T)
+
+
 @pytest.mark.parametrize("overrides,message", [
     ({"algorithm.adv_estimator": "grpo", "critic.enable": False}, r"critic\.shared_trunk=True .*\(critic\.enable=False"),
     ({"critic.model.path": "/elsewhere"}, r"critic\.model\.path='/elsewhere'"),

@@ -21,6 +21,12 @@ COMMON = {"trainer.total_training_steps": STEPS, "trainer.save_hf_checkpoint": "
           "mesh.fsdp": 2, "mesh.tensor": 1, "experience.overlap": True, "trainer.logger": ("jsonl",)}
 KEYS = ("critic/score/mean", "response_length/mean", "actor/pg_loss", "actor/kl_loss", "actor/entropy",
         "actor/grad_norm")
+_MT = "actor_rollout_ref.rollout.multi_turn."
+GAME = {_MT + "enable": True, _MT + "environment": "guess_number", _MT + "max_assistant_turns": 3,
+        _MT + "max_tokens_per_turn": 6, "data.max_response_length": 80, "data.prompt_template": "native",
+        "data.max_prompt_length": 160,
+        "data.train_files": ("builtin:guess_number?max_value=3&max_steps=3&train_size=16",),
+        "data.val_files": ("builtin:guess_number?max_value=3&max_steps=3&test_size=4",)}  # the guessing game
 
 
 def _launch(out: str, recipe: str = "grpo", **overrides) -> Processes:
@@ -82,16 +88,10 @@ def test_two_sampling_and_two_training_processes_train_like_one_process_with_ove
 def test_two_sampling_processes_play_the_conversations_together_like_one_process(tmp_path):
     """The guessing game's conversations sampled by two processes (each plays its own prompts' games; they agree
     on every program the conversations run) while two others train: like one process with rollout devices."""
-    mt = "actor_rollout_ref.rollout.multi_turn."
-    game = {mt + "enable": True, mt + "environment": "guess_number", mt + "max_assistant_turns": 3,
-            mt + "max_tokens_per_turn": 6, "data.max_response_length": 80, "data.prompt_template": "native",
-            "data.max_prompt_length": 160,
-            "data.train_files": ("builtin:guess_number?max_value=3&max_steps=3&train_size=16",),
-            "data.val_files": ("builtin:guess_number?max_value=3&max_steps=3&test_size=4",)}
     single, split = str(tmp_path / "single"), str(tmp_path / "split")
-    proc = run_main(cli_args(single, **{**COMMON, **game, "mesh.rollout_devices": 4}), devices=8)
+    proc = run_main(cli_args(single, **{**COMMON, **GAME, "mesh.rollout_devices": 4}), devices=8)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    proc = _split_run(split, **game)
+    proc = _split_run(split, **GAME)
     assert proc.returncode == 0, proc.stderr[-4000:]
     one, two = read_metrics(single), read_metrics(split)
     assert [r["step"] for r in two] == list(range(1, STEPS + 1))
@@ -293,13 +293,7 @@ def test_multi_turn_conversations_in_one_sampling_process_train_like_one_process
     experience.buffer_size=2: the training process waits while a round is sampled with its weights). Both runs stop
     after 3 steps and resume from their checkpoints for a fourth (the lone training process's checkpoint holds host
     copies: Orbax writes no whole array in a multi-process run)."""
-    mt = "actor_rollout_ref.rollout.multi_turn."
-    game = {mt + "enable": True, mt + "environment": "guess_number", mt + "max_assistant_turns": 3,
-            mt + "max_tokens_per_turn": 6, "data.max_response_length": 80, "data.prompt_template": "native",
-            "data.max_prompt_length": 160, "trainer.total_training_steps": 4,
-            "data.train_files": ("builtin:guess_number?max_value=3&max_steps=3&train_size=16",),
-            "data.val_files": ("builtin:guess_number?max_value=3&max_steps=3&test_size=4",),
-            "experience.overlap": False, "experience.buffer_size": 2}
+    game = {**GAME, "trainer.total_training_steps": 4, "experience.overlap": False, "experience.buffer_size": 2}
     single, split = str(tmp_path / "single"), str(tmp_path / "split")
     for steps in (3, 4):
         proc = run_main(cli_args(single, **{**COMMON, **game, "mesh.rollout_devices": 4,
