@@ -8,9 +8,9 @@ tokenized, so one token sequence holds the whole episode (``trajectory()``): the
 masked. A call whose prompt does not extend the previous one starts a new sequence (``reused_prefix`` False).
 
 Each call samples its conversation on a ``ConversationSampler`` (prefilling its prompt; no cache is kept between
-calls) through a ``SamplerBroker``: clients on several threads that share one broker (a workflow's episodes) have
-their concurrent calls sampled together as one batch, and a row's tokens depend only on (key, row id, token
-index), so batching changes nothing a client draws. Tool calls in the reply are parsed by the sampler's format (hermes by default) into OpenAI's
+calls) through a ``SamplerBroker`` (agents/broker.py): clients on several threads that share one broker (a
+workflow's episodes) have their concurrent calls sampled together as one batch, and a row's tokens depend only on
+(key, row id, token index), so batching changes nothing a client draws. Tool calls in the reply are parsed by the sampler's format (hermes by default) into OpenAI's
 ``tool_calls`` entries; ``content`` is the reply's text as sampled, so appending the message as it comes back
 renders the same text again.
 """
@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import threading
 from types import SimpleNamespace
 from typing import Any, Sequence
 
 import jax
 
+from rlhf_jax.agents.broker import SamplerBroker
 from rlhf_jax.agents.tool_calls import parse_tool_calls
-from rlhf_jax.rollout.buckets import next_power_of_two
 
 
 @dataclasses.dataclass
@@ -47,77 +46,6 @@ def assistant_message(content: str, parser: str = "hermes", prefix: str = "call"
                                   function=SimpleNamespace(name=c.name, arguments=json.dumps(c.arguments)))
                   for i, c in enumerate(calls)]
     return SimpleNamespace(role="assistant", content=content, tool_calls=tool_calls or None)
-
-
-@dataclasses.dataclass
-class _Request:
-    prompt: list[int]
-    limit: int
-    start: int
-    row_id: int
-    result: tuple[list[int], list[float], bool, Any] | None = None
-    error: BaseException | None = None
-    done: bool = False
-
-
-class SamplerBroker:
-    """Samples the calls of clients on several threads in batches: a call queues its request and, when no batch is
-    running, runs every queued request as one batch (rows padded to a power of two times the sampler's shard count,
-    so a few shapes compile); otherwise it waits and the next batch takes it. One batch at a time reaches the device
-    (``ConversationSampler.device_lock``); ``batches`` counts them."""
-
-    def __init__(self, sampler, state: Any, key: jax.Array):
-        self.sampler, self.state, self.key = sampler, state, key
-        self._cv = threading.Condition()
-        self._queue: list[_Request] = []
-        self._running = False
-        self.batches = 0
-        self.calls = 0
-
-    def sample(self, prompt: list[int], limit: int, start: int,
-               row_id: int) -> tuple[list[int], list[float], bool, Any]:
-        """(token ids, their log-probs, stopped at EOS / a stop sequence, the experts of the prompt's and the
-        sampled tokens when the sampler records routes, else None) of one conversation's next turn."""
-        request = _Request(prompt, limit, start, row_id)
-        with self._cv:
-            self._queue.append(request)
-            while not request.done:
-                if self._running:
-                    self._cv.wait()
-                    continue
-                batch, self._queue, self._running = self._queue, [], True
-                self._cv.release()
-                results, error = None, None
-                try:
-                    results = self._run(batch)
-                except BaseException as e:  # noqa: BLE001 - every caller in the batch gets it
-                    error = e
-                finally:
-                    self._cv.acquire()
-                    self._running = False
-                for i, r in enumerate(batch):
-                    r.result, r.error, r.done = (results[i] if results else None), error, True
-                self._cv.notify_all()
-        if request.error is not None:
-            raise request.error
-        return request.result
-
-    def _run(self, batch: list[_Request]) -> list[tuple[list[int], list[float], bool, Any]]:
-        shards = self.sampler.shard_count(self.state)
-        pad = shards * next_power_of_two(-(-len(batch) // shards)) - len(batch)
-        column = lambda name: [getattr(r, name) for r in batch] + [0] * pad  # noqa: E731  padding rows draw nothing
-        with self.sampler.device_lock:
-            conv = self.sampler.append(self.state, self.sampler.start(self.state, len(batch) + pad),
-                                       [r.prompt for r in batch] + [[]] * pad)
-            conv, out = self.sampler.decode(self.state, conv, column("limit"), column("start"), column("row_id"),
-                                            self.key)
-            # every sampled token went through the cache too (a next turn would append after it)
-            routes = self.sampler.routes(conv) if getattr(self.sampler, "record_routes", False) else None
-        self.batches += 1
-        self.calls += len(batch)
-        return [(out.tokens[i, :out.count[i]].tolist(), out.logprobs[i, :out.count[i]].tolist(), bool(out.stopped[i]),
-                 None if routes is None else routes[i, :len(r.prompt) + int(out.count[i])])
-                for i, r in enumerate(batch)]
 
 
 class ChatClient:

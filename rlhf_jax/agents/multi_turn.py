@@ -13,14 +13,15 @@ task; its episode, one token sequence, is trained with the reward it returns).
 
 from __future__ import annotations
 
+import functools
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 from jax.sharding import Mesh
 
-from rlhf_jax.agents.client import ChatClient, SamplerBroker
+from rlhf_jax.agents.broker import SamplerBroker
+from rlhf_jax.agents.client import ChatClient
 from rlhf_jax.agents.environment import environment_reply, load_environment, make_environments
 from rlhf_jax.agents.settings import KEY, turn_settings
 from rlhf_jax.agents.turns import Trajectory, TurnTimings, run_turns
@@ -30,6 +31,7 @@ from rlhf_jax.data.prompts import render_prompt
 from rlhf_jax.rollout.conversation_sampler import ConversationSampler
 from rlhf_jax.rollout.decode import RolloutBatch
 from rlhf_jax.rollout.params import SamplingParams
+from rlhf_jax.parallel import groups
 from rlhf_jax.parallel.hosts import all_rows, to_global
 
 # Tokens a prompt's new tokens are appended in at most (the staging width of the conversation caches).
@@ -136,10 +138,12 @@ class MultiTurnRollout:
         tasks = [{"prompt": raw, "ground_truth": gt, **dict(extra or {}), "workflow_args": dict(self.workflow_args)}
                  for raw, gt, extra in zip(pb.raw_prompt, pb.ground_truth, pb.extra_info) for _ in range(n)]
         sampler = self.sampler(sampling)
-        broker = SamplerBroker(sampler, params, key)  # the episodes' concurrent calls are sampled together
+        # the episodes' concurrent calls are sampled together; over several processes in rounds all of them join
+        broker = SamplerBroker(sampler, params, key, lockstep=groups.process_count() > 1)
+        first = groups.process_index() * len(tasks)  # this process's rows come after the earlier processes' ones
         clients = [ChatClient(sampler, params, self.tok, key, eos_token_ids=sampling.eos_token_ids,
-                              max_tokens=self.settings.turn_len, parser=self.settings.format, row_id=i, broker=broker)
-                   for i in range(len(tasks))]
+                              max_tokens=self.settings.turn_len, parser=self.settings.format, row_id=first + i,
+                              broker=broker) for i in range(len(tasks))]
 
         def run(i: int) -> float:
             try:
@@ -149,8 +153,7 @@ class MultiTurnRollout:
             except Exception as e:  # noqa: BLE001 - the user's code: one line naming the key
                 raise ValueError(f"{KEY}.workflow raised {type(e).__name__}: {e}") from None
 
-        with ThreadPoolExecutor(max_workers=min(len(tasks), 16)) as pool:
-            rewards = list(pool.map(run, range(len(tasks))))
+        rewards = broker.run_episodes([functools.partial(run, i) for i in range(len(tasks))], min(len(tasks), 16))
         trajs = []
         for client in clients:
             prompt, ids, mask, logps = client.trajectory()
@@ -163,7 +166,7 @@ class MultiTurnRollout:
                            routes=None if routes is None else routes[:len(prompt) + min(len(ids), R)])
             t.finished = len(ids) <= R and client.calls[-1].finish_reason == "stop"
             trajs.append(t)
-        return trajs, rewards, broker.calls / max(broker.batches, 1)
+        return trajs, rewards, broker.calls_per_batch()
 
     def take_scores(self) -> np.ndarray | None:
         """The last rollout's environment scores (N,), once (None without an environment)."""

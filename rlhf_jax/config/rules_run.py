@@ -154,19 +154,6 @@ def router_replay_combinations(cfg: ConfigDict, ctx: Context) -> None:
                          "routes): use mode=R2")
 
 
-@rule(_MT + "enable", _MT + "workflow", "mesh.rollout_processes")
-def multi_turn_combinations(cfg: ConfigDict, ctx: Context) -> None:
-    """A workflow's episodes are sampled by one process (or a split run's one sampling process beside one training
-    process, which validates): its clients call the sampler when the user's code does, which processes cannot
-    agree on. Conversations of tools and environments run on any processes."""
-    mt = cfg.actor_rollout_ref.rollout.multi_turn
-    if not (mt.enable and mt.workflow):
-        return
-    if ctx.num_processes > 1 and not (cfg.mesh.rollout_processes == 1 and ctx.num_processes == 2):
-        raise ValueError(f"{_MT}workflow runs in one process, or in a split run of one sampling and one training "
-                         f"process (mesh.rollout_processes=1); this run has {ctx.num_processes}")
-
-
 @rule(_MT + "enable", _MT + "tools", _MT + "tool_config_path", _MT + "environment", _MT + "workflow",
       _MT + "per_turn_rewards", _MT + "workflow_args", _MT + "environments")
 def multi_turn_driver(cfg: ConfigDict, ctx: Context) -> None:

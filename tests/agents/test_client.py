@@ -81,7 +81,7 @@ def test_clients_on_threads_are_sampled_in_batches_and_draw_what_they_draw_alone
     every recorded call equals the one the same client makes alone (row ids keep the draws apart)."""
     import threading
 
-    from rlhf_jax.agents.client import SamplerBroker
+    from rlhf_jax.agents.broker import SamplerBroker
 
     model, tok, eos, sampler = _qwen2_sampler(checkpoints, temperature=1.0)
     state, key = _state(model), rollout_key(3)

@@ -296,7 +296,7 @@ def test_routing_replay_is_accepted_with_packed_passes(mode):
     finalize(cfg, num_devices=8)
 
 
-def test_multi_turn_runs_on_any_processes_but_a_workflow_in_one_sampling_process():
+def test_multi_turn_and_workflows_run_on_any_processes_but_partial_rollouts_do_not():
     def multi_turn(processes: int, rollout_processes: int, partial: int = 0, workflow: str | None = None):
         cfg = grpo_like()
         cfg.actor_rollout_ref.rollout.multi_turn.enable = True
@@ -308,11 +308,7 @@ def test_multi_turn_runs_on_any_processes_but_a_workflow_in_one_sampling_process
 
     for processes, rollout_processes in ((2, 1), (4, 2), (2, 0), (4, 0)):
         multi_turn(processes, rollout_processes)
-    multi_turn(2, 1, workflow="agent.py:solve")
-    for processes, rollout_processes in ((4, 2), (2, 0)):
-        with pytest.raises(ValueError, match=r"multi_turn\.workflow runs in one process, or in a split run of one "
-                                             rf"sampling and one training process .*; this run has {processes}$"):
-            multi_turn(processes, rollout_processes, workflow="agent.py:solve")
+        multi_turn(processes, rollout_processes, workflow="agent.py:solve")
     with pytest.raises(ValueError, match=r"partial_rollout_tokens=2 with actor_rollout_ref\.rollout\.multi_turn\.enable "
                                          r"is not supported"):
         multi_turn(2, 1, partial=2)

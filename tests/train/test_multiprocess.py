@@ -148,3 +148,36 @@ def test_multi_turn_conversations_in_two_processes_match_one_process(tmp_path):
                     "multi_turn/env_reward/mean", "multi_turn/num_turns/mean", "multi_turn/num_turns/max",
                     "multi_turn/masked_token_fraction"):
             assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), (a["step"], key)
+
+
+VARYING_AGENT = '''
+def solve(client, task):
+    """As many calls as the task's answer says (one to three): episodes end at different rounds on each process."""
+    messages = [{"role": "user", "content": str(task["prompt"])}]
+    for _ in range(1 + int(task["ground_truth"]) % 3):
+        reply = client.chat.completions.create(model="policy", messages=messages)
+        messages.append({"role": "assistant", "content": reply.choices[0].message.content})
+        messages.append({"role": "user", "content": "Again."})
+    return len(messages[-2]["content"]) / 10
+'''
+
+
+def test_a_workflow_in_two_processes_matches_one_process(tmp_path):
+    """A workflow's episodes in two processes: each runs its own tasks' episodes, whose calls come whenever the
+    agent makes them and whose counts differ, while both sample in rounds they join together (a process whose
+    episodes are done samples empty ones). The run equals one process of 4 devices."""
+    agent = tmp_path / "agent.py"
+    agent.write_text(VARYING_AGENT)
+    mt = "actor_rollout_ref.rollout.multi_turn."
+    overrides = {mt + "enable": True, mt + "workflow": f"{agent}:solve", mt + "max_tokens_per_turn": 6,
+                 "data.max_response_length": 120, "data.prompt_template": "native", "data.max_prompt_length": 64,
+                 "trainer.total_training_steps": 2, "mesh.data": -1, "mesh.fsdp": 1, "mesh.tensor": 1,
+                 "trainer.logger": ("jsonl",)}
+    one, two = _one_and_two_processes(tmp_path, 2, "grpo", **overrides)
+    assert [r["step"] for r in one] == [r["step"] for r in two] == [1, 2]
+    assert any(r["multi_turn/num_turns/max"] > r["multi_turn/num_turns/mean"] for r in one)  # episodes of many lengths
+    for a, b in zip(one, two):
+        for key in ("critic/score/mean", "response_length/mean", "actor/pg_loss", "actor/grad_norm", "actor/entropy",
+                    "multi_turn/env_reward/mean", "multi_turn/num_turns/mean", "multi_turn/num_turns/max",
+                    "multi_turn/masked_token_fraction"):
+            assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), (a["step"], key)
