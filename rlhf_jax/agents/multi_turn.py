@@ -24,7 +24,8 @@ from rlhf_jax.agents.broker import SamplerBroker
 from rlhf_jax.agents.client import ChatClient
 from rlhf_jax.agents.environment import environment_reply, load_environment, make_environments
 from rlhf_jax.agents.settings import KEY, turn_settings
-from rlhf_jax.agents.turns import Trajectory, TurnTimings, run_turns
+from rlhf_jax.agents.interactions import Interactions, interaction_reply, read_config
+from rlhf_jax.agents.turns import Trajectory, TurnTimings, run_turns, tool_reply
 from rlhf_jax.agents.workflows import load_workflow
 from rlhf_jax.data import PromptBatch
 from rlhf_jax.data.prompts import render_prompt
@@ -73,6 +74,9 @@ class MultiTurnRollout:
         self.named_envs = _plain(mt.environments) or {}  # tasks naming one of these play it (ROLL's env tags)
         self.workflow = load_workflow(mt.workflow, f"{KEY}.workflow") if mt.workflow else None
         self.workflow_args = dict(mt.workflow_args or {})  # every task gets them as task["workflow_args"]
+        path = mt.get("interaction_config_path")
+        self.interactions = Interactions(read_config(path)) if path else None
+        self._extra_info: list[dict] | None = None  # the last rollout's per-row extra_info for the reward function
         self.data_cfg = cfg.data
         self._scores: np.ndarray | None = None  # the last rollout's environment scores, until taken
         self.per_turn_rewards = bool(mt.per_turn_rewards)
@@ -111,13 +115,21 @@ class MultiTurnRollout:
             prompts = [self._render(o) for o in observations]
             replies = [environment_reply(e) for e in envs]
         start = time.perf_counter()
+        interaction_metric = None
         if self.workflow is not None:
             trajs, rewards, per_batch = self._run_workflow(params, pb, sampling, key)
             prompts, timings = [t.prompt_ids for t in trajs], TurnTimings()
         else:
+            scores = None
+            if self.interactions is not None:
+                replies, scores = self._interaction_replies(pb, n)
             trajs, timings = run_turns(self.sampler(sampling), params, self.tok, prompts, self.settings, key,
                                        sampling.eos_token_ids, replies=replies)
             rewards = [sum(t.turn_rewards) for t in trajs] if envs_on else None
+            if scores is not None:  # the reward function reads them as extra_info["turn_scores"], as verl's
+                self._extra_info = [{"turn_scores": list(s)} for s in scores]
+                last = np.asarray([s[-1] if s else 0.0 for s in scores], np.float32)
+                interaction_metric = float(all_rows(last).mean())
         seconds = time.perf_counter() - start
         arrays = self._arrays(prompts, trajs, sampling)
         out = metrics(trajs, timings, seconds)
@@ -126,9 +138,40 @@ class MultiTurnRollout:
         if rewards is not None:  # an environment's or a workflow's rewards are the scores
             self._scores = np.asarray(rewards, np.float32)
             out["multi_turn/env_reward/mean"] = float(all_rows(self._scores).mean())  # every process's
+        if interaction_metric is not None:  # each trajectory's last interaction score, over every process
+            out["multi_turn/interaction_score/mean"] = interaction_metric
         if self.per_turn_rewards:
             self._token_rewards = per_turn_rewards(trajs, self.settings.response_length)
         return arrays, out
+
+    def _interaction_replies(self, pb: PromptBatch, n: int) -> tuple[list, list[list[float]]]:
+        """Each row's replies from the interaction its prompt names (tools first, when configured), and the lists
+        its turn scores go to."""
+        specials = [t for t in getattr(self.tok, "all_special_tokens", []) if t]
+
+        def clean(text: str) -> str:
+            for token in specials:
+                text = text.replace(token, "")
+            return text
+
+        tools = tool_reply(self.settings) if self.settings.tools else None
+        replies, scores = [], []
+        for b in range(len(pb)):
+            interaction, kwargs = self.interactions.pick(pb.extra_info[b], b)
+            raw = pb.raw_prompt[b]
+            for _ in range(n):
+                messages = [dict(m) for m in raw] if isinstance(raw, (list, tuple)) else [
+                    {"role": "user", "content": str(raw)}]
+                scores.append([])
+                replies.append(interaction_reply(self.interactions, interaction, kwargs, messages, tools, clean,
+                                                 scores[-1]))
+        return replies, scores
+
+    def take_extra_info(self) -> list[dict] | None:
+        """The last rollout's per-row additions to the reward function's extra_info (interactions' turn scores),
+        once (None without interactions)."""
+        extra, self._extra_info = self._extra_info, None
+        return extra
 
     def _run_workflow(self, params: Any, pb: PromptBatch, sampling: SamplingParams,
                       key) -> tuple[list[Trajectory], list[float], float]:

@@ -19,6 +19,7 @@ import os
 from typing import Any
 
 from rlhf_jax.agents.environment import load_environment
+from rlhf_jax.agents.interactions import read_config
 from rlhf_jax.agents.tool_calls import _PARSERS
 from rlhf_jax.agents.workflows import load_workflow
 from rlhf_jax.agents.tools import Tool, get_tool, tool_names
@@ -78,6 +79,8 @@ def turn_settings(mt: Any, response_length: int) -> TurnSettings:
         load_environment(str(get("environment")), f"{KEY}.environment")
     elif get("workflow"):
         load_workflow(str(get("workflow")), f"{KEY}.workflow")
+    if get("interaction_config_path"):  # its classes imported, nothing started
+        read_config(str(get("interaction_config_path")))
     for name, entry in dict(get("environments") or {}).items():
         load_environment(str(entry["environment"]), f"{KEY}.environments.{name}.environment")
     names = [t.name for t in tools]

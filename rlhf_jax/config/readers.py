@@ -95,7 +95,7 @@ READERS: dict[str, tuple[str, ...]] = {
     "rlhf_jax.agents.settings": tuple(_A + "rollout.multi_turn." + k for k in (
         "max_assistant_turns", "max_user_turns", "max_tokens_per_turn", "tools", "tool_config_path", "format",
         "max_parallel_calls", "max_tool_response_length", "tool_response_truncate_side", "tool_timeout_s",
-        "environment", "environments", "workflow")),
+        "environment", "environments", "workflow", "interaction_config_path")),
     "rlhf_jax.data.sft": ("data.response_key", "data.multiturn.*", "data.max_length"),
     "rlhf_jax.train.sft": ("data.micro_batch_size_per_gpu", "trainer.val_accuracy"),
     "rlhf_jax.train.stages": ("stages",),

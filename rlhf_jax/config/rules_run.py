@@ -155,22 +155,30 @@ def router_replay_combinations(cfg: ConfigDict, ctx: Context) -> None:
 
 
 @rule(_MT + "enable", _MT + "tools", _MT + "tool_config_path", _MT + "environment", _MT + "workflow",
-      _MT + "per_turn_rewards", _MT + "workflow_args", _MT + "environments")
+      _MT + "per_turn_rewards", _MT + "workflow_args", _MT + "environments", _MT + "interaction_config_path")
 def multi_turn_driver(cfg: ConfigDict, ctx: Context) -> None:
-    """A trajectory is driven by tools, one environment or one workflow, and their options need their driver."""
+    """A trajectory is driven by tools (and interactions), one environment or one workflow, and their options need
+    their driver."""
     mt = cfg.actor_rollout_ref.rollout.multi_turn
-    if not mt.enable:
-        return
     k = _MT.rstrip(".")
-    if (mt.environment or mt.environments) and mt.workflow:
-        raise ValueError(f"{k}.environment(s) and {k}.workflow are both set: a trajectory is driven by one of them")
+    if not mt.enable:
+        if mt.interaction_config_path:
+            raise ValueError(f"{k}.interaction_config_path is set but {k}.enable is False: interactions answer "
+                             "the turns of multi-turn rollouts")
+        return
+    drivers = [name for name, on in (("environment(s)", mt.environment or mt.environments),
+                                     ("workflow", mt.workflow), ("interaction_config_path", mt.interaction_config_path))
+               if on]
+    if len(drivers) > 1:
+        raise ValueError(f"{k}.{drivers[0]} and {k}.{drivers[1]} are both set: a trajectory is driven by one of them")
     if mt.environments is not None and not (isinstance(mt.environments, _MAPS) and mt.environments and all(
             isinstance(v, _MAPS) and v.get("environment") for v in mt.environments.values())):
         raise ValueError(f"{k}.environments must map names to entries with an 'environment' (a registered name or "
                          "path.py:Class)")
-    if not (mt.environment or mt.environments or mt.workflow or mt.tools or mt.tool_config_path):
+    if not (drivers or mt.tools or mt.tool_config_path):
         raise ValueError(f"{k}.enable=True needs tools: set {k}.tools (e.g. ['calculator']) or {k}.tool_config_path, "
-                         f"or an environment ({k}.environment) or a workflow ({k}.workflow)")
+                         f"or an environment ({k}.environment), a workflow ({k}.workflow) or interactions "
+                         f"({k}.interaction_config_path)")
     if mt.per_turn_rewards and not (mt.environment or mt.environments):
         raise ValueError(f"{k}.per_turn_rewards=True needs an environment ({k}.environment): tool calls and "
                          "workflows give one reward per trajectory")

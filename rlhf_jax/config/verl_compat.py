@@ -240,8 +240,6 @@ IGNORED: tuple[Ignored, ...] = (
     Ignored("actor_rollout_ref.rollout.engine_kwargs", "vLLM / SGLang engine arguments"),
     Ignored("actor_rollout_ref.rollout.calculate_log_probs", "old log-probs are recomputed by the actor"),
     Ignored("actor_rollout_ref.rollout.update_weights_bucket_megabytes", _ENGINE),
-    Ignored("actor_rollout_ref.rollout.multi_turn.interaction_config_path", "interactions (simulated users) are "
-            "not implemented: tools only", _off),
     Ignored("actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts", "repeated multi-turn rollouts are not "
             "implemented: set rollout.n", _off),
     Ignored("actor_rollout_ref.rollout.multi_turn.use_inference_chat_template", "turns are kept as sampled, token "

@@ -90,6 +90,7 @@ def prepare(cfg: ConfigDict) -> Components:
     val_dataset = dataset_from_config(cfg.data, tokenizer, "val", tools) if cfg.data.val_files else None
     cfg = with_dataset_size(cfg, len(train_dataset))
     _note_fallback_scorer(cfg, train_dataset, val_dataset)
+    _check_interaction_rows(cfg, train_dataset, val_dataset)
     mesh, rules = mesh_and_rules(cfg)
     sampling = sampling_params(cfg, model_path, tokenizer)
     val_sampling = sampling_params(cfg, model_path, tokenizer, validation=True)
@@ -152,6 +153,19 @@ def _note_fallback_scorer(cfg: ConfigDict, *datasets) -> None:
     if unknown and groups.current().is_first:
         log.warning("data_source %s: no built-in scorer, scored by answer_match (reward_model.answer_match=%s)",
                     ", ".join(unknown), cfg.reward_model.answer_match)
+
+
+def _check_interaction_rows(cfg: ConfigDict, *datasets) -> None:
+    """With interactions, every row of the data names one of them."""
+    mt = cfg.actor_rollout_ref.rollout.multi_turn
+    if not (mt.enable and mt.interaction_config_path):
+        return
+    from rlhf_jax.agents.interactions import check_rows, read_config
+
+    names = [e.name for e in read_config(mt.interaction_config_path)]
+    for ds in datasets:
+        if ds is not None:
+            check_rows(names, ds.examples)
 
 
 def _check_mesh_axes(cfg: ConfigDict, model_path: str) -> None:

@@ -165,7 +165,11 @@ class Rollouts:
             return env_scores, {}, texts, {}
         if self.reward_model is not None:  # as in verl: the reward model's score replaces rule-based scoring
             return self.reward_model.score_texts(rep(pb.raw_prompt), texts), {}, texts, {}
-        result = self.reward_manager.score(rep(pb.data_source), texts, rep(pb.ground_truth), rep(pb.extra_info),
+        infos = rep(pb.extra_info)
+        added = self.multi_turn.take_extra_info() if self.multi_turn is not None else None
+        if added is not None:  # per trajectory (an interaction's turn scores)
+            infos = [{**(e or {}), **a} for e, a in zip(infos, added)]
+        result = self.reward_manager.score(rep(pb.data_source), texts, rep(pb.ground_truth), infos,
                                            response_lengths=rmask.sum(-1))
         return result.scores.astype(np.float32), result.metrics(), texts, result.extras
 
