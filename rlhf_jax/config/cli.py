@@ -128,7 +128,11 @@ def load_config_from_argv(argv: Sequence[str], *, name: str = "config", default:
     ``default`` is the recipe used when ``argv`` has no ``--config``. Anything in
     ``argv`` that is not ``--config`` or an override is an error.
     """
-    argv = list(argv)
+    argv, primary = hydra_args.config_file(argv)  # Hydra's --config-path/--config-name: the file --config names
+    if primary is not None:
+        if _config_file_arg(argv[1:], name):
+            raise ValueError(f"--{name} and --config-path/--config-name both name the config file: give one")
+        argv.insert(1, f"--{name}={primary}")
     hydra = {i: a for i, a in enumerate(argv) if i and is_hydra_arg(a)}  # verl's key=value / +key=value / ~key
     positions = override_items(argv, name)  # where each --config.<key> stood among them
     argv = [a for i, a in enumerate(argv) if i not in hydra]

@@ -6,11 +6,13 @@ Values are read as Hydra reads them: YAML flow syntax (``'["console","wandb"]'``
 ``true`` / ``True``, numbers), anything else as text (so ``key=a=b`` is the text ``a=b``). Later arguments win over
 earlier ones. The result, nested (``dialects.nested``), is applied like a verl YAML file: verl's moved key names,
 the one warning for keys with no meaning in one JAX program and the closest-key error for a typo all come from
-``yaml_import``.
+``yaml_import``. Hydra's ``--config-path DIR --config-name NAME`` (``-cp`` / ``-cn``) name the primary file,
+``DIR/NAME.yaml`` (``config_file``), whose defaults list composes verl's ``ppo_trainer`` as verl's files do.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -60,3 +62,42 @@ def parse(args: Sequence[str]) -> dict[str, Any]:
         out.pop(key, None)  # a later argument replaces an earlier one (and takes its place in the order)
         out[key] = REMOVED if removing else parse_value(raw, arg)
     return out
+
+
+_FILE_FLAGS = {"--config-path": "path", "-cp": "path", "--config-name": "name", "-cn": "name", "--config-dir": "dir",
+               "-cd": "dir"}
+
+
+def config_file(argv: Sequence[str]) -> tuple[list[str], str | None]:
+    """``argv`` without Hydra's ``--config-path`` / ``--config-name`` (``=value`` or a separate value) and the
+    file they name, ``path/name.yaml`` (None when neither is given). verl's own ``--config-name=ppo_trainer`` with no
+    path is verl's defaults (None too)."""
+    found: dict[str, str] = {}
+    rest, i = [], 0
+    argv = list(argv)
+    while i < len(argv):
+        flag, sep, value = argv[i].partition("=")
+        if flag in _FILE_FLAGS:
+            if not sep and i + 1 >= len(argv):
+                raise ValueError(f"{flag} needs a value")
+            value, i = (value, i + 1) if sep else (argv[i + 1], i + 2)
+            found[_FILE_FLAGS[flag]] = value
+            continue
+        rest.append(argv[i])
+        i += 1
+    if "dir" in found:
+        raise ValueError(f"--config-dir={found['dir']}: name the file with --config-path and --config-name")
+    if not found:
+        return rest, None
+    name = found.get("name")
+    if not name:
+        raise ValueError(f"--config-path={found['path']} needs --config-name (the file's name in that folder)")
+    if "path" not in found:
+        if name.removesuffix(".yaml") == "ppo_trainer":
+            return rest, None
+        raise ValueError(f"--config-name={name} without --config-path names a file of verl's own checkout; give "
+                         "--config-path (the folder that holds it)")
+    file = os.path.join(os.path.expanduser(found["path"]), name if name.endswith((".yaml", ".yml")) else name + ".yaml")
+    if not os.path.isfile(file):
+        raise ValueError(f"--config-path={found['path']} --config-name={name}: no such file {file}")
+    return rest, file

@@ -255,9 +255,8 @@ MULTI_TURN = (
         "drives the policy through an OpenAI-style client; its episode is trained with that reward.", type=str),
     Key(_MT + "per_turn_rewards", False, "Each environment reward on the last token of the turn it answers (token-"
         "level: GAE / REINFORCE++ credit each turn); False = their sum on the last token. GRPO-like see the sum."),
-    Key(_MT + "interaction_config_path", None, "verl's interaction YAML (interaction: - name, class_name, config): a "
-        "simulated user answers each turn without tool calls; rows pick one by extra_info.interaction_kwargs.name, "
-        "its turn scores reach the reward function as extra_info['turn_scores'].", type=str),
+    Key(_MT + "interaction_config_path", None, "verl's interaction YAML: a simulated user answers each turn without "
+        "tool calls (rows pick one by extra_info.interaction_kwargs.name; docs/multi_turn.md).", type=str),
     Key(_MT + "workflow_args", None, "A mapping handed to every task of the workflow as task['workflow_args'] "
         "(Trinity's workflow_args).", type=object),
 )

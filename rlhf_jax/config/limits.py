@@ -58,8 +58,6 @@ LIMITS: dict[str, Limit] = {
     "critic_lora": Limit("LoRA adapters on the critic (LoRA trains the actor)", ("critic.model.lora_*",)),
     "lora_exclude": Limit("excluding modules from LoRA by name (target_modules lists those adapted)",
                           ("*exclude_modules*",)),
-    "interactions": Limit("simulated-user interactions in multi-turn rollouts (environments and tools only)",
-                          ("*interaction*",)),
     "repeat_rollouts": Limit("repeating a whole multi-turn rollout (rollout.n samples each prompt)",
                              ("*num_repeat_rollouts*",)),
     "agent_loops": Limit("verl's agent-loop classes and custom inference servers (multi-turn rollouts run "
@@ -183,7 +181,6 @@ REFUSED_BECAUSE: dict[str, dict[str, str]] = {
         "*.micro_batch_size": "global_micro_batch",
         "critic.forward_micro_batch_size": "global_micro_batch",
         "actor_rollout_ref.rollout.mode": "their_values",
-        "actor_rollout_ref.rollout.multi_turn.interaction_config_path": "interactions",
         "actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts": "repeat_rollouts",
         "actor_rollout_ref.rollout.agent": "agent_loops",
         "data.custom_cls": "data_code",

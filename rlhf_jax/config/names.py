@@ -10,6 +10,8 @@ estimators, tool-call parsers, tools) live in their registries instead.
 from __future__ import annotations
 
 DTYPES = ("float32", "bfloat16", "float16")  # model.dtype, model.compute_dtype, rollout.dtype
+# verl's other spellings of them (its PrecisionType), read as ours in its files and command lines
+DTYPE_SPELLINGS = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 REMAT_POLICIES = ("full", "dots_saveable")
 ATTN_IMPLEMENTATIONS = ("auto", "dense", "blockwise", "cudnn", "splash")
 CONTEXT_ATTENTION = ("auto", "ulysses", "gather")  # mesh.context_attention: attention under a sequence split

@@ -107,6 +107,7 @@ ALIASES: tuple[Alias, ...] = (
     # verl's FSDP engine computes in fsdp_config.dtype (mixed precision over model_dtype parameters); the reference
     # and the critic compute in the actor's dtype here, so their copies must agree with it.
     Alias("actor_rollout_ref.actor.fsdp_config.dtype", "actor_rollout_ref.model.compute_dtype"),
+    Alias("actor_rollout_ref.actor.fsdp_config.model_dtype", "actor_rollout_ref.model.dtype"),  # its parameters
     Alias("actor_rollout_ref.ref.fsdp_config.dtype", "actor_rollout_ref.model.compute_dtype", assign=False),
     Alias("critic.model.fsdp_config.dtype", "actor_rollout_ref.model.compute_dtype", assign=False),
     # verl's newer critic engine section holds the critic's FSDP settings (critic.model.fsdp_config before).
@@ -178,7 +179,8 @@ IGNORED: tuple[Ignored, ...] = (
     Ignored("*.fsdp_config.forward_only", "the reference never builds a backward pass"),
     Ignored("*.fsdp_config.seed", "seeds come from trainer.seed"),
     Ignored("*.fsdp_config.fsdp_size", "FSDP group size: set mesh.fsdp", _is(-1, None)),
-    Ignored("*.fsdp_config.model_dtype", "parameter dtype: set actor_rollout_ref.model.dtype",
+    Ignored("*.fsdp_config.model_dtype", "the reference and the critic hold the actor's parameter dtype "
+            "(actor_rollout_ref.actor.fsdp_config.model_dtype, actor_rollout_ref.model.dtype)",
             _is("fp32", "float32", None)),
     Ignored("*.fsdp_config.dtype", "FSDP compute dtype of another role: the reward model computes in float32",
             _is("float32", "fp32", None)),

@@ -27,6 +27,7 @@ import yaml
 from ml_collections import ConfigDict
 
 from rlhf_jax.config import hydra_compose, schema
+from rlhf_jax.config.names import DTYPE_SPELLINGS, DTYPES
 from rlhf_jax.config.interpolation import InterpolationError, has_reference, resolve
 from rlhf_jax.config.key import Key
 from rlhf_jax.config.verl_compat import Alias, find_alias, find_ignored
@@ -82,7 +83,7 @@ def coerce(key: Key, value: Any) -> Any:
         raise fail()
     if want is str:
         if isinstance(value, str):
-            return value
+            return DTYPE_SPELLINGS.get(value, value) if key.choices == DTYPES else value
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return str(value)
         raise fail()

@@ -26,7 +26,7 @@ ENTRY = "-m verl.trainer.main_ppo"
 # appended as the script's arguments.
 KNOBS = {"MODEL_PATH": "builtin:tiny", "STUDENT_MODEL": "builtin:tiny", "TEACHER_MODEL": "builtin:tiny", "TRAIN_BATCH_SIZE": "4", "PPO_MINI_BATCH_SIZE": "2", "MAX_PROMPT_LENGTH": "64",
          "MAX_RESPONSE_LENGTH": "4", "PPO_MAX_TOKEN_LEN_PER_GPU": "256", "ROLLOUT_N": "2", "NNODES": "1",
-         "VERL_USE_UV": "0"}
+         "VERL_USE_UV": "0", "MICRO_BATCH_SIZE": "2"}
 SHRINK = ["trainer.n_gpus_per_node=1", "data.val_batch_size=4", "trainer.total_training_steps=2",
           "trainer.val_before_train=False"]
 # Older scripts read no variables: their sizes are overridden by arguments, as their users shrink them.
@@ -67,19 +67,21 @@ def home(tmp_path_factory):
     return home
 
 
-def built_command(script: str, home, out: str) -> list[str]:
-    """The argument list the script's shell passes to python3, entry point replaced, shrinking overrides after it."""
+def built_command(script: str, home, out: str, folder: str | None = None, cwd=REPO,
+                  extra: tuple[str, ...] = ()) -> list[str]:
+    """The argument list the script's shell passes to python3, entry point replaced, shrinking overrides after it
+    (the script in ``home/examples/<folder>``; ``folder`` default: its name's trainer part)."""
     text = open(os.path.join(SCRIPTS, script)).read()
     assert text.count(ENTRY) == 1, script
-    runnable = home / "examples" / script.split("_run_")[0] / script  # REPO_ROOT (two folders up) is HOME
+    name = os.path.basename(script)
+    runnable = home / "examples" / (folder or name.split("_run_")[0]) / name  # REPO_ROOT (two folders up) is HOME
     runnable.parent.mkdir(parents=True, exist_ok=True)
     runnable.write_text(text.replace(ENTRY, "-m rlhf_jax.main"))
-    recorded = home / (script + ".args")
+    recorded = home / (name + ".args")
     env = dict(os.environ, HOME=str(home), PATH=f"{home / 'bin'}{os.pathsep}{os.environ['PATH']}",
                RECORDED_COMMAND=str(recorded), **KNOBS)
-    subprocess.run(["bash", str(runnable), *SHRINK, *NO_KNOBS.get(script, ()), f"trainer.default_local_dir={out}"],
-                   env=env, cwd=REPO,
-                   check=True, capture_output=True, timeout=60)
+    subprocess.run(["bash", str(runnable), *SHRINK, *NO_KNOBS.get(script, ()), f"trainer.default_local_dir={out}",
+                    *extra], env=env, cwd=cwd, check=True, capture_output=True, timeout=60)
     args = recorded.read_text().split("\n")[:-1]
     assert args[:2] == ["-m", "rlhf_jax.main"], args[:4]
     return args[2:]
@@ -101,3 +103,57 @@ def test_script_trains_two_steps(script, home, tmp_path):
         assert checkpoints.all_steps() == [2]
     finally:
         checkpoints.close()
+
+
+def _interaction_rows(split: str, n: int):
+    """Rows as verl's examples/data_preprocess/gsm8k_multiturn_w_interaction.py writes them (small sums)."""
+    import pandas as pd
+
+    instruction = "Let's think step by step and output the final answer after `####`."
+    rows = []
+    for i in range(n):
+        question = f"What is {i % 5 + 1} + {i % 4 + 1}? {instruction}"
+        solution = str(i % 5 + i % 4 + 2)
+        rows.append({"data_source": "openai/gsm8k", "ability": "math",
+                     "prompt": [{"role": "system", "content": "You are a math expert. Put your final answer in the "
+                                                              "format of `#### <answer>`."},
+                                {"role": "user", "content": question}],
+                     "reward_model": {"style": "rule", "ground_truth": solution},
+                     "extra_info": {"split": split, "index": i, "answer": f"#### {solution}", "question": question,
+                                    "interaction_kwargs": {"name": "gsm8k", "query": question,
+                                                           "ground_truth": solution}}})
+    return pd.DataFrame(rows)
+
+
+def test_the_interaction_example_trains_with_verls_gsm8k_interaction(home, tmp_path):
+    """verl's interaction example: --config-path/--config-name compose its YAML over verl's defaults, its
+    interaction file names verl's Gsm8kInteraction, and each rule-scored episode goes on while the interaction
+    asks the model to try again."""
+    import shutil
+
+    data = home / "data" / "gsm8k_verl_sgl_multi_turn_w_interaction"
+    data.mkdir(parents=True, exist_ok=True)
+    _interaction_rows("train", 16).to_parquet(data / "train.parquet")
+    _interaction_rows("test", 4).to_parquet(data / "test.parquet")
+    shutil.copytree(os.path.join(SCRIPTS, "sglang_multiturn", "config"), home / "examples" / "sglang_multiturn" / "config",
+                    dirs_exist_ok=True)
+    out = str(tmp_path / "run")
+    mt = "actor_rollout_ref.rollout.multi_turn."
+    args = built_command("sglang_multiturn/run_qwen2.5-0.5b_gsm8k_multiturn_w_interaction.sh", home, out,
+                         folder="sglang_multiturn", cwd=home, extra=(  # PROJECT_DIR is where the script starts
+                             "actor_rollout_ref.model.path=builtin:tiny", "data.max_prompt_length=192",
+                             "data.max_response_length=320", mt + "max_tokens_per_turn=4", "actor_rollout_ref.rollout.n=2",
+                             "trainer.logger=[console,jsonl]",
+                             "actor_rollout_ref.model.enable_activation_offload=False"))  # refused: see SOURCE.md
+    assert args[:2] == [f"--config-path={home}/examples/sglang_multiturn/config",
+                        "--config-name=gsm8k_multiturn_grpo_w_interaction"], args[:2]
+    proc = run_main(args, devices=1, env={"WANDB_MODE": "offline"})
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    from tests.train.helpers import read_metrics
+
+    rows = read_metrics(out)
+    assert [r["step"] for r in rows] == [1, 2]
+    for r in rows:
+        assert r["multi_turn/num_turns/mean"] > 1  # the interaction asked again
+        assert 0 < r["multi_turn/masked_token_fraction"] < 1  # its messages sit in the responses, untrained
+        assert "multi_turn/interaction_score/mean" in r
