@@ -97,3 +97,30 @@ def test_a_verl_style_command_trains_two_steps(tmp_path):
     proc = run_main(args, devices=1)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert [r["step"] for r in read_metrics(str(out))] == [1, 2]
+
+
+def test_hydras_config_path_and_name_name_the_file_and_the_command_line_overrides_it(tmp_path):
+    (tmp_path / "exp.yaml").write_text("defaults:\n  - ppo_trainer\n  - _self_\ndata:\n  train_batch_size: 12\n"
+                                       "actor_rollout_ref:\n  actor:\n    fsdp_config:\n      model_dtype: bf16\n")
+    for args in ([f"--config-path={tmp_path}", "--config-name=exp"], ["-cp", str(tmp_path), "-cn", "exp.yaml"]):
+        cfg = load(*args, "actor_rollout_ref.actor.optim.lr=2e-6")
+        assert cfg.data.train_batch_size == 12 and cfg.actor_rollout_ref.actor.optim.lr == 2e-6
+        assert cfg.actor_rollout_ref.model.dtype == "bfloat16"  # verl's spelling of the actor's parameter dtype
+    cfg = load(f"--config-path={tmp_path}", "--config-name=exp", "actor_rollout_ref.actor.fsdp_config.model_dtype=fp32")
+    assert cfg.actor_rollout_ref.model.dtype == "float32"
+    assert load("--config-name=ppo_trainer", "data.train_batch_size=6").data.train_batch_size == 6  # verl's own
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--config-name=ppo_megatron_trainer"], r"^--config-name=ppo_megatron_trainer without --config-path names a file "
+                                              r"of verl's own checkout"),
+    (["--config-path=/tmp"], r"^--config-path=/tmp needs --config-name"),
+    (["--config-path=/nowhere", "--config-name=x"], r"^--config-path=/nowhere --config-name=x: no such file "
+                                                    r"/nowhere/x\.yaml$"),
+    (["--config-dir=/tmp", "--config-name=x"], r"^--config-dir=/tmp: name the file with --config-path"),
+    ([f"--config={GRPO}", f"--config-path={REPO}/tests/config/verl_scripts/sglang_multiturn/config",
+      "--config-name=gsm8k_multiturn_grpo_w_interaction"], r"^--config and --config-path/--config-name both name"),
+])
+def test_bad_hydra_file_flags_are_one_line_errors(args, message):
+    with pytest.raises(ValueError, match=message):
+        load(*args)
