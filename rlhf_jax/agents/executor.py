@@ -23,6 +23,7 @@ class ToolResult:
     error: str | None = None
     timed_out: bool = False
     seconds: float = 0.0
+    reward: float | None = None  # the tool's reward for the call, when it gives one
 
 
 @dataclasses.dataclass
@@ -41,15 +42,16 @@ class ToolStats:
         self.seconds += sum(r.seconds for r in results)
 
 
-def _start(call: ToolCall, tool: Tool | None) -> tuple[Any, threading.Thread | None, list]:
+def _start(call: ToolCall, tool: Tool | None, row: dict) -> tuple[Any, threading.Thread | None, list]:
     slot: list = []
     if tool is None:
         return None, None, slot
+    given = {k: row[k] for k in tool.row_args if k in row}  # the row's, never the model's
 
     def target():
         start = time.monotonic()
         try:
-            slot.append(("ok", str(tool.fn(**call.arguments)), time.monotonic() - start))
+            slot.append(("ok", tool.fn(**{**call.arguments, **given}), time.monotonic() - start))
         except Exception as e:  # noqa: BLE001 - any fault of a tool is the model's information
             slot.append(("error", f"{type(e).__name__}: {e}", time.monotonic() - start))
 
@@ -59,10 +61,14 @@ def _start(call: ToolCall, tool: Tool | None) -> tuple[Any, threading.Thread | N
 
 
 def run_tool_calls(calls: list[ToolCall] | tuple[ToolCall, ...], timeout_s: float = 30.0,
-                   tools: dict[str, Tool] | None = None) -> list[ToolResult]:
-    """The results of ``calls`` in order; they run at the same time. ``tools`` overrides the registry."""
+                   tools: dict[str, Tool] | None = None, row_kwargs: dict | None = None) -> list[ToolResult]:
+    """The results of ``calls`` in order; they run at the same time. ``tools`` overrides the registry;
+    ``row_kwargs``: the data row's arguments per tool name (verl's ``tools_kwargs``: ``{name: {"create_kwargs":
+    {...}}}``)."""
     lookup = (lambda name: tools.get(name)) if tools is not None else get_tool
-    started = [(call, *_start(call, lookup(call.name))) for call in calls]
+    row_kwargs = row_kwargs or {}
+    started = [(call, *_start(call, lookup(call.name), (row_kwargs.get(call.name) or {}).get("create_kwargs") or {}))
+               for call in calls]
     deadline = time.monotonic() + timeout_s
     results = []
     for call, tool, thread, slot in started:
@@ -78,8 +84,10 @@ def run_tool_calls(calls: list[ToolCall] | tuple[ToolCall, ...], timeout_s: floa
         kind, content, seconds = slot[0]
         if kind == "error":
             results.append(ToolResult(call.name, f"Error: {content}", error=content, seconds=seconds))
+        elif isinstance(content, tuple):  # (text, tool reward)
+            results.append(ToolResult(call.name, str(content[0]), seconds=seconds, reward=float(content[1])))
         else:
-            results.append(ToolResult(call.name, content, seconds=seconds))
+            results.append(ToolResult(call.name, str(content), seconds=seconds))
     return results
 
 

@@ -80,6 +80,8 @@ class MultiTurnRollout:
         self.data_cfg = cfg.data
         self._scores: np.ndarray | None = None  # the last rollout's environment scores, until taken
         self.per_turn_rewards = bool(mt.per_turn_rewards)
+        # verl's: abort a training rollout's last trajectories once 1 - rate of them are done
+        self.over_sample_rate = float(cfg.actor_rollout_ref.rollout.over_sample_rate or 0.0)
         self._token_rewards: np.ndarray | None = None
 
     def tool_schemas(self) -> list[dict]:
@@ -94,16 +96,19 @@ class MultiTurnRollout:
                 rules=self.rules)
         return self._samplers[key]
 
-    def rollout(self, params: Any, pb: PromptBatch, sampling: SamplingParams, key) -> tuple[RolloutBatch, dict]:
-        """``sampling.n`` trajectories per prompt (prompt-major), as a global ``RolloutBatch``, and the metrics."""
-        arrays, out = self.play(params, pb, sampling, key)
+    def rollout(self, params: Any, pb: PromptBatch, sampling: SamplingParams, key,
+                training: bool = False) -> tuple[RolloutBatch, dict]:
+        """``sampling.n`` trajectories per prompt (prompt-major), as a global ``RolloutBatch``, and the metrics.
+        ``training``: a training rollout (over-sampling aborts only those, as verl's)."""
+        arrays, out = self.play(params, pb, sampling, key, training)
         return RolloutBatch(**{k: to_global(self.mesh, v) for k, v in arrays.items()}), out
 
-    def play(self, params: Any, pb: PromptBatch, sampling: SamplingParams,
-             key) -> tuple[dict[str, np.ndarray], dict]:
+    def play(self, params: Any, pb: PromptBatch, sampling: SamplingParams, key,
+             training: bool = False) -> tuple[dict[str, np.ndarray], dict]:
         """``sampling.n`` trajectories per prompt (prompt-major) as this process's arrays of a ``RolloutBatch``,
         and the metrics; the environment's scores and per-turn rewards wait to be taken."""
         n = sampling.n
+        self._extra_info = None
         mask = pb.attention_mask.astype(bool)
         prompts = [pb.input_ids[b][mask[b]].tolist() for b in range(len(pb)) for _ in range(n)]
         replies = None
@@ -120,16 +125,19 @@ class MultiTurnRollout:
             trajs, rewards, per_batch = self._run_workflow(params, pb, sampling, key)
             prompts, timings = [t.prompt_ids for t in trajs], TurnTimings()
         else:
-            scores = None
-            if self.interactions is not None:
-                replies, scores = self._interaction_replies(pb, n)
+            extra = None
+            if replies is None:  # tools and interactions: each row's own tool arguments, scores and rewards
+                replies, extra = self._row_replies(pb, n)
+            keep = 1.0 - self.over_sample_rate if training else 1.0
             trajs, timings = run_turns(self.sampler(sampling), params, self.tok, prompts, self.settings, key,
-                                       sampling.eos_token_ids, replies=replies)
+                                       sampling.eos_token_ids, replies=replies, keep_fraction=keep)
             rewards = [sum(t.turn_rewards) for t in trajs] if envs_on else None
-            if scores is not None:  # the reward function reads them as extra_info["turn_scores"], as verl's
-                self._extra_info = [{"turn_scores": list(s)} for s in scores]
-                last = np.asarray([s[-1] if s else 0.0 for s in scores], np.float32)
-                interaction_metric = float(all_rows(last).mean())
+            if extra is not None:  # the reward function reads them in extra_info, as verl's does
+                extra = [{"turn_scores": [], "tool_rewards": []} if t.aborted else e for e, t in zip(extra, trajs)]
+                self._extra_info = extra  # (an aborted trajectory: nothing, as verl's padding request)
+                if self.interactions is not None:
+                    last = np.asarray([e["turn_scores"][-1] if e["turn_scores"] else 0.0 for e in extra], np.float32)
+                    interaction_metric = float(all_rows(last).mean())
         seconds = time.perf_counter() - start
         arrays = self._arrays(prompts, trajs, sampling)
         out = metrics(trajs, timings, seconds)
@@ -144,9 +152,10 @@ class MultiTurnRollout:
             self._token_rewards = per_turn_rewards(trajs, self.settings.response_length)
         return arrays, out
 
-    def _interaction_replies(self, pb: PromptBatch, n: int) -> tuple[list, list[list[float]]]:
-        """Each row's replies from the interaction its prompt names (tools first, when configured), and the lists
-        its turn scores go to."""
+    def _row_replies(self, pb: PromptBatch, n: int) -> tuple[list, list[dict]]:
+        """Each row's replies: its tool calls with the row's tool arguments (verl's ``extra_info.tools_kwargs``),
+        and the interaction its prompt names when there are interactions (tools first); and per row the lists its
+        ``turn_scores`` and ``tool_rewards`` go to."""
         specials = [t for t in getattr(self.tok, "all_special_tokens", []) if t]
 
         def clean(text: str) -> str:
@@ -154,22 +163,26 @@ class MultiTurnRollout:
                 text = text.replace(token, "")
             return text
 
-        tools = tool_reply(self.settings) if self.settings.tools else None
-        replies, scores = [], []
+        replies, extra = [], []
         for b in range(len(pb)):
-            interaction, kwargs = self.interactions.pick(pb.extra_info[b], b)
+            info = pb.extra_info[b] if isinstance(pb.extra_info[b], dict) else {}
+            picked = self.interactions.pick(info, b) if self.interactions is not None else None
             raw = pb.raw_prompt[b]
             for _ in range(n):
-                messages = [dict(m) for m in raw] if isinstance(raw, (list, tuple)) else [
-                    {"role": "user", "content": str(raw)}]
-                scores.append([])
-                replies.append(interaction_reply(self.interactions, interaction, kwargs, messages, tools, clean,
-                                                 scores[-1]))
-        return replies, scores
+                row = {"turn_scores": [], "tool_rewards": []}
+                tools = tool_reply(self.settings, info.get("tools_kwargs"), row["tool_rewards"]) \
+                    if self.settings.tools else None
+                if picked is not None:
+                    messages = [dict(m) for m in raw] if isinstance(raw, (list, tuple)) else [
+                        {"role": "user", "content": str(raw)}]
+                    tools = interaction_reply(self.interactions, *picked, messages, tools, clean, row["turn_scores"])
+                replies.append(tools)
+                extra.append(row)
+        return replies, extra
 
     def take_extra_info(self) -> list[dict] | None:
-        """The last rollout's per-row additions to the reward function's extra_info (interactions' turn scores),
-        once (None without interactions)."""
+        """The last rollout's per-row additions to the reward function's extra_info (``turn_scores``,
+        ``tool_rewards``), once (None where tools and interactions drive no trajectory)."""
         extra, self._extra_info = self._extra_info, None
         return extra
 
@@ -243,17 +256,18 @@ class MultiTurnRollout:
         for i, (p, t) in enumerate(zip(prompts, trajs)):
             out["prompts"][i, P - len(p):] = p
             out["prompt_mask"][i, P - len(p):] = 1
-            r = len(t.response_ids)
-            out["responses"][i, :r] = t.response_ids
-            out["response_mask"][i, :r] = t.loss_mask
-            out["logprobs"][i, :r] = t.logprobs
+            r = 0 if t.aborted else len(t.response_ids)  # an aborted one: an empty response, as verl pads it
+            out["responses"][i, :r] = t.response_ids[:r]
+            out["response_mask"][i, :r] = t.loss_mask[:r]
+            out["logprobs"][i, :r] = t.logprobs[:r]
             out["response_valid"][i, :r] = 1
-            out["finished"][i] = t.finished
+            out["finished"][i] = t.finished and not t.aborted
         if trajs and trajs[0].routes is not None:  # R3: the experts of every token, beside it (-1 on padding)
             routes = np.full((N, P + R) + trajs[0].routes.shape[1:], -1, np.int32)
             for i, (p, t) in enumerate(zip(prompts, trajs)):
                 routes[i, P - len(p):P] = t.routes[:len(p)]
-                routes[i, P:P + len(t.response_ids)] = t.routes[len(p):]
+                if not t.aborted:
+                    routes[i, P:P + len(t.response_ids)] = t.routes[len(p):]
             out["routed_experts"] = routes
         return out
 
@@ -287,13 +301,14 @@ def metrics(trajs: list[Trajectory], timings: TurnTimings, seconds: float) -> di
     out: dict[str, float] = {}
     names = ("num_turns", "tool_calls", "tool_errors", "tool_timeouts")
     rows = all_rows(np.asarray([(t.turns, t.stats.calls, t.stats.errors, t.stats.timeouts, t.stats.seconds,
-                                 len(t.response_ids), sum(t.loss_mask)) for t in trajs], np.float64))
+                                 len(t.response_ids), sum(t.loss_mask), t.aborted) for t in trajs], np.float64))
     for j, name in enumerate(names):
         out[f"multi_turn/{name}/mean"] = float(np.mean(rows[:, j]))
         out[f"multi_turn/{name}/max"] = float(np.max(rows[:, j]))
     calls, call_seconds, tokens, trained = rows[:, 1].sum(), rows[:, 4].sum(), rows[:, 5].sum(), rows[:, 6].sum()
     out["multi_turn/tool_latency_s"] = float(call_seconds / max(calls, 1))  # per call
     out["multi_turn/masked_token_fraction"] = float((tokens - trained) / max(tokens, 1))
+    out["multi_turn/aborted_fraction"] = float(rows[:, 7].mean())  # cut off by rollout.over_sample_rate
     # turn-synchronous: the device is idle while the host runs the tools
     out["multi_turn/device_idle_s"] = timings.tool_wait_s
     out["multi_turn/device_idle_fraction"] = timings.tool_wait_s / max(seconds, 1e-9)

@@ -1,8 +1,11 @@
 """Tools the model may call, registered by name; built-ins: ``calculator`` and ``python`` (sandboxed).
 
-A tool is a ``Tool`` (name, description, JSON-schema parameters, a function of the arguments returning text).
-Register one with ``register_tool(Tool(...))``; ``schema()`` gives the OpenAI-style function entry that chat
-templates render into the prompt.
+A tool is a ``Tool`` (name, description, JSON-schema parameters, a function of the arguments returning text, or
+(text, reward): a tool reward, which reaches the reward function as ``extra_info["tool_rewards"]``, as verl's do).
+``row_args`` names arguments the data row gives and the model does not: verl's ``extra_info.tools_kwargs.<tool>.
+create_kwargs`` (the ground truth a grading tool compares with). Register one with ``register_tool(Tool(...))``;
+``schema()`` gives the OpenAI-style function entry that chat templates render into the prompt. Built in:
+``calculator``, ``python`` (sandboxed) and verl's GSM8K grading tool ``calc_gsm8k_reward``.
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ class Tool:
     name: str
     description: str
     parameters: dict[str, Any]  # JSON schema of the arguments object
-    fn: Callable[..., str]
+    fn: Callable[..., Any]  # -> text, or (text, tool reward)
+    row_args: tuple[str, ...] = ()  # arguments from the data row's tools_kwargs.<name>.create_kwargs
 
     def schema(self) -> dict[str, Any]:
         return {"type": "function", "function": {"name": self.name, "description": self.description,
@@ -106,4 +110,25 @@ register_tool(Tool(
     "python", "Run a Python program (no network, no files outside its directory, 5 CPU seconds); returns its output.",
     {"type": "object", "properties": {"code": {"type": "string"}, "stdin": {"type": "string"}}, "required": ["code"]},
     run_code,
+))
+
+
+# ------------------------------------------------------------------------------------------------ calc_gsm8k_reward
+def gsm8k_reward(answer: Any = "", ground_truth: Any = None) -> tuple[str, float]:
+    """verl's ``Gsm8kTool`` for one call (verl's agent loop makes an instance per call): the answer graded against
+    the row's ground truth (flexible: its last number); tool reward 0 when right, -0.05 otherwise."""
+    from rlhf_jax.rewards import gsm8k
+
+    answer = str(answer)
+    reward = gsm8k.compute_score(answer if answer.startswith("#### ") else "#### " + answer, ground_truth,
+                                 method="flexible")
+    return f"Current parsed {answer=} {reward=}", 0.0 if reward > 0 else -0.05
+
+
+register_tool(Tool(
+    "calc_gsm8k_reward", "A tool for calculating the reward of gsm8k. (1.0 if parsed answer is correct, 0.0 if "
+    "parsed answer is incorrect or not correctly parsed)",
+    {"type": "object", "properties": {"answer": {"type": "string", "description": "The model's answer to the GSM8K "
+                                                 "math problem, must be a digits"}}, "required": ["answer"]},
+    gsm8k_reward, row_args=("ground_truth",),
 ))

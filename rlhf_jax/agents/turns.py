@@ -70,6 +70,7 @@ class Trajectory:
     reward_ends: list[int] = dataclasses.field(default_factory=list)  # per turn_rewards entry: its turn's last index
     finished: bool = False  # the last turn ended with a stop token (not at a length limit)
     done: bool = False
+    aborted: bool = False  # cut off by over-sampling (``run_turns``' ``keep_fraction``): trained as an empty row
     # (prompt + response tokens, sparse layers, K): the experts the sampler routed each token to (R3), or None
     routes: Any = None
 
@@ -111,9 +112,11 @@ class Reply:
 ReplyFn = Callable[[str, bool], "Reply | None"]  # (the turn's text, it is the last allowed turn) -> reply or None
 
 
-def tool_reply(settings: TurnSettings) -> ReplyFn:
+def tool_reply(settings: TurnSettings, row_kwargs: dict | None = None,
+               rewards: list[float] | None = None) -> ReplyFn:
     """Tool calling: the turn's calls run (at most ``max_parallel_calls``); no call ends the trajectory, and so does
-    the last allowed turn (its calls would have no reader)."""
+    the last allowed turn (its calls would have no reader). ``row_kwargs``: the row's arguments per tool (verl's
+    ``tools_kwargs``); ``rewards`` collects the calls' tool rewards."""
     tools = {t.name: t for t in settings.tools}
 
     def reply(text: str, last_turn: bool) -> Reply | None:
@@ -121,7 +124,9 @@ def tool_reply(settings: TurnSettings) -> ReplyFn:
         if (not parsed.calls and not parsed.errors) or last_turn:
             return None
         calls = parsed.calls[:settings.max_parallel_calls]
-        results = run_tool_calls(calls, settings.tool_timeout_s, tools=tools) if calls else []
+        results = run_tool_calls(calls, settings.tool_timeout_s, tools=tools, row_kwargs=row_kwargs) if calls else []
+        if rewards is not None:
+            rewards.extend(r.reward for r in results if r.reward is not None)
         results = [dataclasses.replace(r, content=truncate(r.content, settings.max_tool_response_length,
                                                            settings.tool_response_truncate_side)) for r in results]
         messages = [tool_message(r) for r in results]
@@ -133,7 +138,8 @@ def tool_reply(settings: TurnSettings) -> ReplyFn:
 
 def run_turns(sampler, state: Any, tokenizer: Any, prompts: Sequence[Sequence[int]], settings: TurnSettings,
               key: jax.Array, eos_token_ids: Sequence[int], row_ids: Sequence[int] | None = None,
-              replies: Sequence[ReplyFn] | None = None) -> tuple[list[Trajectory], TurnTimings]:
+              replies: Sequence[ReplyFn] | None = None,
+              keep_fraction: float = 1.0) -> tuple[list[Trajectory], TurnTimings]:
     """Multi-turn rollouts of ``prompts`` (token ids, the generation prompt included) on a ``ConversationSampler``.
 
     ``replies`` answer each row's turns (default: ``tool_reply(settings)`` for every row; environments:
@@ -143,6 +149,9 @@ def run_turns(sampler, state: Any, tokenizer: Any, prompts: Sequence[Sequence[in
 
     Over several processes each runs its own prompts (as many on every process) and their replies; the turns
     end when every process's trajectories are done, so that all run the same programs.
+
+    ``keep_fraction`` < 1 (verl's ``rollout.over_sample_rate`` r: 1 - r): once that share of every process's
+    trajectories is done (``int(total * keep_fraction)``, checked after each turn), the others are aborted.
     """
     trajs = [Trajectory(prompt_ids=[int(t) for t in p]) for p in prompts]
     real = len(trajs)
@@ -205,6 +214,10 @@ def run_turns(sampler, state: Any, tokenizer: Any, prompts: Sequence[Sequence[in
                 traj.extend(suffix, False)
                 traj.tool_turns += 1
                 new_rows[i] = suffix
+            if keep_fraction < 1.0 and _enough_done(trajs, keep_fraction):
+                for t in trajs:
+                    t.aborted = not t.done
+                break
             t0 = time.perf_counter()  # (nothing to append anywhere: no program runs)
             conv = sampler.append(state, conv, new_rows)
             timings.append_s += time.perf_counter() - t0
@@ -215,3 +228,9 @@ def run_turns(sampler, state: Any, tokenizer: Any, prompts: Sequence[Sequence[in
         for i, t in enumerate(trajs):
             t.routes = routes[i, :len(t.prompt_ids) + len(t.response_ids)]
     return trajs, timings
+
+
+def _enough_done(trajs: list[Trajectory], keep_fraction: float) -> bool:
+    """Whether ``int(total * keep_fraction)`` of every process's trajectories are done (verl's target count)."""
+    counts = all_rows([[sum(t.done for t in trajs), len(trajs)]]).reshape(-1, 2).sum(axis=0)
+    return int(counts[0]) >= int(int(counts[1]) * keep_fraction)

@@ -182,6 +182,9 @@ REF = (
 )
 
 ROLLOUT = (
+    Key(A + "rollout.over_sample_rate", 0.0, "Multi-turn training rollouts end once 1 - this share of the "
+        "trajectories is done; the rest train as empty responses (verl's over-sampling against the long tail).",
+        check=Check(lambda v: 0 <= v < 1, " must be in [0, 1)")),
     Key(A + "rollout.n", 1, "Responses sampled per prompt (> 1 for grpo, rloo and other group estimators).",
         check=at_least(1)),
     Key(A + "rollout.temperature", 1.0, "Sampling temperature (also used to scale logits for training log-probs).",

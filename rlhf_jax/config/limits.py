@@ -74,8 +74,8 @@ LIMITS: dict[str, Limit] = {
     "multimodal": Limit("vision or other multi-modal models", ("*vision_tower*", "*multi_modal*", "*pixel*")),
     "hf_config_path": Limit("a model config from another path than the checkpoint's", ("*hf_config_path*",)),
     "mtp": Limit("multi-token prediction heads", ("*mtp*",)),
-    "over_sampling": Limit("over-sampling with early abort of the slowest samples", ("*over_sample*",
-                                                                                      "*over_rollout*")),
+    "over_sampling": Limit("Trinity's over-rollout (an explorer step that waits for only part of its tasks; "
+                           "verl's rollout.over_sample_rate is honoured for multi-turn rollouts)", ("*over_rollout*",)),
     "rollout_trace": Limit("tracing rollouts to an external backend", ("*rollout.trace*",)),
     "rollout_replay": Limit("dumping rollouts and replaying them instead of sampling", ("*skip_rollout*",)),
     "server_metrics": Limit("an inference server's metrics endpoint", ("*prometheus*",)),
@@ -200,7 +200,6 @@ REFUSED_BECAUSE: dict[str, dict[str, str]] = {
         "actor_rollout_ref.rollout.data_parallel_size": "sampler_mesh",
         "actor_rollout_ref.rollout.expert_parallel_size": "sampler_mesh",
         "actor_rollout_ref.rollout.pipeline_model_parallel_size": "sampler_mesh",
-        "actor_rollout_ref.rollout.over_sample_rate": "over_sampling",
         "actor_rollout_ref.rollout.trace": "rollout_trace",
         "actor_rollout_ref.rollout.skip_rollout": "rollout_replay",
         "actor_rollout_ref.rollout.prometheus": "server_metrics",

@@ -91,7 +91,7 @@ READERS: dict[str, tuple[str, ...]] = {
     ),
     "rlhf_jax.runtime.loggers": ("trainer.logger", "trainer.log_dir"),
     "rlhf_jax.agents.multi_turn": (_A + "rollout.multi_turn.enable", _A + "rollout.multi_turn.workflow_args",
-                                  _A + "rollout.multi_turn.per_turn_rewards"),
+                                  _A + "rollout.multi_turn.per_turn_rewards", _A + "rollout.over_sample_rate"),
     "rlhf_jax.agents.settings": tuple(_A + "rollout.multi_turn." + k for k in (
         "max_assistant_turns", "max_user_turns", "max_tokens_per_turn", "tools", "tool_config_path", "format",
         "max_parallel_calls", "max_tool_response_length", "tool_response_truncate_side", "tool_timeout_s",

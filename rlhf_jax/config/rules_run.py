@@ -186,6 +186,15 @@ def multi_turn_driver(cfg: ConfigDict, ctx: Context) -> None:
         raise ValueError(f"{k}.workflow_args is set but {k}.workflow is not: the arguments are a workflow's")
 
 
+@rule("actor_rollout_ref.rollout.over_sample_rate", _MT + "enable")
+def over_sampling(cfg: ConfigDict, ctx: Context) -> None:
+    """Over-sampling cuts off the last trajectories of a multi-turn rollout (as verl's SGLang rollout did)."""
+    rate = cfg.actor_rollout_ref.rollout.over_sample_rate
+    if rate and not cfg.actor_rollout_ref.rollout.multi_turn.enable:
+        raise ValueError(f"actor_rollout_ref.rollout.over_sample_rate={rate} aborts the last trajectories of "
+                         f"multi-turn rollouts; set {_MT}enable=True or leave it 0")
+
+
 @rule("mesh.rollout_processes", _MT + "enable", "algorithm.type")
 def split_run_combinations(cfg: ConfigDict, ctx: Context) -> None:
     """What a run with sampling processes of their own does not do yet (each refused by name)."""

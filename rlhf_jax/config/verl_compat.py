@@ -308,7 +308,6 @@ IGNORED: tuple[Ignored, ...] = (
     Ignored("actor_rollout_ref.rollout.pipeline_model_parallel_size", f"sampler pipeline parallelism: {_MESH}", _one),
     Ignored("actor_rollout_ref.rollout.logprobs_mode", "old log-probs are recomputed by the actor"),
     Ignored("actor_rollout_ref.rollout.scheduling_policy", "vLLM scheduler setting"),
-    Ignored("actor_rollout_ref.rollout.over_sample_rate", "over-sampling with early abort is not implemented", _off),
     Ignored("actor_rollout_ref.rollout.multi_stage_wake_up", _ENGINE),
     Ignored("actor_rollout_ref.rollout.checkpoint_engine", _ENGINE),
     Ignored("actor_rollout_ref.rollout.trace", "rollout tracing is not implemented", _unset("backend")),

@@ -143,14 +143,14 @@ class Rollouts:
         return out, keep
 
     def sample(self, pb: PromptBatch, sampling, key, out_metrics: dict, bucket: bool = True, weights: Any = None,
-               segments: SegmentedSampler | None = None):
+               segments: SegmentedSampler | None = None, training: bool = False):
         """Single-turn sampling (``generate``) or the multi-turn rollout; (batch, kept rows, the mask of the
         response tokens the reward reads: every token of the sequence, tool responses included)."""
         if self.multi_turn is None:
             out, keep = self.generate(pb, sampling, key, bucket, weights, segments)
             return out, keep, out.response_mask
         weights = self.weights() if weights is None else weights
-        out, metrics = self.multi_turn.rollout(weights, pb, sampling, key)
+        out, metrics = self.multi_turn.rollout(weights, pb, sampling, key, training)
         out_metrics.update(metrics)
         return out, len(pb) * sampling.n, out.valid_mask()
 
@@ -251,7 +251,7 @@ class Producer:
         with timer("gen"):  # waits for the sampler: dispatch is asynchronous, the reward would be billed for it
             # every row is trained on
             out, _, text_mask = r.sample(pb, self.sampling, key, out_metrics, bucket=False, weights=weights,
-                                         segments=segments)
+                                         segments=segments, training=True)
             out = jax.block_until_ready(out)
         if segments is not None:
             out_metrics["rollout/segment_versions"] = float(len(set(segments.used)))

@@ -1,6 +1,6 @@
 """verl's interactions (multi_turn.interaction_config_path): the file, the built-in GSM8K interaction against verl's
 behaviour, a user's class written against verl's BaseInteraction, bad input, and a GRPO run whose simulated user
-answers every turn and whose turn scores reach the reward function."""
+answers every turn, whose turn scores reach the reward function, and whose rollouts are over-sampled."""
 
 import asyncio
 import json
@@ -135,7 +135,8 @@ def test_grpo_trains_with_a_simulated_user_whose_scores_reach_the_reward_functio
         mt + "enable": True, mt + "interaction_config_path": str(config), mt + "max_tokens_per_turn": 6,
         mt + "max_assistant_turns": 4, "data.train_files": (str(data),), "data.val_files": (str(data),),
         "data.max_prompt_length": 32, "data.max_response_length": 96, "data.prompt_template": "native",
-        "custom_reward_function.path": str(tmp_path / "reward.py"), "trainer.total_training_steps": 2}))
+        "custom_reward_function.path": str(tmp_path / "reward.py"), "trainer.total_training_steps": 2,
+        "actor_rollout_ref.rollout.over_sample_rate": 0.5}))
     try:
         trainer.fit()
     finally:
@@ -143,7 +144,11 @@ def test_grpo_trains_with_a_simulated_user_whose_scores_reach_the_reward_functio
     rows = read_metrics(out)
     assert [r["step"] for r in rows] == [1, 2]
     for r in rows:
-        assert r["multi_turn/num_turns/max"] > r["multi_turn/num_turns/mean"] > 1  # the user asked again
         assert 0 < r["multi_turn/masked_token_fraction"] < 1  # its messages are in the responses, untrained
         assert r["critic/score/mean"] >= r["multi_turn/interaction_score/mean"] > 0  # sums of turn scores
         assert np.isfinite(r["actor/pg_loss"])
+        # over-sampling: once half the episodes were done the others were cut off, trained as empty responses
+        assert r["multi_turn/aborted_fraction"] <= 0.5
+        assert r["response_length/min"] == 0 or not r["multi_turn/aborted_fraction"]
+    assert any(r["multi_turn/aborted_fraction"] > 0 for r in rows)
+    assert any(r["multi_turn/num_turns/max"] > r["multi_turn/num_turns/mean"] > 1 for r in rows)  # asked again

@@ -80,3 +80,31 @@ def test_the_python_tool_runs_in_the_sandbox():
                                  ToolCall("python", {"code": "import os\nos.system('echo hi')"})], timeout_s=20)
     assert ok.content.strip() == "45"
     assert ok.error is None and "os.system is not allowed" in escape.content
+
+
+def test_a_tool_takes_the_rows_arguments_over_the_models_and_may_return_a_reward():
+    """verl's tools_kwargs: the row's create_kwargs reach the tool (the model cannot supply them), and a tool's
+    (text, reward) gives the call a reward."""
+    def check(guess, secret):
+        return f"{guess}/{secret}", float(guess == secret)
+
+    tools = {"check": Tool("check", "", {"type": "object"}, check, row_args=("secret",))}
+    calls = [ToolCall("check", {"guess": 3, "secret": 3}), ToolCall("check", {"guess": 5})]
+    results = run_tool_calls(calls, tools=tools, row_kwargs={"check": {"create_kwargs": {"secret": 5}}})
+    assert [(r.content, r.reward) for r in results] == [("3/5", 0.0), ("5/5", 1.0)]
+    missing = run_tool_calls(calls[1:], tools=tools)  # no row arguments: the call's error, as any other
+    assert missing[0].error and "secret" in missing[0].error and missing[0].reward is None
+
+
+def test_calc_gsm8k_reward_answers_as_verls_gsm8k_tool():
+    from rlhf_jax.agents.tools import get_tool
+
+    tool = get_tool("calc_gsm8k_reward")
+    assert tool.row_args == ("ground_truth",) and tool.schema()["function"]["parameters"]["required"] == ["answer"]
+    row = {"calc_gsm8k_reward": {"create_kwargs": {"ground_truth": "72"}}}
+    right, wrong, text = run_tool_calls([ToolCall("calc_gsm8k_reward", {"answer": "72"}),
+                                         ToolCall("calc_gsm8k_reward", {"answer": "#### 70"}),
+                                         ToolCall("calc_gsm8k_reward", {"answer": "it is 72"})], row_kwargs=row)
+    assert (right.content, right.reward) == ("Current parsed answer='72' reward=1.0", 0.0)
+    assert (wrong.content, wrong.reward) == ("Current parsed answer='#### 70' reward=0.0", -0.05)
+    assert text.content.endswith("reward=1.0")  # flexible: the last number

@@ -215,3 +215,46 @@ def test_sharded_conversations_equal_one_device(checkpoints):
         assert one.response_ids == sharded.response_ids and one.loss_mask == sharded.loss_mask
         np.testing.assert_allclose(one.logprobs, sharded.logprobs, atol=2e-5)
     assert sum(t.tool_turns for t in results[0]) >= 3
+
+
+def test_over_sampling_aborts_the_last_trajectories_once_enough_are_done(checkpoints):
+    """keep_fraction (verl's 1 - over_sample_rate): once that share of the trajectories is done the others are
+    aborted; those done by then are what they are without it (greedy), and the row's tool arguments reach its
+    calls."""
+    from transformers import AutoTokenizer
+
+    from rlhf_jax.agents.turns import tool_reply
+    from rlhf_jax.models import from_pretrained
+
+    path = checkpoints["llama"]
+    model = from_pretrained(path)
+    tok = AutoTokenizer.from_pretrained(path)
+    eos = (tok.eos_token_id,)
+    tagged = Tool(STUB, "length, checksum and the row's tag", {"type": "object"},
+                  lambda text, tag: (_stub(text) + tag, float(len(text))), row_args=("tag",))
+    settings = TurnSettings(response_length=200, max_assistant_turns=6, max_user_turns=5, max_tokens_per_turn=5,
+                            format="test_every_turn", tools=(tagged,))
+    params = SamplingParams(max_new_tokens=settings.turn_len, temperature=0.0, eos_token_ids=eos,
+                            pad_token_id=tok.pad_token_id)
+    prompts = _prompts(tok, 8, seed=5)
+    sampler = ConversationSampler.for_model(model, capacity=max(map(len, prompts)) + settings.response_length,
+                                            params=params, turn_len=settings.turn_len, stage=16)
+
+    def run(keep: float):
+        rewards = [[] for _ in prompts]
+        replies = [tool_reply(settings, {STUB: {"create_kwargs": {"tag": f"#{i}"}}}, rewards[i])
+                   for i in range(len(prompts))]
+        trajs, _ = run_turns(sampler, _state(model), tok, prompts, settings, rollout_key(0), eos, replies=replies,
+                             keep_fraction=keep)
+        return trajs, rewards
+
+    full, full_rewards = run(1.0)
+    cut, _ = run(0.25)
+    assert not any(t.aborted for t in full) and len({t.turns for t in full}) > 1  # they end at different turns
+    kept = [i for i, t in enumerate(cut) if not t.aborted]
+    assert int(0.25 * len(prompts)) <= len(kept) < len(prompts)
+    for i in kept:
+        assert cut[i].response_ids == full[i].response_ids
+    for i, t in enumerate(full):
+        if t.tool_turns:  # each call saw its own row's tag, and its reward was collected
+            assert f"#{i}" in tok.decode(t.response_ids) and len(full_rewards[i]) == t.tool_turns

@@ -157,3 +157,38 @@ def test_the_interaction_example_trains_with_verls_gsm8k_interaction(home, tmp_p
         assert r["multi_turn/num_turns/mean"] > 1  # the interaction asked again
         assert 0 < r["multi_turn/masked_token_fraction"] < 1  # its messages sit in the responses, untrained
         assert "multi_turn/interaction_score/mean" in r
+
+
+def test_the_tool_example_trains_unedited_with_verls_gsm8k_tool(home, tmp_path):
+    """verl's multi-turn tool example, as it is: its tool file names verl's Gsm8kTool (calc_gsm8k_reward, graded
+    against each row's tools_kwargs) and it over-samples its training rollouts (over_sample_rate=0.1)."""
+    import shutil
+
+    own = tmp_path / "home"  # its data ($HOME/data/gsm8k) are GSM8K rows with tool arguments, not the module's
+    shutil.copytree(home / "bin", own / "bin")
+    data = own / "data" / "gsm8k"
+    data.mkdir(parents=True)
+    for split, n in (("train", 16), ("test", 4)):
+        rows = _interaction_rows(split, n)
+        rows["extra_info"] = [{**e, "need_tools_kwargs": True, "tools_kwargs": {"calc_gsm8k_reward": {
+            "create_kwargs": {"ground_truth": e["interaction_kwargs"]["ground_truth"]}}}} for e in rows["extra_info"]]
+        rows.to_parquet(data / f"{split}.parquet")
+    shutil.copytree(os.path.join(SCRIPTS, "sglang_multiturn", "config"), own / "examples" / "sglang_multiturn" / "config")
+    out = str(tmp_path / "run")
+    a = "actor_rollout_ref."
+    args = built_command("sglang_multiturn/run_qwen2.5-3b_gsm8k_multiturn.sh", own, out, folder="sglang_multiturn",
+                         cwd=own, extra=(  # its sizes are written in the script: shrunk as its users shrink them
+                             a + "model.path=builtin:tiny", "data.train_batch_size=4", a + "actor.ppo_mini_batch_size=2",
+                             a + "actor.ppo_micro_batch_size_per_gpu=2", a + "rollout.log_prob_micro_batch_size_per_gpu=2",
+                             a + "ref.log_prob_micro_batch_size_per_gpu=2", a + "rollout.n=2",
+                             "data.max_prompt_length=448", "data.max_response_length=64",
+                             "trainer.logger=[console,jsonl]"))
+    assert "actor_rollout_ref.rollout.over_sample_rate=0.1" in args
+    proc = run_main(args, devices=1, env={"WANDB_MODE": "offline"})
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    from tests.train.helpers import read_metrics
+
+    rows = read_metrics(out)
+    assert [r["step"] for r in rows] == [1, 2]
+    for r in rows:  # a multi-turn rollout with the tool in its prompts, over-sampled
+        assert r["multi_turn/num_turns/mean"] >= 1 and "multi_turn/aborted_fraction" in r
