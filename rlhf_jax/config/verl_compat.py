@@ -228,6 +228,8 @@ IGNORED: tuple[Ignored, ...] = (
     Ignored("actor_rollout_ref.rollout.name", _ENGINE),
     Ignored("actor_rollout_ref.rollout.mode", "the sampler runs inside the training program (sync and async give the "
             "same samples)", _is("sync", "async")),
+    Ignored("actor_rollout_ref.rollout.sglang_rollout_mode", _ENGINE),  # verl 0.4-0.5's SGLang engine or HTTP server
+    Ignored("actor_rollout_ref.rollout.server.*", "settings of an inference server: " + _ENGINE),
     Ignored("actor_rollout_ref.rollout.gpu_memory_utilization", "the KV cache is sized from the batch and lengths"),
     Ignored("actor_rollout_ref.rollout.enforce_eager", "no CUDA graphs: the decode loop is jit-compiled"),
     Ignored("actor_rollout_ref.rollout.free_cache_engine", "the KV cache is freed after each rollout"),

@@ -109,6 +109,10 @@ def test_hydras_config_path_and_name_name_the_file_and_the_command_line_override
     cfg = load(f"--config-path={tmp_path}", "--config-name=exp", "actor_rollout_ref.actor.fsdp_config.model_dtype=fp32")
     assert cfg.actor_rollout_ref.model.dtype == "float32"
     assert load("--config-name=ppo_trainer", "data.train_batch_size=6").data.train_batch_size == 6  # verl's own
+    # verl 0.4-0.5's SGLang server settings (examples/sglang_multiturn/config/gsm8k_multiturn_grpo_server.yaml)
+    (tmp_path / "server.yaml").write_text("defaults:\n  - ppo_trainer\n  - _self_\nactor_rollout_ref:\n  rollout:\n"
+                                          "    sglang_rollout_mode: server\n    server:\n      timeout: 60\n")
+    assert load(f"--config-path={tmp_path}", "--config-name=server").actor_rollout_ref.rollout.n == 1
 
 
 @pytest.mark.parametrize("args,message", [
