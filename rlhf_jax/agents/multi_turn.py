@@ -224,6 +224,11 @@ class MultiTurnRollout:
             trajs.append(t)
         return trajs, rewards, broker.calls_per_batch()
 
+    def close(self) -> None:
+        """Stop the interactions' event loop (the run's end)."""
+        if self.interactions is not None:
+            self.interactions.close()
+
     def take_scores(self) -> np.ndarray | None:
         """The last rollout's environment scores (N,), once (None without an environment)."""
         scores, self._scores = self._scores, None

@@ -175,6 +175,8 @@ class Rollouts:
 
     def close(self) -> None:
         self.reward_manager.close()
+        if self.multi_turn is not None:
+            self.multi_turn.close()
 
 
 def reward_components(extras: dict[str, np.ndarray], keys: tuple[str, ...]) -> np.ndarray:
