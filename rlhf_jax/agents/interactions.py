@@ -28,14 +28,13 @@ import dataclasses
 import importlib
 import importlib.util
 import inspect
-import os
 import sys
 import threading
 import types
 import uuid
 from typing import Any, Callable
 
-from rlhf_jax.agents.loading import load_from_file
+from rlhf_jax.agents.loading import load_from_file, read_yaml_file
 from rlhf_jax.agents.turns import Reply, ReplyFn
 from rlhf_jax.rewards import gsm8k
 
@@ -54,7 +53,8 @@ class BaseInteraction:
 
     async def generate_response(self, instance_id: str, messages: list[dict[str, Any]],
                                 **kwargs) -> tuple[bool, str, float, dict[str, Any]]:
-        raise NotImplementedError("an interaction answers the assistant in generate_response")
+        """verl's default answer (a subclass answers for itself): go on, score 0.8."""
+        return False, "Your current result seems acceptable.", 0.8, {}
 
     async def calculate_score(self, *args, **kwargs) -> float:
         return 0.0
@@ -106,17 +106,8 @@ class InteractionEntry:
 
 def read_config(path: str) -> list[InteractionEntry]:
     """The entries of verl's interaction file, their classes imported (nothing instantiated)."""
-    import yaml
-
     where = f"{KEY}={path}"
-    full = os.path.expanduser(path)
-    if not os.path.isfile(full):
-        raise ValueError(f"{where}: no such file")
-    try:
-        with open(full) as f:
-            doc = yaml.safe_load(f) or {}
-    except yaml.YAMLError as e:
-        raise ValueError(f"{where}: not valid YAML ({str(e).splitlines()[0]})") from None
+    doc = read_yaml_file(path, where)
     items = doc.get("interaction") if isinstance(doc, dict) else None
     if not isinstance(items, list) or not items or not all(isinstance(i, dict) and i.get("class_name") for i in items):
         raise ValueError(f"{where}: expected an 'interaction:' list of entries with a class_name")

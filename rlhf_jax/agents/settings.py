@@ -15,11 +15,11 @@ registered one). Every fault is a ``ValueError`` of one line naming the key.
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Any
 
 from rlhf_jax.agents.environment import load_environment
 from rlhf_jax.agents.interactions import read_config
+from rlhf_jax.agents.loading import read_yaml_file
 from rlhf_jax.agents.tool_calls import _PARSERS
 from rlhf_jax.agents.workflows import load_workflow
 from rlhf_jax.agents.tools import Tool, get_tool, tool_names
@@ -37,16 +37,8 @@ def _tool(name: Any, where: str) -> Tool:
 
 def tools_from_file(path: str) -> list[Tool]:
     """The tools a verl-style tool config file lists (see the module doc)."""
-    import yaml
-
     where = f"{KEY}.tool_config_path={path}"
-    if not os.path.isfile(os.path.expanduser(path)):
-        raise ValueError(f"{where}: no such file")
-    try:
-        with open(os.path.expanduser(path)) as f:
-            doc = yaml.safe_load(f) or {}
-    except yaml.YAMLError as e:
-        raise ValueError(f"{where}: not valid YAML ({str(e).splitlines()[0]})") from None
+    doc = read_yaml_file(path, where)
     entries = doc.get("tools") if isinstance(doc, dict) else None
     if not isinstance(entries, list) or not entries:
         raise ValueError(f"{where}: expected a 'tools:' list of entries with tool_schema.function.name")

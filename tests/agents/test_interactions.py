@@ -9,8 +9,8 @@ import sys
 import numpy as np
 import pytest
 
-from rlhf_jax.agents.interactions import (Gsm8kInteraction, Interactions, check_rows, interaction_reply,
-                                          read_config)
+from rlhf_jax.agents.interactions import (BaseInteraction, Gsm8kInteraction, Interactions, check_rows,
+                                          interaction_reply, read_config)
 from rlhf_jax.data.records import Example
 from tests.train.helpers import make_config, read_metrics
 
@@ -65,6 +65,9 @@ def test_verls_file_gives_the_built_in_gsm8k_interaction_which_grades_like_verls
     right = _run(g.generate_response(iid, [{"role": "assistant", "content": "so #### 72"}, {"role": "user", "content": "x"}]))
     assert right == (True, "Your response is correct!", 1.0, {})  # the last assistant message is graded
     assert _run(g.generate_response(iid, [{"role": "assistant", "content": "the answer is 72."}]))[2] == 1.0  # flexible
+    # verl's base class answers for a subclass that does not
+    assert _run(BaseInteraction({}).generate_response("x", [])) == (False, "Your current result seems acceptable.", 0.8,
+                                                                    {})
 
 
 def test_a_users_class_written_against_verls_base_runs_without_verl(tmp_path):
